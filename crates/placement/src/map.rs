@@ -1,0 +1,283 @@
+//! The cluster map: a versioned list of servers, read from a TOML file.
+//!
+//! ```toml
+//! [cluster]
+//! name = "demo"
+//! version = 1
+//! stripe_size = 1048576      # default for new files
+//! stripe_count = 1           # default for new files; 0 = all servers
+//! policy = "same"            # or "spread"
+//!
+//! [[server]]
+//! id = 0
+//! addr = "127.0.0.1:7400"
+//! data_dir = "/var/lib/shoal/s0"   # used by the server itself
+//! weight = 1.0
+//! state = "up"                     # "up", "down" (still owns its objects) or "out"
+//! ```
+
+use crate::rendezvous;
+use serde::{Deserialize, Serialize};
+use shoal_proto::msg::{PlacementPolicy, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
+use shoal_proto::{Ino, ServerId};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error("cannot read cluster config {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cluster config {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("cluster config {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerState {
+    /// Serving.
+    Up,
+    /// Temporarily unavailable; still owns what placement gives it (requests fail with EIO).
+    Down,
+    /// Retired: excluded from placement.
+    Out,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+fn default_state() -> ServerState {
+    ServerState::Up
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServerEntry {
+    pub id: u32,
+    /// `host:port` the server listens on and clients connect to.
+    pub addr: String,
+    /// Where this server keeps its RocksDB and data objects (read by the server only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Relative share of placement (capacity); must be > 0.
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+    #[serde(default = "default_state")]
+    pub state: ServerState,
+}
+
+impl ServerEntry {
+    pub fn server_id(&self) -> ServerId {
+        ServerId(self.id)
+    }
+}
+
+fn default_stripe_size() -> u64 {
+    1 << 20
+}
+fn default_stripe_count() -> u32 {
+    1
+}
+fn default_policy() -> PlacementPolicy {
+    PlacementPolicy::Same
+}
+
+/// Cluster-wide settings and the defaults new files get when nothing else says.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterDefaults {
+    #[serde(default)]
+    pub name: String,
+    /// Bumped whenever the server list changes. Servers refuse requests routed with an
+    /// older version ("wrong map version"), so clients reload.
+    #[serde(default = "one")]
+    pub version: u64,
+    #[serde(default = "default_stripe_size")]
+    pub stripe_size: u64,
+    /// 0 means "all servers".
+    #[serde(default = "default_stripe_count")]
+    pub stripe_count: u32,
+    #[serde(default = "default_policy", with = "policy_serde")]
+    pub policy: PlacementPolicy,
+}
+
+fn one() -> u64 {
+    1
+}
+
+mod policy_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use shoal_proto::msg::PlacementPolicy;
+    pub fn serialize<S: Serializer>(p: &PlacementPolicy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(match p {
+            PlacementPolicy::Same => "same",
+            PlacementPolicy::Spread => "spread",
+        })
+    }
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PlacementPolicy, D::Error> {
+        let s = String::deserialize(d)?;
+        super::parse_policy(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Parse "same" or "spread".
+pub fn parse_policy(s: &str) -> Result<PlacementPolicy, String> {
+    match s {
+        "same" => Ok(PlacementPolicy::Same),
+        "spread" => Ok(PlacementPolicy::Spread),
+        other => Err(format!("unknown placement policy {other:?} (expected \"same\" or \"spread\")")),
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    pub cluster: ClusterDefaults,
+    #[serde(rename = "server")]
+    pub servers: Vec<ServerEntry>,
+}
+
+impl ClusterMap {
+    /// Read and validate a map from a TOML file.
+    pub fn load(path: &Path) -> Result<ClusterMap, MapError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MapError::Read { path: path.into(), source })?;
+        let map: ClusterMap =
+            toml::from_str(&text).map_err(|e| MapError::Parse { path: path.into(), message: e.to_string() })?;
+        map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
+        Ok(map)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("cluster map serialises")
+    }
+
+    /// A map of `n` servers on loopback ports `base_port..`, data under `dir/s<id>`.
+    pub fn local(n: u32, base_port: u16, dir: &Path) -> ClusterMap {
+        ClusterMap {
+            cluster: ClusterDefaults {
+                name: "local".into(),
+                version: 1,
+                stripe_size: default_stripe_size(),
+                stripe_count: default_stripe_count(),
+                policy: PlacementPolicy::Same,
+            },
+            servers: (0..n)
+                .map(|id| ServerEntry {
+                    id,
+                    addr: format!("127.0.0.1:{}", base_port as u32 + id),
+                    data_dir: Some(dir.join(format!("s{id}"))),
+                    weight: 1.0,
+                    state: ServerState::Up,
+                })
+                .collect(),
+        }
+    }
+
+    /// Check the invariants every other function relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.servers.is_empty() {
+            return Err("no [[server]] entries".into());
+        }
+        let mut ids: Vec<u32> = self.servers.iter().map(|s| s.id).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err("two [[server]] entries have the same id".into());
+        }
+        for s in &self.servers {
+            if !(s.weight.is_finite() && s.weight > 0.0) {
+                return Err(format!("server {} has weight {}, it must be a positive number", s.id, s.weight));
+            }
+            if s.addr.parse::<std::net::SocketAddr>().is_err() && !s.addr.contains(':') {
+                return Err(format!("server {} address {:?} is not host:port", s.id, s.addr));
+            }
+        }
+        if !self.servers.iter().any(|s| s.state != ServerState::Out) {
+            return Err("every server is marked out; nothing can hold data".into());
+        }
+        let ss = self.cluster.stripe_size;
+        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || ss % STRIPE_SIZE_MIN != 0 {
+            return Err(format!("stripe_size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
+        }
+        Ok(())
+    }
+
+    pub fn version(&self) -> u64 {
+        self.cluster.version
+    }
+
+    pub fn server(&self, id: ServerId) -> Option<&ServerEntry> {
+        self.servers.iter().find(|s| s.id == id.0)
+    }
+
+    /// Servers that take part in placement (not `out`), in map order.
+    pub fn placeable(&self) -> impl Iterator<Item = &ServerEntry> {
+        self.servers.iter().filter(|s| s.state != ServerState::Out)
+    }
+
+    /// The home server of an inode: holds the inode record and, for a directory, its
+    /// entries. Weighted rendezvous over the placeable servers.
+    pub fn home_of(&self, ino: Ino) -> ServerId {
+        self.rank(ino.0)[0]
+    }
+
+    /// All placeable servers, best first, for `key`.
+    pub fn rank(&self, key: u64) -> Vec<ServerId> {
+        let mut scored: Vec<(f64, u32)> =
+            self.placeable().map(|s| (rendezvous::score(key, s.id, s.weight), s.id)).collect();
+        scored.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        scored.into_iter().map(|(_, id)| ServerId(id)).collect()
+    }
+
+    /// `count` placeable servers starting at `first` and continuing in map order (wrapping),
+    /// as `lfs setstripe -i first -c count` does.
+    pub fn servers_from(&self, first: ServerId, count: u32) -> Vec<ServerId> {
+        let ring: Vec<ServerId> = self.placeable().map(|s| s.server_id()).collect();
+        let start = ring.iter().position(|&s| s == first).unwrap_or(0);
+        let count = (count as usize).clamp(1, ring.len());
+        (0..count).map(|i| ring[(start + i) % ring.len()]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn map(n: u32) -> ClusterMap {
+        ClusterMap::local(n, 7000, Path::new("/tmp"))
+    }
+
+    #[test]
+    fn toml_round_trip_and_validation() {
+        let m = map(3);
+        let back: ClusterMap = toml::from_str(&m.to_toml()).unwrap();
+        assert_eq!(back, m);
+        let mut bad = m.clone();
+        bad.servers[1].id = 0;
+        assert!(bad.validate().unwrap_err().contains("same id"));
+        let mut bad = m.clone();
+        bad.servers[0].weight = 0.0;
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn placement_spreads_evenly() {
+        let m = map(4);
+        let mut counts = [0u32; 4];
+        for k in 0..40_000u64 {
+            counts[m.home_of(Ino(k)).0 as usize] += 1;
+        }
+        for c in counts {
+            assert!((9_000..11_000).contains(&c), "{counts:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn adding_a_server_moves_keys_only_to_it(keys in proptest::collection::vec(any::<u64>(), 1..200)) {
+            let before = map(4);
+            let after = map(5);
+            for k in keys {
+                let (a, b) = (before.home_of(Ino(k)), after.home_of(Ino(k)));
+                prop_assert!(a == b || b == ServerId(4));
+            }
+        }
+    }
+}

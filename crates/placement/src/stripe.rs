@@ -1,0 +1,146 @@
+//! Striping: from a layout spec to a concrete layout, and from a byte range of a file to
+//! the pieces of data objects that hold it.
+
+use crate::ClusterMap;
+use shoal_proto::msg::{Layout, LayoutSpec, PlacementPolicy, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
+use shoal_proto::{Errno, Ino, ServerId};
+
+/// Decide the layout of a new file `ino` whose inode lives on `home`. `spec` is what the
+/// request asked for; unset fields come from `dir_default`, then from the cluster defaults.
+pub fn resolve_layout(
+    map: &ClusterMap,
+    ino: Ino,
+    home: ServerId,
+    spec: Option<&LayoutSpec>,
+    dir_default: Option<&LayoutSpec>,
+) -> Result<Layout, Errno> {
+    let pick = |f: &dyn Fn(&LayoutSpec) -> Option<u64>| spec.and_then(f).or_else(|| dir_default.and_then(f));
+    let stripe_size = pick(&|s| s.stripe_size).unwrap_or(map.cluster.stripe_size);
+    if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&stripe_size) || stripe_size % STRIPE_SIZE_MIN != 0 {
+        return Err(Errno::EINVAL);
+    }
+    let n = map.placeable().count() as u32;
+    let count = pick(&|s| s.stripe_count.filter(|&c| c != 0).map(u64::from))
+        .map(|c| c as u32)
+        .unwrap_or(if map.cluster.stripe_count == 0 { n } else { map.cluster.stripe_count });
+    if count > STRIPE_COUNT_MAX && count != u32::MAX {
+        return Err(Errno::EINVAL);
+    }
+    let count = count.min(n).max(1);
+    let policy = spec
+        .and_then(|s| s.policy)
+        .or_else(|| dir_default.and_then(|s| s.policy))
+        .unwrap_or(map.cluster.policy);
+    let first = spec
+        .and_then(|s| s.first_server)
+        .or_else(|| dir_default.and_then(|s| s.first_server))
+        .filter(|f| map.placeable().any(|s| s.id == f.0))
+        .unwrap_or(match policy {
+            PlacementPolicy::Same => home,
+            PlacementPolicy::Spread => map.rank(ino.0 ^ 0xDA7A)[0],
+        });
+    Ok(Layout { stripe_size, servers: map.servers_from(first, count) })
+}
+
+/// A contiguous part of a file range that lies in one data object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Which object (index into `Layout::servers`).
+    pub index: u32,
+    /// Offset inside that object.
+    pub object_offset: u64,
+    /// Offset in the file.
+    pub file_offset: u64,
+    pub len: u64,
+}
+
+/// Split `[offset, offset+len)` of a file into per-object pieces, in file order.
+pub fn pieces(layout: &Layout, offset: u64, len: u64) -> Vec<Piece> {
+    let ss = layout.stripe_size;
+    let count = layout.servers.len() as u64;
+    let mut out = Vec::new();
+    let mut pos = offset;
+    let end = offset.saturating_add(len);
+    while pos < end {
+        let stripe = pos / ss;
+        let within = pos % ss;
+        let take = (ss - within).min(end - pos);
+        out.push(Piece {
+            index: (stripe % count) as u32,
+            object_offset: (stripe / count) * ss + within,
+            file_offset: pos,
+            len: take,
+        });
+        pos += take;
+    }
+    out
+}
+
+/// How long object `index` is when the file is `size` bytes long (for truncate).
+pub fn object_len(layout: &Layout, index: u32, size: u64) -> u64 {
+    let ss = layout.stripe_size;
+    let count = layout.servers.len() as u64;
+    let full_stripes = size / ss;
+    let rest = size % ss;
+    let idx = index as u64;
+    // Stripes held by this object among the full ones: idx, idx+count, ...
+    let mine = if full_stripes > idx { (full_stripes - idx).div_ceil(count) } else { 0 };
+    let mut len = mine * ss;
+    if rest > 0 && full_stripes % count == idx {
+        len += rest;
+    }
+    len
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn layout(ss: u64, n: u32) -> Layout {
+        Layout { stripe_size: ss, servers: (0..n).map(ServerId).collect() }
+    }
+
+    #[test]
+    fn pieces_follow_the_round_robin() {
+        let l = layout(4096, 3);
+        let p = pieces(&l, 4000, 9000);
+        assert_eq!(p[0], Piece { index: 0, object_offset: 4000, file_offset: 4000, len: 96 });
+        assert_eq!(p[1], Piece { index: 1, object_offset: 0, file_offset: 4096, len: 4096 });
+        assert_eq!(p[2], Piece { index: 2, object_offset: 0, file_offset: 8192, len: 4096 });
+        assert_eq!(p[3], Piece { index: 0, object_offset: 4096, file_offset: 12288, len: 712 });
+    }
+
+    proptest! {
+        #[test]
+        fn object_lengths_add_up_to_the_file_size(ss_k in 1u64..8, n in 1u32..6, size in 0u64..200_000) {
+            let l = layout(ss_k * 4096, n);
+            let total: u64 = (0..n).map(|i| object_len(&l, i, size)).sum();
+            prop_assert_eq!(total, size);
+            // and the last byte's piece ends exactly at its object's length
+            if size > 0 {
+                let p = pieces(&l, size - 1, 1)[0];
+                prop_assert_eq!(object_len(&l, p.index, size), p.object_offset + 1);
+            }
+        }
+
+        #[test]
+        fn pieces_cover_the_range_exactly(ss_k in 1u64..4, n in 1u32..5, off in 0u64..100_000, len in 0u64..100_000) {
+            let l = layout(ss_k * 4096, n);
+            let ps = pieces(&l, off, len);
+            let mut pos = off;
+            for p in &ps { prop_assert_eq!(p.file_offset, pos); prop_assert!(p.len > 0); pos += p.len; }
+            prop_assert_eq!(pos, off + len);
+        }
+    }
+
+    #[test]
+    fn same_policy_puts_object_zero_on_the_home_server() {
+        let m = ClusterMap::local(4, 7000, std::path::Path::new("/tmp"));
+        let spec = LayoutSpec { stripe_count: Some(3), ..Default::default() };
+        let l = resolve_layout(&m, Ino(99), ServerId(2), Some(&spec), None).unwrap();
+        assert_eq!(l.servers, vec![ServerId(2), ServerId(3), ServerId(0)]);
+        let all = LayoutSpec { stripe_count: Some(u32::MAX), ..Default::default() };
+        assert_eq!(resolve_layout(&m, Ino(5), ServerId(1), Some(&all), None).unwrap().servers.len(), 4);
+    }
+}

@@ -1,0 +1,270 @@
+//! Length-framed messages on a byte stream.
+//!
+//! ```text
+//! offset size field
+//!      0    4 magic       0x53484F4C ("SHOL"), little endian
+//!      4    1 kind        0 = request, 1 = reply
+//!      5    1 flags       0 (reserved, must be 0)
+//!      6    2 reserved    0
+//!      8    8 request_id  chosen by the sender of the request, echoed in the reply
+//!     16    4 body_len    bytes of bincode body that follow (1 ..= MAX_BODY)
+//!     20    4 data_len    raw bulk bytes after the body (0 ..= MAX_DATA)
+//! ```
+//! The header is written by hand (it is the product's own format); the body is
+//! `bincode` with a size limit so that a forged length can never make the decoder
+//! allocate more than the frame holds.
+
+use crate::msg::{Reply, Request};
+use bincode::Options;
+use bytes::Bytes;
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub const MAGIC: u32 = 0x5348_4F4C;
+pub const HEADER_LEN: usize = 24;
+/// Largest encoded message body (a ReadDir reply of READDIR_MAX long names fits).
+pub const MAX_BODY: usize = 4 << 20;
+/// Largest bulk data section: one read or write request moves at most this much.
+pub const MAX_DATA: usize = 64 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameKind {
+    Request,
+    Reply,
+}
+
+/// Why a frame could not be decoded. Any of these closes the connection.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("bad magic {0:#010x} (not a Shoal peer, or the stream lost sync)")]
+    BadMagic(u32),
+    #[error("unknown frame kind {0}")]
+    BadKind(u8),
+    #[error("reserved header bits set")]
+    Reserved,
+    #[error("body length {0} out of bounds (1..={MAX_BODY})")]
+    BodyLen(usize),
+    #[error("data length {0} out of bounds (max {MAX_DATA})")]
+    DataLen(usize),
+    #[error("undecodable message body: {0}")]
+    Body(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One frame: header fields, the encoded body, and the raw data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub kind: FrameKind,
+    pub request_id: u64,
+    pub body: Bytes,
+    pub data: Bytes,
+}
+
+fn codec() -> impl Options {
+    bincode::DefaultOptions::new().with_limit(MAX_BODY as u64).reject_trailing_bytes()
+}
+
+/// Encode a message body with the protocol's bincode options.
+pub fn encode_body<T: Serialize>(msg: &T) -> Result<Bytes, FrameError> {
+    let v = codec().serialize(msg).map_err(|e| FrameError::Body(e.to_string()))?;
+    if v.is_empty() || v.len() > MAX_BODY {
+        return Err(FrameError::BodyLen(v.len()));
+    }
+    Ok(Bytes::from(v))
+}
+
+/// Decode a message body; never panics on arbitrary input.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
+    codec().deserialize(body).map_err(|e| FrameError::Body(e.to_string()))
+}
+
+struct Header {
+    kind: FrameKind,
+    request_id: u64,
+    body_len: usize,
+    data_len: usize,
+}
+
+fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
+    let magic = u32::from_le_bytes(h[0..4].try_into().unwrap());
+    if magic != MAGIC {
+        return Err(FrameError::BadMagic(magic));
+    }
+    let kind = match h[4] {
+        0 => FrameKind::Request,
+        1 => FrameKind::Reply,
+        k => return Err(FrameError::BadKind(k)),
+    };
+    if h[5] != 0 || h[6] != 0 || h[7] != 0 {
+        return Err(FrameError::Reserved);
+    }
+    let request_id = u64::from_le_bytes(h[8..16].try_into().unwrap());
+    let body_len = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
+    let data_len = u32::from_le_bytes(h[20..24].try_into().unwrap()) as usize;
+    if body_len == 0 || body_len > MAX_BODY {
+        return Err(FrameError::BodyLen(body_len));
+    }
+    if data_len > MAX_DATA {
+        return Err(FrameError::DataLen(data_len));
+    }
+    Ok(Header { kind, request_id, body_len, data_len })
+}
+
+impl Frame {
+    pub fn request(request_id: u64, req: &Request, data: Bytes) -> Result<Frame, FrameError> {
+        Frame::new(FrameKind::Request, request_id, encode_body(req)?, data)
+    }
+
+    pub fn reply(request_id: u64, reply: &Reply, data: Bytes) -> Result<Frame, FrameError> {
+        Frame::new(FrameKind::Reply, request_id, encode_body(reply)?, data)
+    }
+
+    fn new(kind: FrameKind, request_id: u64, body: Bytes, data: Bytes) -> Result<Frame, FrameError> {
+        if data.len() > MAX_DATA {
+            return Err(FrameError::DataLen(data.len()));
+        }
+        Ok(Frame { kind, request_id, body, data })
+    }
+
+    fn header(&self) -> [u8; HEADER_LEN] {
+        let mut h = [0u8; HEADER_LEN];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4] = match self.kind {
+            FrameKind::Request => 0,
+            FrameKind::Reply => 1,
+        };
+        h[8..16].copy_from_slice(&self.request_id.to_le_bytes());
+        h[16..20].copy_from_slice(&(self.body.len() as u32).to_le_bytes());
+        h[20..24].copy_from_slice(&(self.data.len() as u32).to_le_bytes());
+        h
+    }
+
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.header());
+        out.extend_from_slice(&self.body);
+        out.extend_from_slice(&self.data);
+    }
+
+    /// Decode one frame from the front of `buf`: `Ok(None)` if more bytes are needed,
+    /// otherwise the frame and how many bytes it used.
+    pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
+        if buf.len() < HEADER_LEN {
+            return Ok(None);
+        }
+        let h = parse_header(buf[..HEADER_LEN].try_into().unwrap())?;
+        let total = HEADER_LEN + h.body_len + h.data_len;
+        if buf.len() < total {
+            return Ok(None);
+        }
+        let body = Bytes::copy_from_slice(&buf[HEADER_LEN..HEADER_LEN + h.body_len]);
+        let data = Bytes::copy_from_slice(&buf[HEADER_LEN + h.body_len..total]);
+        Ok(Some((Frame { kind: h.kind, request_id: h.request_id, body, data }, total)))
+    }
+
+    /// Read one frame. `Ok(None)` on a clean end of stream before a header.
+    pub async fn read_from<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, FrameError> {
+        let mut h = [0u8; HEADER_LEN];
+        match r.read_exact(&mut h).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        let h = parse_header(&h)?;
+        // One allocation for body and data; both are views into it.
+        let mut buf = vec![0u8; h.body_len + h.data_len];
+        r.read_exact(&mut buf).await?;
+        let mut all = Bytes::from(buf);
+        let data = all.split_off(h.body_len);
+        Ok(Some(Frame { kind: h.kind, request_id: h.request_id, body: all, data }))
+    }
+
+    /// Write the frame (header and body in one buffer, data straight from its own buffer).
+    pub async fn write_to<W: AsyncWrite + Unpin>(&self, w: &mut W) -> Result<(), FrameError> {
+        let mut head = Vec::with_capacity(HEADER_LEN + self.body.len());
+        head.extend_from_slice(&self.header());
+        head.extend_from_slice(&self.body);
+        w.write_all(&head).await?;
+        if !self.data.is_empty() {
+            w.write_all(&self.data).await?;
+        }
+        Ok(())
+    }
+
+    pub fn request_body(&self) -> Result<Request, FrameError> {
+        decode_body(&self.body)
+    }
+
+    pub fn reply_body(&self) -> Result<Reply, FrameError> {
+        decode_body(&self.body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::msg::{Cred, Op};
+    use proptest::prelude::*;
+
+    fn sample() -> Vec<u8> {
+        let req = Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let f = Frame::request(42, &req, Bytes::from_static(b"xyz")).unwrap();
+        let mut v = Vec::new();
+        f.encode_into(&mut v);
+        v
+    }
+
+    #[test]
+    fn round_trip_keeps_id_body_and_data() {
+        let v = sample();
+        let (f, n) = Frame::decode(&v).unwrap().unwrap();
+        assert_eq!(n, v.len());
+        assert_eq!(f.request_id, 42);
+        assert_eq!(&f.data[..], b"xyz");
+        assert!(matches!(f.request_body().unwrap().op, Op::Lookup { .. }));
+    }
+
+    #[test]
+    fn every_truncation_asks_for_more_bytes() {
+        let v = sample();
+        for cut in 0..v.len() {
+            assert!(Frame::decode(&v[..cut]).unwrap().is_none(), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn oversized_lengths_are_rejected_before_allocating() {
+        let mut v = sample();
+        v[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(Frame::decode(&v), Err(FrameError::BodyLen(_))));
+        let mut v = sample();
+        v[20..24].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(Frame::decode(&v), Err(FrameError::DataLen(_))));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+        #[test]
+        fn decoder_never_panics_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok(Some((f, _))) = Frame::decode(&bytes) {
+                let _ = f.request_body();
+                let _ = f.reply_body();
+            }
+        }
+
+        #[test]
+        fn decoder_never_panics_on_mutated_frames(flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8)) {
+            let mut v = sample();
+            for (i, b) in flips { let n = v.len(); v[i % n] = b; }
+            if let Ok(Some((f, _))) = Frame::decode(&v) {
+                let _ = f.request_body();
+            }
+        }
+
+        #[test]
+        fn body_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_body::<Request>(&bytes);
+            let _ = decode_body::<Reply>(&bytes);
+        }
+    }
+}

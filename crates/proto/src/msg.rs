@@ -1,0 +1,376 @@
+//! Request and reply messages. Client operations and server-to-server (peer) operations
+//! share one enum so that one codec, one dispatcher and one set of counters serve both.
+//!
+//! Bulk data (the payload of [`Op::Write`], the bytes answering [`Op::Read`]) is not part of
+//! these messages: it travels as the raw data section of the frame.
+
+use crate::{Errno, Ino, ServerId};
+use serde::{Deserialize, Serialize};
+
+/// Longest file name a directory entry may have (as on Linux).
+pub const NAME_MAX: usize = 255;
+/// Longest symlink target and longest path the client accepts.
+pub const PATH_MAX: usize = 4096;
+/// Most entries one `ReadDir` reply carries.
+pub const READDIR_MAX: u32 = 4096;
+/// Most extended attribute value bytes.
+pub const XATTR_VALUE_MAX: usize = 65536;
+/// Most servers a layout may stripe over.
+pub const STRIPE_COUNT_MAX: u32 = 1024;
+/// Largest stripe size (and smallest is 4 KiB, a multiple of 4 KiB is required).
+pub const STRIPE_SIZE_MAX: u64 = 1 << 30;
+pub const STRIPE_SIZE_MIN: u64 = 4096;
+
+/// Who is asking. Servers check permissions against these (the cluster trusts its clients
+/// to report them honestly, as NFS with AUTH_SYS does; see docs/architecture.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cred {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Cred {
+    pub fn root() -> Cred {
+        Cred { uid: 0, gid: 0, groups: Vec::new() }
+    }
+
+    /// The credentials of the calling process.
+    pub fn current() -> Cred {
+        // SAFETY: getuid/getgid/getgroups have no preconditions.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let mut groups = vec![0 as libc::gid_t; 64];
+        let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
+        groups.truncate(n.max(0) as usize);
+        Cred { uid, gid, groups }
+    }
+
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+}
+
+/// Seconds and nanoseconds since the epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Timestamp {
+    pub secs: i64,
+    pub nsecs: u32,
+}
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        Timestamp { secs: d.as_secs() as i64, nsecs: d.subsec_nanos() }
+    }
+}
+
+/// Where a file's bytes live: fixed at create. Stripe `k` (bytes `k*stripe_size ..`) is
+/// held by object `k % servers.len()` on server `servers[k % servers.len()]`, at object
+/// offset `(k / servers.len()) * stripe_size`. One object per server per file (PVFS).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    pub stripe_size: u64,
+    /// The servers holding objects 0, 1, …; its length is the stripe count.
+    pub servers: Vec<ServerId>,
+}
+
+/// What a user asks for when creating a file or setting a directory default. Unset fields
+/// are inherited (from the parent directory's default, then from the cluster defaults).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutSpec {
+    pub stripe_size: Option<u64>,
+    /// 0 or `None` means inherit; `u32::MAX` means "all servers".
+    pub stripe_count: Option<u32>,
+    pub first_server: Option<ServerId>,
+    pub policy: Option<PlacementPolicy>,
+}
+
+/// Where the data objects of a new file go (FPFS-S vs FPFS-R).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PlacementPolicy {
+    /// Object 0 on the inode's home server: create, stat, write and unlink of a small file
+    /// touch one server.
+    Same,
+    /// Objects start at a server chosen by hashing the inode number: spreads load.
+    Spread,
+}
+
+/// Inode attributes, as returned by every call that names a file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits and set-id/sticky bits (the low 12 bits of st_mode).
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    /// Bytes allocated on disk (sum over objects when known; 0 otherwise).
+    pub blocks_bytes: u64,
+    /// Regular files: where the data lives. Directories: `None` (see `dir_default`).
+    pub layout: Option<Layout>,
+    /// Directories: the default layout spec for new files (inherited by subdirectories).
+    pub dir_default: Option<LayoutSpec>,
+    /// Directories: the parent directory (root's parent is itself).
+    pub parent: Option<Ino>,
+}
+
+/// A directory entry joined with what the entry's server knows of the inode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryOut {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Present when the inode lives on the same server as the entry (the common case for
+    /// files under the `same` policy); otherwise the client asks the inode's home server.
+    pub attr: Option<Attr>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// Fields to change in a `SetAttr`; `None` leaves a field as it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttrs {
+    pub perm: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSet>,
+    pub mtime: Option<TimeSet>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TimeSet {
+    Now,
+    At(Timestamp),
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenameFlags {
+    /// Fail with EEXIST if the target exists (RENAME_NOREPLACE).
+    pub noreplace: bool,
+    /// Swap source and target atomically (RENAME_EXCHANGE).
+    pub exchange: bool,
+}
+
+/// How a server is doing: capacity, contents and what it has served.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub id: Option<ServerId>,
+    pub map_version: u64,
+    pub uptime_secs: u64,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub used_bytes: u64,
+    pub inodes: u64,
+    pub entries: u64,
+    pub data_objects: u64,
+    pub pending_intents: u64,
+    pub counters: Counters,
+}
+
+/// Monotonic counters a server keeps since it started; `shoal bench` takes differences.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Requests received from clients (not from other servers).
+    pub client_requests: u64,
+    /// Requests received from other servers.
+    pub peer_requests: u64,
+    /// Requests this server sent to other servers.
+    pub peer_requests_sent: u64,
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
+    pub errors: u64,
+    /// Per-operation counts, by [`Op::name`].
+    pub ops: Vec<(String, u64)>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatFsOut {
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    pub inodes: u64,
+}
+
+/// A request: who asks, which cluster map they route by, and what they want.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub cred: Cred,
+    /// The map version the sender routed with. A server with a newer map answers
+    /// `Reply::StaleMap` instead of acting (see docs/protocol.md).
+    pub map_version: u64,
+    pub op: Op,
+}
+
+/// Every operation. Client operations go to the server that owns the directory (entry),
+/// the inode (`ino`'s home server) or the data object; `Peer*` operations are sent only by
+/// servers to each other as steps of operations that span servers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// First frame on every connection.
+    Hello { protocol_version: u32, client: String },
+
+    // ---- namespace: sent to the home server of `dir` ----
+    Lookup { dir: Ino, name: String },
+    Create { dir: Ino, name: String, perm: u32, exclusive: bool, layout: Option<LayoutSpec> },
+    Mkdir { dir: Ino, name: String, perm: u32 },
+    Symlink { dir: Ino, name: String, target: String },
+    /// Make `dir/name` a new name of `ino`.
+    Link { ino: Ino, dir: Ino, name: String },
+    Unlink { dir: Ino, name: String },
+    Rmdir { dir: Ino, name: String },
+    /// Sent to the home server of `src_dir`, which coordinates.
+    Rename { src_dir: Ino, src_name: String, dst_dir: Ino, dst_name: String, flags: RenameFlags },
+    /// Entries with names strictly after `after` (in byte order), at most `limit`.
+    ReadDir { dir: Ino, after: Option<String>, limit: u32 },
+
+    // ---- inodes: sent to the home server of `ino` ----
+    GetAttr { ino: Ino },
+    SetAttr { ino: Ino, set: SetAttrs },
+    /// Set a directory's default layout for new files.
+    SetDirLayout { ino: Ino, spec: LayoutSpec },
+    ReadLink { ino: Ino },
+    /// Check access as access(2) does: `mask` of R_OK=4, W_OK=2, X_OK=1 (0 = exists).
+    Access { ino: Ino, mask: u32 },
+    /// Raise the recorded size to at least `size` (after writes to other servers), and
+    /// update mtime.
+    ExtendSize { ino: Ino, size: u64 },
+    SetXattr { ino: Ino, name: String, value: Vec<u8>, create_only: bool, replace_only: bool },
+    GetXattr { ino: Ino, name: String },
+    ListXattr { ino: Ino },
+    RemoveXattr { ino: Ino, name: String },
+
+    // ---- data: sent to the server holding object `index` of `ino` ----
+    /// Reply carries the bytes in the frame's data section (short at end of object).
+    Read { ino: Ino, index: u32, offset: u64, len: u32 },
+    /// The bytes are the frame's data section. If `inode_local` the server also holds the
+    /// inode and raises its size to `file_end` (so a small-file write is one request).
+    Write { ino: Ino, index: u32, offset: u64, file_end: u64, inode_local: bool },
+    /// Make the objects of `ino` on this server, and this server's metadata log, durable.
+    Fsync { ino: Ino, data_only: bool },
+
+    // ---- whole server ----
+    StatFs,
+    Status,
+
+    // ---- server to server ----
+    /// Create the directory object (inode + empty entry set) on its home server.
+    PeerMkdirObject { attr: Attr, op_id: u64 },
+    /// Remove a directory object if it is empty (ENOTEMPTY otherwise). Idempotent.
+    PeerRmdirObject { ino: Ino, op_id: u64 },
+    /// Add `delta` to an inode's link count; at zero the inode and its objects go.
+    /// Applied at most once per `op_id`.
+    PeerLinkDelta { ino: Ino, delta: i32, op_id: u64 },
+    /// Insert (or replace) `dst_dir/dst_name` with `entry` as the second step of a rename
+    /// coordinated by the source directory's server. Applied at most once per `op_id`.
+    PeerRenameIn { dst_dir: Ino, dst_name: String, entry: DirEntry, noreplace: bool, op_id: u64 },
+    /// Set a moved directory's parent pointer.
+    PeerSetParent { ino: Ino, parent: Ino },
+    /// Delete this server's data object(s) of `ino`. Idempotent.
+    PeerDeleteObjects { ino: Ino },
+    /// Cut this server's object `index` of `ino` to `len` bytes. Idempotent.
+    PeerTruncateObject { ino: Ino, index: u32, len: u64 },
+}
+
+impl Op {
+    /// Short stable name for counters and logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Hello { .. } => "hello",
+            Op::Lookup { .. } => "lookup",
+            Op::Create { .. } => "create",
+            Op::Mkdir { .. } => "mkdir",
+            Op::Symlink { .. } => "symlink",
+            Op::Link { .. } => "link",
+            Op::Unlink { .. } => "unlink",
+            Op::Rmdir { .. } => "rmdir",
+            Op::Rename { .. } => "rename",
+            Op::ReadDir { .. } => "readdir",
+            Op::GetAttr { .. } => "getattr",
+            Op::SetAttr { .. } => "setattr",
+            Op::SetDirLayout { .. } => "setdirlayout",
+            Op::ReadLink { .. } => "readlink",
+            Op::Access { .. } => "access",
+            Op::ExtendSize { .. } => "extendsize",
+            Op::SetXattr { .. } => "setxattr",
+            Op::GetXattr { .. } => "getxattr",
+            Op::ListXattr { .. } => "listxattr",
+            Op::RemoveXattr { .. } => "removexattr",
+            Op::Read { .. } => "read",
+            Op::Write { .. } => "write",
+            Op::Fsync { .. } => "fsync",
+            Op::StatFs => "statfs",
+            Op::Status => "status",
+            Op::PeerMkdirObject { .. } => "peer_mkdir_object",
+            Op::PeerRmdirObject { .. } => "peer_rmdir_object",
+            Op::PeerLinkDelta { .. } => "peer_link_delta",
+            Op::PeerRenameIn { .. } => "peer_rename_in",
+            Op::PeerSetParent { .. } => "peer_set_parent",
+            Op::PeerDeleteObjects { .. } => "peer_delete_objects",
+            Op::PeerTruncateObject { .. } => "peer_truncate_object",
+        }
+    }
+
+    /// True for operations only servers send to each other.
+    pub fn is_peer(&self) -> bool {
+        self.name().starts_with("peer_")
+    }
+}
+
+/// A reply. Errors carry an errno and a human sentence naming the cause.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Hello { protocol_version: u32, server: ServerId, map_version: u64 },
+    Ok,
+    Entry(EntryOut),
+    Attr(Attr),
+    DirEntries { entries: Vec<DirEntry>, more: bool },
+    Link(String),
+    Xattr(Vec<u8>),
+    XattrNames(Vec<String>),
+    /// Answer to `Read`: the bytes are in the data section.
+    Data,
+    Written { len: u32 },
+    /// `PeerLinkDelta`: the new link count.
+    NLink(u32),
+    /// `PeerRenameIn`: the entry the rename replaced, which the coordinator must unlink.
+    Replaced(Option<DirEntry>),
+    StatFs(StatFsOut),
+    Status(ServerStatus),
+    /// The sender routed with an older cluster map; reload the map and retry.
+    StaleMap { current: u64 },
+    Error { errno: Errno, message: String },
+}
+
+impl Reply {
+    pub fn error(errno: Errno, message: impl Into<String>) -> Reply {
+        Reply::Error { errno, message: message.into() }
+    }
+}
+
+/// Check a single path component: not empty, not `.`/`..`, no `/` or NUL, at most NAME_MAX bytes.
+pub fn check_name(name: &str) -> Result<(), Errno> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
