@@ -1,1 +1,124 @@
-fn main() {}
+//! `shoal`: the command line of the Shoal parallel file system.
+//!
+//! Exit codes: 0 success; 1 the operation failed (a one-line message names the path and the
+//! cause); 2 the command line itself was wrong (usage error).
+
+mod cmd;
+mod fmt;
+mod local_cluster;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "shoal",
+    version,
+    about = "Shoal parallel file system: manage a cluster and work with its files",
+    long_about = "Shoal parallel file system: manage a cluster and work with its files.\n\n\
+Paths that name Shoal files are written shoal://dir/file (commands that only take Shoal \
+paths also accept /dir/file). The cluster is found through --config, else $SHOAL_CONFIG.\n\n\
+Exit status: 0 success, 1 failure (one line on stderr names the path and the cause), 2 usage error.",
+    after_help = "Start here:\n  shoal cluster up --servers 4 --dir /tmp/shoal\n  export SHOAL_CONFIG=/tmp/shoal/cluster.toml\n  shoal cp -r ./data shoal://data && shoal ls -l shoal://data"
+)]
+struct Cli {
+    /// Cluster configuration file (default: $SHOAL_CONFIG).
+    #[arg(long, global = true, env = "SHOAL_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Seconds a request may take before it fails (a down server gives an error, not a hang).
+    #[arg(long, global = true, default_value_t = 30, value_name = "SECS")]
+    timeout: u64,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start, stop or describe a local cluster of shoald processes.
+    #[command(subcommand)]
+    Cluster(cmd::cluster::ClusterCmd),
+    /// Servers, whether they answer, their capacity, contents and requests served.
+    Status(cmd::status::StatusArgs),
+    /// Capacity and free space of the whole file system.
+    Df(cmd::status::DfArgs),
+    /// List directory contents.
+    Ls(cmd::files::LsArgs),
+    /// Show a file's attributes and layout.
+    Stat(cmd::files::StatArgs),
+    /// Create directories.
+    Mkdir(cmd::files::MkdirArgs),
+    /// Remove files (and with -r, directories and their contents).
+    Rm(cmd::files::RmArgs),
+    /// Rename or move a file or directory within Shoal.
+    Mv(cmd::files::MvArgs),
+    /// Print files to standard output.
+    Cat(cmd::files::CatArgs),
+    /// Make a symbolic link (-s) or a hard link.
+    Ln(cmd::files::LnArgs),
+    /// Change permission bits.
+    Chmod(cmd::files::ChmodArgs),
+    /// Copy between the local file system and Shoal, or within Shoal.
+    Cp(cmd::cp::CpArgs),
+    /// Set the stripe layout of a new file, or the default of a directory (like lfs setstripe).
+    Setstripe(cmd::stripe::SetstripeArgs),
+    /// Show the stripe layout of a file or the default of a directory (like lfs getstripe).
+    Getstripe(cmd::stripe::GetstripeArgs),
+    /// Mount Shoal as a POSIX file system through FUSE.
+    Mount(cmd::mount::MountArgs),
+    /// Unmount a Shoal FUSE mount.
+    Umount(cmd::mount::UmountArgs),
+    /// IOR- and mdtest-style benchmarks on Shoal and on local directories, side by side.
+    #[command(subcommand)]
+    Bench(cmd::bench::BenchCmd),
+    /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
+    Demo(cmd::demo::DemoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ctx = cmd::Ctx { config: cli.config.clone(), timeout: std::time::Duration::from_secs(cli.timeout.max(1)) };
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shoal: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Cluster(c) => cmd::cluster::run(&ctx, c).await,
+            Command::Status(a) => cmd::status::status(&ctx, a).await,
+            Command::Df(a) => cmd::status::df(&ctx, a).await,
+            Command::Ls(a) => cmd::files::ls(&ctx, a).await,
+            Command::Stat(a) => cmd::files::stat(&ctx, a).await,
+            Command::Mkdir(a) => cmd::files::mkdir(&ctx, a).await,
+            Command::Rm(a) => cmd::files::rm(&ctx, a).await,
+            Command::Mv(a) => cmd::files::mv(&ctx, a).await,
+            Command::Cat(a) => cmd::files::cat(&ctx, a).await,
+            Command::Ln(a) => cmd::files::ln(&ctx, a).await,
+            Command::Chmod(a) => cmd::files::chmod(&ctx, a).await,
+            Command::Cp(a) => cmd::cp::cp(&ctx, a).await,
+            Command::Setstripe(a) => cmd::stripe::setstripe(&ctx, a).await,
+            Command::Getstripe(a) => cmd::stripe::getstripe(&ctx, a).await,
+            Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
+            Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
+            Command::Umount(a) => cmd::mount::umount(&ctx, a).await,
+            Command::Bench(c) => cmd::bench::run(&ctx, c).await,
+        }
+    });
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the context chain joined, cause last.
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("shoal: {msg}");
+            if let Some(code) = e.downcast_ref::<cmd::UsageError>() {
+                let _ = code;
+                return ExitCode::from(2);
+            }
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! `shoal cluster up|down|config`: a cluster of shoald processes on this machine.
+
+use super::Ctx;
+use crate::local_cluster::{self, UpOptions};
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Subcommand)]
+pub enum ClusterCmd {
+    /// Start N shoald servers on loopback with their data under DIR (restarts the cluster
+    /// already described by DIR/cluster.toml if there is one). Prints the config path.
+    Up(UpArgs),
+    /// Stop the servers started by `cluster up` (SIGTERM, then SIGKILL after --grace).
+    Down(DownArgs),
+}
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Number of servers.
+    #[arg(long, short = 'n', default_value_t = 4)]
+    servers: u32,
+    /// Folder for the config, logs, pid files and each server's data (DIR/s<id>).
+    #[arg(long)]
+    dir: PathBuf,
+    /// First TCP port (servers use consecutive ports); default: free ports chosen by the kernel.
+    #[arg(long)]
+    base_port: Option<u16>,
+    /// Default stripe size of new files (e.g. 1M, 64K).
+    #[arg(long, value_parser = crate::fmt::parse_size)]
+    stripe_size: Option<u64>,
+    /// Default stripe count of new files (0 = all servers).
+    #[arg(long)]
+    stripe_count: Option<u32>,
+    /// Default placement of data objects: "same" (first object with the inode) or "spread".
+    #[arg(long, value_parser = shoal_placement::map::parse_policy)]
+    policy: Option<shoal_client::PlacementPolicy>,
+}
+
+#[derive(Args)]
+pub struct DownArgs {
+    /// The folder given to `cluster up` (default: the folder of --config / $SHOAL_CONFIG).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Seconds to wait for a clean exit before SIGKILL.
+    #[arg(long, default_value_t = 10)]
+    grace: u64,
+}
+
+pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
+    match cmd {
+        ClusterCmd::Up(a) => {
+            let opts = UpOptions {
+                servers: a.servers,
+                dir: a.dir,
+                base_port: a.base_port,
+                stripe_size: a.stripe_size,
+                stripe_count: a.stripe_count,
+                policy: a.policy,
+            };
+            let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;
+            let map = shoal_placement::ClusterMap::load(&config)?;
+            println!("started {} servers; configuration written to {}", map.servers.len(), config.display());
+            for s in &map.servers {
+                println!("  s{} {}", s.id, s.addr);
+            }
+            println!("export SHOAL_CONFIG={}", config.display());
+            Ok(())
+        }
+        ClusterCmd::Down(a) => {
+            let dir = match a.dir {
+                Some(d) => d,
+                None => ctx
+                    .config_path()?
+                    .parent()
+                    .map(PathBuf::from)
+                    .context("cannot tell the cluster folder from the config path")?,
+            };
+            let grace = std::time::Duration::from_secs(a.grace);
+            let d = dir.clone();
+            let n = tokio::task::spawn_blocking(move || local_cluster::down(&d, grace))
+                .await?
+                .with_context(|| format!("cannot stop the cluster in {}", dir.display()))?;
+            println!("stopped {n} servers of {}", dir.display());
+            Ok(())
+        }
+    }
+}

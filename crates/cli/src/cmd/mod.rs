@@ -1,0 +1,63 @@
+//! One module per group of `shoal` subcommands.
+
+pub mod bench;
+pub mod cluster;
+pub mod cp;
+pub mod demo;
+pub mod files;
+pub mod mount;
+pub mod status;
+pub mod stripe;
+
+use anyhow::{Context, Result};
+use shoal_client::{Client, ClientOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What every command gets from the global flags.
+pub struct Ctx {
+    pub config: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+/// An error in how the command was called (exit code 2).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(msg.into()))
+}
+
+impl Ctx {
+    pub fn config_path(&self) -> Result<PathBuf> {
+        self.config.clone().ok_or_else(|| {
+            usage("no cluster configuration: pass --config FILE or set SHOAL_CONFIG (shoal cluster up prints it)")
+        })
+    }
+
+    pub fn client(&self) -> Result<Client> {
+        let path = self.config_path()?;
+        let opts = ClientOptions { timeout: self.timeout, ..ClientOptions::default() };
+        Client::from_config(&path, opts).map_err(anyhow::Error::from).with_context(|| "cannot use the cluster configuration")
+    }
+}
+
+/// A path naming Shoal: `shoal://a/b` → `/a/b`; `/a/b` stays. Anything else is `None`.
+pub fn shoal_path(p: &str) -> Option<String> {
+    if let Some(rest) = p.strip_prefix("shoal://") {
+        return Some(format!("/{}", rest.trim_start_matches('/')));
+    }
+    None
+}
+
+/// For commands that only take Shoal paths: `shoal://x` or `/x` (or `x`, taken from the root).
+pub fn only_shoal(p: &str) -> String {
+    shoal_path(p).unwrap_or_else(|| if p.starts_with('/') { p.to_string() } else { format!("/{p}") })
+}

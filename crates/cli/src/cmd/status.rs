@@ -1,0 +1,97 @@
+//! `shoal status` and `shoal df`.
+
+use super::Ctx;
+use crate::fmt::human_bytes;
+use anyhow::{bail, Result};
+use clap::Args;
+
+#[derive(Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DfArgs {
+    /// Sizes in K/M/G instead of bytes.
+    #[arg(short = 'H', long = "human")]
+    human: bool,
+}
+
+pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let all = client.status_all().await;
+    let map = client.map();
+    if a.json {
+        let rows: Vec<serde_json::Value> = all
+            .iter()
+            .map(|(id, r)| {
+                let addr = map.server(*id).map(|s| s.addr.clone()).unwrap_or_default();
+                match r {
+                    Ok(s) => serde_json::json!({
+                        "id": id.0, "addr": addr, "up": true,
+                        "capacity_bytes": s.capacity_bytes, "free_bytes": s.free_bytes, "used_bytes": s.used_bytes,
+                        "inodes": s.inodes, "entries": s.entries, "data_objects": s.data_objects,
+                        "pending_intents": s.pending_intents, "uptime_secs": s.uptime_secs,
+                        "client_requests": s.counters.client_requests, "peer_requests": s.counters.peer_requests,
+                        "bytes_received": s.counters.bytes_received, "bytes_sent": s.counters.bytes_sent,
+                        "errors": s.counters.errors,
+                        "ops": s.counters.ops.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+                    }),
+                    Err(e) => serde_json::json!({"id": id.0, "addr": addr, "up": false, "error": e.to_string()}),
+                }
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"map_version": map.version(), "servers": rows}))?);
+    } else {
+        println!(
+            "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>8}",
+            "id", "address", "state", "size", "free", "inodes", "objects", "requests", "peer-reqs", "uptime"
+        );
+        for (id, r) in &all {
+            let addr = map.server(*id).map(|s| s.addr.as_str()).unwrap_or("?");
+            match r {
+                Ok(s) => println!(
+                    "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>7}s",
+                    id.to_string(),
+                    addr,
+                    "up",
+                    human_bytes(s.capacity_bytes),
+                    human_bytes(s.free_bytes),
+                    s.inodes,
+                    s.data_objects,
+                    s.counters.client_requests,
+                    s.counters.peer_requests,
+                    s.uptime_secs
+                ),
+                Err(e) => println!("{:<4} {:<21} {:<5} {}", id.to_string(), addr, "DOWN", e.errno),
+            }
+        }
+    }
+    let down = all.iter().filter(|(_, r)| r.is_err()).count();
+    if down > 0 {
+        bail!("{down} of {} servers do not answer", all.len());
+    }
+    Ok(())
+}
+
+pub async fn df(ctx: &Ctx, a: DfArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let s = client.statfs().await?;
+    let f = |n: u64| if a.human { human_bytes(n) } else { n.to_string() };
+    let used = s.capacity_bytes.saturating_sub(s.free_bytes);
+    let pct = if s.capacity_bytes > 0 { used * 100 / s.capacity_bytes } else { 0 };
+    println!("{:<12} {:>14} {:>14} {:>14} {:>5} {:>8} {:>8}", "filesystem", "size", "used", "avail", "use%", "inodes", "servers");
+    println!(
+        "{:<12} {:>14} {:>14} {:>14} {:>4}% {:>8} {:>8}",
+        "shoal",
+        f(s.capacity_bytes),
+        f(used),
+        f(s.free_bytes),
+        pct,
+        s.inodes,
+        format!("{}/{}", s.servers_up, s.servers_total)
+    );
+    Ok(())
+}

@@ -1,0 +1,173 @@
+//! Starting and stopping a cluster of `shoald` processes on this machine (loopback), as
+//! `shoal cluster up/down` and `shoal demo` do. Each server runs as its own process, in its
+//! own session, with its log in `DIR/s<id>.log` and its pid in `DIR/s<id>.pid`.
+
+use anyhow::{bail, Context, Result};
+use shoal_placement::ClusterMap;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// Where `shoald` is: next to this executable (cargo puts both in one folder), else $PATH.
+pub fn shoald_binary() -> PathBuf {
+    if let Ok(p) = std::env::var("SHOALD") {
+        return PathBuf::from(p);
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        let sib = exe.with_file_name("shoald");
+        if sib.exists() {
+            return sib;
+        }
+        if let Some(parent) = exe.parent().and_then(Path::parent) {
+            let up = parent.join("shoald");
+            if up.exists() {
+                return up;
+            }
+        }
+    }
+    PathBuf::from("shoald")
+}
+
+/// Ask the kernel for `n` free loopback ports.
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port"))
+        .collect::<Result<_>>()?;
+    Ok(listeners.iter().map(|l| l.local_addr().map(|a| a.port()).unwrap_or(0)).collect())
+}
+
+pub struct UpOptions {
+    pub servers: u32,
+    pub dir: PathBuf,
+    pub base_port: Option<u16>,
+    pub stripe_size: Option<u64>,
+    pub stripe_count: Option<u32>,
+    pub policy: Option<shoal_client::PlacementPolicy>,
+}
+
+/// Write `DIR/cluster.toml` (unless one exists: then restart that cluster) and start every
+/// server in it; returns the config path once every server accepts connections.
+pub fn up(opts: &UpOptions) -> Result<PathBuf> {
+    std::fs::create_dir_all(&opts.dir).with_context(|| format!("cannot create {}", opts.dir.display()))?;
+    let dir = opts.dir.canonicalize().with_context(|| format!("cannot resolve {}", opts.dir.display()))?;
+    let config = dir.join("cluster.toml");
+    let map = if config.exists() {
+        ClusterMap::load(&config)?
+    } else {
+        if opts.servers == 0 {
+            bail!("--servers must be at least 1");
+        }
+        let mut map = ClusterMap::local(opts.servers, 7400, &dir);
+        let ports = match opts.base_port {
+            Some(p) => (0..opts.servers).map(|i| p + i as u16).collect(),
+            None => free_ports(opts.servers as usize)?,
+        };
+        for (s, port) in map.servers.iter_mut().zip(ports) {
+            s.addr = format!("127.0.0.1:{port}");
+        }
+        if let Some(ss) = opts.stripe_size {
+            map.cluster.stripe_size = ss;
+        }
+        if let Some(c) = opts.stripe_count {
+            map.cluster.stripe_count = c;
+        }
+        if let Some(p) = opts.policy {
+            map.cluster.policy = p;
+        }
+        map.validate().map_err(|m| anyhow::anyhow!("invalid cluster settings: {m}"))?;
+        std::fs::write(&config, map.to_toml()).with_context(|| format!("cannot write {}", config.display()))?;
+        map
+    };
+    for s in &map.servers {
+        if pid_alive(&dir, s.id).is_some() {
+            continue;
+        }
+        start_server(&dir, &config, s.id)?;
+    }
+    wait_ready(&dir, &map, Duration::from_secs(30))?;
+    Ok(config)
+}
+
+/// Start server `id` of the cluster in `dir` as a detached process.
+pub fn start_server(dir: &Path, config: &Path, id: u32) -> Result<u32> {
+    use std::os::unix::process::CommandExt;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("s{id}.log")))
+        .with_context(|| format!("cannot open the log of server {id} in {}", dir.display()))?;
+    let bin = shoald_binary();
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg("--config").arg(config).arg("--id").arg(id.to_string());
+    cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // Own session: a Ctrl-C in the terminal that ran `cluster up` must not stop the servers.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("cannot start {} (is it built?)", bin.display()))?;
+    let pid = child.id();
+    std::fs::write(dir.join(format!("s{id}.pid")), pid.to_string())?;
+    // The child is reaped by init once we exit; we never wait on it here.
+    std::mem::forget(child);
+    Ok(pid)
+}
+
+fn wait_ready(dir: &Path, map: &ClusterMap, limit: Duration) -> Result<()> {
+    let start = Instant::now();
+    for s in &map.servers {
+        loop {
+            if TcpStream::connect(&s.addr).is_ok() {
+                break;
+            }
+            if pid_alive(dir, s.id).is_none() {
+                let log = std::fs::read_to_string(dir.join(format!("s{}.log", s.id))).unwrap_or_default();
+                let last = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no log output");
+                bail!("server {} exited during start-up: {last}", s.id);
+            }
+            if start.elapsed() > limit {
+                bail!("server {} did not accept connections on {} within {:?}", s.id, s.addr, limit);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+/// The pid of server `id` if its pid file names a live process.
+pub fn pid_alive(dir: &Path, id: u32) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(dir.join(format!("s{id}.pid"))).ok()?.trim().parse().ok()?;
+    // Zombies count as dead: read the state from /proc.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+    (state != "Z").then_some(pid)
+}
+
+/// Stop every server of the cluster in `dir`: SIGTERM, then SIGKILL after `grace`.
+/// Returns how many were running.
+pub fn down(dir: &Path, grace: Duration) -> Result<usize> {
+    let config = dir.join("cluster.toml");
+    let map = ClusterMap::load(&config)?;
+    let mut running = Vec::new();
+    for s in &map.servers {
+        if let Some(pid) = pid_alive(dir, s.id) {
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            running.push((s.id, pid));
+        }
+    }
+    let start = Instant::now();
+    for (id, pid) in &running {
+        while pid_alive(dir, *id).is_some() {
+            if start.elapsed() > grace {
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
+                std::thread::sleep(Duration::from_millis(50));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = std::fs::remove_file(dir.join(format!("s{id}.pid")));
+    }
+    Ok(running.len())
+}

@@ -1,0 +1,194 @@
+//! Test harness: real clusters of `shoald` processes on 127.0.0.1, each in its own folder
+//! under a temporary directory, killed (SIGKILL) when the test ends.
+#![allow(dead_code)]
+
+use shoal_client::{Client, ClientOptions};
+use shoal_placement::ClusterMap;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub map: ClusterMap,
+    children: Vec<Option<Child>>,
+}
+
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+impl Cluster {
+    /// Start `n` servers with the default settings.
+    pub fn start(n: u32) -> Cluster {
+        Cluster::start_with(n, |_| {})
+    }
+
+    /// Start `n` servers after letting `tweak` change the map (defaults, policy…).
+    pub fn start_with(n: u32, tweak: impl FnOnce(&mut ClusterMap)) -> Cluster {
+        let dir = tempfile::Builder::new().prefix("shoal-test-").tempdir().unwrap();
+        let mut map = ClusterMap::local(n, 0, dir.path());
+        for (s, p) in map.servers.iter_mut().zip(free_ports(n as usize)) {
+            s.addr = format!("127.0.0.1:{p}");
+        }
+        tweak(&mut map);
+        let config = dir.path().join("cluster.toml");
+        std::fs::write(&config, map.to_toml()).unwrap();
+        let mut c = Cluster { dir, config, map, children: Vec::new() };
+        for id in 0..n {
+            let child = c.spawn(id);
+            c.children.push(Some(child));
+        }
+        for id in 0..n {
+            c.wait_ready(id);
+        }
+        c
+    }
+
+    fn spawn(&self, id: u32) -> Child {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(format!("s{id}.log"))).unwrap();
+        Command::new(env!("CARGO_BIN_EXE_shoald"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--id")
+            .arg(id.to_string())
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start shoald")
+    }
+
+    pub fn addr(&self, id: u32) -> String {
+        self.map.servers[id as usize].addr.clone()
+    }
+
+    fn wait_ready(&mut self, id: u32) {
+        let start = Instant::now();
+        loop {
+            if TcpStream::connect(self.addr(id)).is_ok() {
+                return;
+            }
+            if let Some(Some(child)) = self.children.get_mut(id as usize) {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("shoald {id} exited ({status}) during start-up:\n{}", self.log(id));
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "shoald {id} not ready:\n{}", self.log(id));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self, id: u32) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("s{id}.log"))).unwrap_or_default()
+    }
+
+    /// `kill -9` one server and reap it.
+    pub fn kill9(&mut self, id: u32) {
+        if let Some(mut child) = self.children[id as usize].take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Start a killed server again (same data directory) and wait until it accepts.
+    pub fn restart(&mut self, id: u32) {
+        assert!(self.children[id as usize].is_none(), "server {id} still running");
+        let child = self.spawn(id);
+        self.children[id as usize] = Some(child);
+        self.wait_ready(id);
+    }
+
+    pub fn options(&self) -> ClientOptions {
+        ClientOptions { timeout: Duration::from_secs(20), ..ClientOptions::default() }
+    }
+
+    /// A client as the current user (root in CI).
+    pub fn client(&self) -> Client {
+        Client::from_config(&self.config, self.options()).unwrap()
+    }
+
+    /// A client with caching off: every call goes to the servers.
+    pub fn uncached_client(&self) -> Client {
+        let opts = ClientOptions { cache_ttl: Duration::ZERO, ..self.options() };
+        Client::from_config(&self.config, opts).unwrap()
+    }
+
+    /// Run the `shoal` CLI against this cluster: (exit code, stdout, stderr).
+    pub fn shoal(&self, args: &[&str]) -> (i32, String, String) {
+        shoal_cmd(Some(&self.config), args)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in self.children.iter_mut().flatten() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn shoal_cmd(config: Option<&Path>, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
+    cmd.env_remove("SHOAL_CONFIG").stdin(Stdio::null());
+    if let Some(c) = config {
+        cmd.arg("--config").arg(c);
+    }
+    let out = cmd.args(args).output().expect("run shoal");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Deterministic content: byte at file offset `off` depends only on `off` and `seed`.
+pub fn pattern(seed: u64, off: u64, len: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(len + 16);
+    let mut word = off / 8;
+    let skip = (off % 8) as usize;
+    while v.len() < len + skip {
+        v.extend_from_slice(&shoal_placement::rendezvous::mix64(word ^ seed.rotate_left(17)).to_le_bytes());
+        word += 1;
+    }
+    v.drain(..skip);
+    v.truncate(len);
+    v
+}
+
+/// Sum of per-op counters across servers, for one op name.
+pub async fn op_count(client: &Client, op: &str) -> Vec<u64> {
+    let mut v = Vec::new();
+    for (_, st) in client.status_all().await {
+        let st = st.unwrap();
+        v.push(st.counters.ops.iter().find(|(n, _)| n == op).map(|(_, c)| *c).unwrap_or(0));
+    }
+    v
+}
+
+/// Client requests received by each server so far.
+pub async fn client_requests(client: &Client) -> Vec<u64> {
+    let mut v = Vec::new();
+    for (_, st) in client.status_all().await {
+        v.push(st.unwrap().counters.client_requests);
+    }
+    v
+}
+
+/// Per server: requests of every kind except `status` and `hello` (which measuring itself sends).
+pub async fn work_requests(client: &Client) -> Vec<u64> {
+    let mut v = Vec::new();
+    for (_, st) in client.status_all().await {
+        let st = st.unwrap();
+        v.push(st.counters.ops.iter().filter(|(n, _)| n != "status" && n != "hello").map(|(_, c)| *c).sum());
+    }
+    v
+}

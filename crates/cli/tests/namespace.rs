@@ -1,0 +1,206 @@
+//! Namespace operations on real servers: shared directories, cross-server rename, links,
+//! permissions, error numbers, and how many requests a small-file operation costs.
+
+mod common;
+use common::{work_requests, Cluster};
+use futures::StreamExt;
+use shoal_client::{Cred, Errno, FileKind, OpenFlags, RenameFlags};
+use std::collections::HashSet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_thousand_files_from_four_clients_listed_exactly_once() {
+    let cluster = Cluster::start(4);
+    cluster.client().mkdir("/shared", 0o777).await.unwrap();
+    let mut tasks = Vec::new();
+    for c in 0..4u32 {
+        let fs = cluster.client();
+        tasks.push(tokio::spawn(async move {
+            futures::stream::iter(0..2500u32)
+                .map(|i| {
+                    let fs = fs.clone();
+                    async move { fs.create_at(fs.resolve("/shared", true).await?.ino, &format!("c{c}-{i:05}"), 0o644, true, None).await }
+                })
+                .buffer_unordered(16)
+                .for_each(|r| async move {
+                    r.unwrap();
+                })
+                .await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let entries = cluster.uncached_client().readdir("/shared").await.unwrap();
+    assert_eq!(entries.len(), 10_000);
+    let names: HashSet<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.len(), 10_000, "no name listed twice");
+    for c in 0..4 {
+        for i in 0..2500 {
+            assert!(names.contains(format!("c{c}-{i:05}").as_str()));
+        }
+    }
+    assert!(entries.iter().all(|e| e.kind == FileKind::File));
+}
+
+/// Two directories whose objects live on different servers.
+async fn dirs_on_different_servers(fs: &shoal_client::Client) -> (String, String) {
+    let map = fs.map().clone();
+    let a = fs.mkdir("/a", 0o755).await.unwrap();
+    for i in 0..100 {
+        let name = format!("/b{i}");
+        let b = fs.mkdir(&name, 0o755).await.unwrap();
+        if map.home_of(b.ino) != map.home_of(a.ino) {
+            return ("/a".into(), name);
+        }
+    }
+    panic!("no two directories on different servers");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_across_directories_owned_by_different_servers() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    let (a, b) = dirs_on_different_servers(&fs).await;
+
+    // A file with data.
+    let f = fs.create(&format!("{a}/f"), 0o644, None).await.unwrap();
+    f.write_at(0, b"payload").await.unwrap();
+    f.close().await.unwrap();
+    fs.rename(&format!("{a}/f"), &format!("{b}/g")).await.unwrap();
+
+    let other = cluster.uncached_client();
+    assert_eq!(other.stat(&format!("{a}/f")).await.unwrap_err().errno, Errno::ENOENT);
+    let g = other.open(&format!("{b}/g"), OpenFlags::read_only()).await.unwrap();
+    assert_eq!(&g.read_at(0, 100).await.unwrap()[..], b"payload");
+
+    // Replacing an existing target drops the old file.
+    let h = fs.create(&format!("{a}/h"), 0o644, None).await.unwrap();
+    h.write_at(0, b"new").await.unwrap();
+    h.close().await.unwrap();
+    fs.rename(&format!("{a}/h"), &format!("{b}/g")).await.unwrap();
+    let g = other.open(&format!("{b}/g"), OpenFlags::read_only()).await.unwrap();
+    assert_eq!(&g.read_at(0, 100).await.unwrap()[..], b"new");
+
+    // A directory with contents moves, and its parent link counts follow.
+    fs.mkdir(&format!("{a}/sub"), 0o755).await.unwrap();
+    fs.create(&format!("{a}/sub/inner"), 0o644, None).await.unwrap().close().await.unwrap();
+    let a_before = other.stat(&a).await.unwrap().nlink;
+    fs.rename(&format!("{a}/sub"), &format!("{b}/sub2")).await.unwrap();
+    assert!(other.stat(&format!("{b}/sub2/inner")).await.is_ok());
+    assert_eq!(other.stat(&a).await.unwrap().nlink, a_before - 1);
+    assert_eq!(other.stat(&format!("{b}/sub2")).await.unwrap().parent, Some(other.stat(&b).await.unwrap().ino));
+
+    // Into its own subtree: EINVAL. Onto a non-empty directory: ENOTEMPTY.
+    assert_eq!(fs.rename(&b, &format!("{b}/sub2/loop")).await.unwrap_err().errno, Errno::EINVAL);
+    fs.mkdir(&format!("{a}/full"), 0o755).await.unwrap();
+    fs.create(&format!("{a}/full/x"), 0o644, None).await.unwrap().close().await.unwrap();
+    assert_eq!(fs.rename(&format!("{b}/sub2"), &format!("{a}/full")).await.unwrap_err().errno, Errno::ENOTEMPTY);
+    // NOREPLACE refuses an existing target.
+    let flags = RenameFlags { noreplace: true, exchange: false };
+    let (ad, bd) = (fs.stat(&a).await.unwrap().ino, fs.stat(&b).await.unwrap().ino);
+    assert_eq!(fs.rename_at(bd, "g", ad, "full", flags).await.unwrap_err().errno, Errno::EEXIST);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_symlinks_and_directories_behave_like_posix() {
+    let cluster = Cluster::start(3);
+    let fs = cluster.client();
+    fs.mkdir_all("/d/e", 0o755).await.unwrap();
+    let f = fs.create("/d/file", 0o640, None).await.unwrap();
+    f.write_at(0, b"abc").await.unwrap();
+    f.close().await.unwrap();
+
+    fs.link("/d/file", "/d/e/hard").await.unwrap();
+    assert_eq!(fs.stat("/d/file").await.unwrap().nlink, 2);
+    fs.unlink("/d/file").await.unwrap();
+    let hard = fs.stat("/d/e/hard").await.unwrap();
+    assert_eq!((hard.nlink, hard.size), (1, 3));
+
+    fs.symlink("../e/hard", "/d/e/sym").await.unwrap();
+    assert_eq!(fs.readlink("/d/e/sym").await.unwrap(), "../e/hard");
+    assert_eq!(fs.lstat("/d/e/sym").await.unwrap().kind, FileKind::Symlink);
+    assert_eq!(fs.stat("/d/e/sym").await.unwrap().ino, hard.ino);
+
+    assert_eq!(fs.rmdir("/d").await.unwrap_err().errno, Errno::ENOTEMPTY);
+    assert_eq!(fs.mkdir("/d/e", 0o755).await.unwrap_err().errno, Errno::EEXIST);
+    assert_eq!(fs.mkdir("/d/e/hard/x", 0o755).await.unwrap_err().errno, Errno::ENOTDIR);
+    assert_eq!(fs.unlink("/d/e").await.unwrap_err().errno, Errno::EISDIR);
+    assert_eq!(fs.rmdir("/d/e/hard").await.unwrap_err().errno, Errno::ENOTDIR);
+    assert_eq!(fs.stat("/nope/x").await.unwrap_err().errno, Errno::ENOENT);
+    let long = format!("/d/{}", "n".repeat(256));
+    assert_eq!(fs.create(&long, 0o644, None).await.err().unwrap().errno, Errno::ENAMETOOLONG);
+    assert_eq!(
+        fs.open("/d/e/hard", OpenFlags { create: true, exclusive: true, write: true, ..Default::default() }).await.err().unwrap().errno,
+        Errno::EEXIST
+    );
+    assert_eq!(fs.open("/d/e", OpenFlags::write_only()).await.err().unwrap().errno, Errno::EISDIR);
+
+    // Readdir sees exactly what is there; removal empties the tree.
+    let mut names: Vec<String> = fs.readdir("/d/e").await.unwrap().into_iter().map(|e| e.name).collect();
+    names.sort();
+    assert_eq!(names, ["hard", "sym"]);
+    assert_eq!(fs.remove_all("/d").await.unwrap(), 4);
+    assert_eq!(fs.stat("/d").await.unwrap_err().errno, Errno::ENOENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permission_denied_for_a_user_without_access() {
+    let cluster = Cluster::start(2);
+    let root = cluster.client();
+    root.mkdir("/private", 0o700).await.unwrap();
+    let f = root.create("/private/secret", 0o600, None).await.unwrap();
+    f.write_at(0, b"s").await.unwrap();
+    f.close().await.unwrap();
+    root.mkdir("/public", 0o755).await.unwrap();
+    root.create("/public/readonly", 0o644, None).await.unwrap().close().await.unwrap();
+
+    let alice = cluster.uncached_client().with_cred(Cred { uid: 1000, gid: 1000, groups: vec![] });
+    assert_eq!(alice.stat("/private/secret").await.unwrap_err().errno, Errno::EACCES);
+    assert_eq!(alice.readdir("/private").await.unwrap_err().errno, Errno::EACCES);
+    assert_eq!(alice.create("/public/mine", 0o644, None).await.err().unwrap().errno, Errno::EACCES);
+    assert_eq!(alice.open("/public/readonly", OpenFlags::write_only()).await.err().unwrap().errno, Errno::EACCES);
+    assert!(alice.open("/public/readonly", OpenFlags::read_only()).await.is_ok());
+    assert_eq!(alice.chmod("/public/readonly", 0o777).await.unwrap_err().errno, Errno::EPERM);
+    assert_eq!(alice.unlink("/public/readonly").await.unwrap_err().errno, Errno::EACCES);
+
+    // Given a directory of her own, she can work in it, and root can read it.
+    root.mkdir("/home", 0o755).await.unwrap();
+    root.mkdir("/home/alice", 0o755).await.unwrap();
+    root.chown("/home/alice", Some(1000), Some(1000)).await.unwrap();
+    let f = alice.create("/home/alice/notes", 0o600, None).await.unwrap();
+    f.write_at(0, b"hi").await.unwrap();
+    f.close().await.unwrap();
+    let a = root.stat("/home/alice/notes").await.unwrap();
+    assert_eq!((a.uid, a.gid, a.perm), (1000, 1000, 0o600));
+    let bob = cluster.uncached_client().with_cred(Cred { uid: 1001, gid: 1001, groups: vec![] });
+    assert_eq!(bob.open("/home/alice/notes", OpenFlags::read_only()).await.err().unwrap().errno, Errno::EACCES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_file_create_stat_unlink_are_one_request_to_one_server() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    fs.mkdir("/md", 0o755).await.unwrap();
+    let dir = fs.stat("/md").await.unwrap().ino;
+    let home = fs.map().home_of(dir).0 as usize;
+    // Uncached client with the parent's inode number in hand, as mdtest's inner loop.
+    let fs = cluster.uncached_client();
+    for (op, expect_home) in [("create", true), ("stat", true), ("unlink", true)] {
+        let before = work_requests(&fs).await;
+        match op {
+            "create" => {
+                fs.create_at(dir, "f", 0o644, true, None).await.unwrap();
+            }
+            "stat" => {
+                fs.lookup(dir, "f").await.unwrap();
+            }
+            _ => fs.unlink_at(dir, "f").await.unwrap(),
+        }
+        let after = work_requests(&fs).await;
+        let diff: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+        assert_eq!(diff.iter().sum::<u64>(), 1, "{op}: requests per server {diff:?}");
+        if expect_home {
+            assert_eq!(diff[home], 1, "{op} went to the directory's server");
+        }
+    }
+}

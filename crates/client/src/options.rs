@@ -1,0 +1,149 @@
+//! Settings of a [`Client`](crate::Client) and the flags of an open.
+
+use shoal_proto::msg::{Cred, LayoutSpec};
+use std::time::Duration;
+
+/// How a [`Client`](crate::Client) behaves.
+#[derive(Clone, Debug)]
+pub struct ClientOptions {
+    /// How long one request may take (connecting included) before it fails with ETIMEDOUT.
+    /// A dead server therefore gives an error, never a hang. Default 30 s.
+    pub timeout: Duration,
+    /// How long cached directory entries (positive and negative), attributes and symlink
+    /// targets are trusted. Default 1 s; zero disables caching.
+    pub cache_ttl: Duration,
+    /// Who the requests are made as. Default: the calling process ([`Cred::current`]).
+    pub cred: Cred,
+    /// TCP connections per server (requests are pipelined on each). Default 2.
+    pub connections_per_server: usize,
+    /// Bits cleared from the permissions of new files and directories (`create_at`,
+    /// `mkdir_at` and everything built on them). Default 0o022. Use 0 to pass modes through
+    /// unchanged (a FUSE adapter does: the kernel has already applied the caller's umask).
+    pub umask: u32,
+    /// Most object pieces one read or write sends at the same time (also bounds the
+    /// concurrency of `remove_all`, `statfs` and `fsync`). Default 16.
+    pub max_in_flight: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(30),
+            cache_ttl: Duration::from_secs(1),
+            cred: Cred::current(),
+            connections_per_server: 2,
+            umask: 0o022,
+            max_in_flight: 16,
+        }
+    }
+}
+
+/// How to open a file, as the flags of open(2).
+///
+/// With none of `read`, `write` and `append` set the file is opened for reading.
+/// `append` implies `write`.
+#[derive(Clone, Debug, Default)]
+pub struct OpenFlags {
+    /// Allow reads (O_RDONLY / O_RDWR).
+    pub read: bool,
+    /// Allow writes (O_WRONLY / O_RDWR).
+    pub write: bool,
+    /// Every write goes to the current end of the file (O_APPEND).
+    pub append: bool,
+    /// Create the file if it does not exist (O_CREAT).
+    pub create: bool,
+    /// With `create`: fail with EEXIST if the name exists (O_EXCL).
+    pub exclusive: bool,
+    /// Cut an existing file to zero length (O_TRUNC).
+    pub truncate: bool,
+    /// Permission bits of a created file (before the umask); 0 means 0o644.
+    pub perm: u32,
+    /// Layout of a created file; unset fields come from the directory's default.
+    pub layout: Option<LayoutSpec>,
+}
+
+impl OpenFlags {
+    /// Open an existing file for reading.
+    pub fn read_only() -> Self {
+        OpenFlags { read: true, ..Default::default() }
+    }
+
+    /// Open an existing file for writing.
+    pub fn write_only() -> Self {
+        OpenFlags { write: true, ..Default::default() }
+    }
+
+    /// Open an existing file for reading and writing.
+    pub fn read_write() -> Self {
+        OpenFlags { read: true, write: true, ..Default::default() }
+    }
+
+    /// Translate the flags of open(2) (`O_RDONLY`, `O_WRONLY`, `O_RDWR`, `O_APPEND`,
+    /// `O_CREAT`, `O_EXCL`, `O_TRUNC`; others are ignored) and the mode argument.
+    pub fn from_libc(flags: i32, perm: u32) -> Self {
+        let (read, write) = match flags & libc::O_ACCMODE {
+            libc::O_WRONLY => (false, true),
+            libc::O_RDWR => (true, true),
+            _ => (true, false),
+        };
+        OpenFlags {
+            read,
+            write,
+            append: flags & libc::O_APPEND != 0,
+            create: flags & libc::O_CREAT != 0,
+            exclusive: flags & libc::O_EXCL != 0,
+            truncate: flags & libc::O_TRUNC != 0,
+            perm,
+            layout: None,
+        }
+    }
+
+    /// Whether the handle may write (`write` or `append`).
+    pub(crate) fn writes(&self) -> bool {
+        self.write || self.append
+    }
+
+    /// Whether the handle may read (`read`, or nothing asked at all).
+    pub(crate) fn reads(&self) -> bool {
+        self.read || !(self.write || self.append)
+    }
+
+    /// The access(2) mask an open of an existing file needs.
+    pub(crate) fn access_mask(&self) -> u32 {
+        let mut mask = 0;
+        if self.reads() {
+            mask |= libc::R_OK as u32;
+        }
+        if self.writes() || self.truncate {
+            mask |= libc::W_OK as u32;
+        }
+        mask
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_libc_translates_every_flag() {
+        let f = OpenFlags::from_libc(libc::O_RDONLY, 0);
+        assert!(f.read && !f.write && !f.create && !f.append && !f.truncate && !f.exclusive);
+        assert_eq!(f.access_mask(), 4);
+        let f = OpenFlags::from_libc(libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC, 0o600);
+        assert!(!f.read && f.write && f.create && f.truncate && !f.exclusive);
+        assert_eq!(f.perm, 0o600);
+        assert_eq!(f.access_mask(), 2);
+        let f = OpenFlags::from_libc(libc::O_RDWR | libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644);
+        assert!(f.read && f.write && f.append && f.create && f.exclusive && !f.truncate);
+        assert_eq!(f.access_mask(), 6);
+    }
+
+    #[test]
+    fn nothing_set_means_read() {
+        let f = OpenFlags::default();
+        assert!(f.reads() && !f.writes());
+        let f = OpenFlags { append: true, ..Default::default() };
+        assert!(f.writes() && !f.reads());
+    }
+}

@@ -1,0 +1,8 @@
+# Shared by setup.sh, test.sh and .ci/run: where to build and what the system must have.
+# Build outside the clone so that fresh clones (CI) reuse compiled dependencies.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shoal/target}"
+# librocksdb-dev: RocksDB linked as a system library (rocksdb crate 0.21 with ROCKSDB_LIB_DIR)
+# libclang-dev, clang: bindgen for the RocksDB bindings
+# fuse3, libfuse3-dev: the FUSE mount
+# libacl1-dev: needed by pjdfstest
+export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev"
