@@ -1,1 +1,108 @@
+//! Shoal's native client library.
+//!
+//! A [`Client`] computes from the cluster map which server holds what (the home server of
+//! an inode, the servers of a file's data objects; see `docs/architecture.md`) and talks to
+//! that server directly over pipelined connections. It keeps a short-lived cache of
+//! directory entries and attributes so that path walks and storms of identical lookups cost
+//! (almost) no requests, and it stripes reads and writes over all servers of a file at
+//! once.
+//!
+//! Every call is an `async fn` on [`Client`] and has a blocking twin of the same name on
+//! [`BlockingClient`]. There are two levels:
+//!
+//! * **inode level** (`lookup`, `create_at`, `readdir_at`, …): what a FUSE adapter needs;
+//!   one request to one server in the common case;
+//! * **path level** (`stat`, `mkdir_all`, `open`, `remove_all`, …): absolute Shoal paths
+//!   (`/a/b`, also `shoal://a/b`), resolved from the root through the cache; see
+//!   [`pathname`] for the path syntax.
+//!
+//! Errors are an [`Error`]: an errno to match on plus a context naming the operation and
+//! path (`mkdir /a/b: No such file or directory`), and for a server that cannot be reached,
+//! which server.
+//!
+//! ```no_run
+//! # async fn demo() -> shoal_client::Result<()> {
+//! use shoal_client::{Client, ClientOptions, OpenFlags};
+//! let client = Client::from_config("cluster.toml".as_ref(), ClientOptions::default())?;
+//! client.mkdir_all("/data/run1", 0o755).await?;
+//! let f = client.create("/data/run1/out.bin", 0o644, None).await?;
+//! f.write_at(0, b"hello shoal").await?;
+//! f.close().await?; // durable, and visible with its size to every later open
+//! let f = client.open("shoal://data/run1/out.bin", OpenFlags::read_only()).await?;
+//! assert_eq!(&f.read_at(0, 5).await?[..], b"hello");
+//! # Ok(()) }
+//! ```
+//!
+//! # Caching
+//!
+//! Directory entries (including negative ones: "no such name"), attributes and symlink
+//! targets are cached for [`ClientOptions::cache_ttl`] (1 s by default; zero turns the
+//! cache off). Mutations made through the client update the cache; changes by other
+//! clients show once entries expire, except that opening a file always fetches its size
+//! afresh (close-to-open consistency). If a server reports a cached directory gone, the
+//! operation is retried once with a fresh walk. Clients made with [`Client::with_cred`]
+//! share the cache: attributes are keyed by inode and carry no permission decision, but a
+//! cached lookup is not re-checked for search permission on its directory until it
+//! expires (as the kernel's dentry cache).
+//!
+//! # Durability
+//!
+//! [`File::close`] (and [`File::fsync`]) make written data and the file size durable on
+//! every server involved before returning; metadata operations are durable against a
+//! server crash when they return. See "Durability promise" in `docs/architecture.md`.
+//!
+//! # Map changes
+//!
+//! A client made with [`Client::from_config`] reloads the config file when a server
+//! answers that the client routes with an old map version, and retries the request once.
 
+#![warn(missing_docs)]
+
+mod blocking;
+mod cache;
+mod client;
+mod error;
+mod file;
+mod options;
+pub mod pathname;
+mod path_ops;
+
+pub use blocking::{BlockingClient, BlockingFile};
+pub use client::{Client, StatFs};
+pub use error::{Error, Result};
+pub use file::{File, MAX_PIECE};
+pub use options::{ClientOptions, OpenFlags};
+pub use path_ops::MAX_SYMLINKS;
+pub use shoal_placement::ClusterMap;
+pub use shoal_proto::msg::{
+    Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ServerStatus, SetAttrs,
+    StatFsOut, TimeSet, Timestamp,
+};
+pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_send<T: Send>(_: &T) {}
+    fn is_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn handles_and_futures_are_send() {
+        is_sync::<Client>();
+        is_sync::<File>();
+        is_sync::<BlockingClient>();
+        is_sync::<BlockingFile>();
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let _g = rt.enter();
+        let c = Client::new(ClusterMap::local(2, 1, "/tmp".as_ref()), ClientOptions::default());
+        is_send(&c.stat("/a"));
+        is_send(&c.mkdir_all("/a/b", 0o755));
+        is_send(&c.remove_all("/a"));
+        is_send(&c.open("/a", OpenFlags::read_only()));
+        is_send(&c.rename("/a", "/b"));
+        is_send(&c.statfs());
+        is_send(&c.status_all());
+        is_send(&c.lookup(ROOT_INO, "a"));
+    }
+}

@@ -1,1 +1,292 @@
-pub fn placeholder() {}
+//! `shoald`: the one kind of Shoal server. It holds directory objects (a directory's inode
+//! and its entries), file inodes and data objects, and answers every request a client or
+//! another server sends it. See docs/architecture.md for the design; in short:
+//!
+//! * `net` accepts connections, reads frames and writes replies; every request runs in its
+//!   own task, so one connection carries many requests at once.
+//! * `dispatch` routes each operation to its handler in `ops` and counts it.
+//! * `store::meta` is the RocksDB metadata store, `store::data` the object files.
+//! * `intents` makes operations that span servers complete (or roll back) after crashes.
+//! * `locks` serialises changes to one directory or inode; `perm` decides who may do what.
+//!
+//! ```no_run
+//! # async fn f() -> anyhow::Result<()> {
+//! let opts = shoal_server::ServerOptions {
+//!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None,
+//! };
+//! shoal_server::run(opts).await // until SIGINT or SIGTERM
+//! # }
+//! ```
+
+mod counters;
+mod dispatch;
+mod error;
+mod intents;
+mod locks;
+mod net;
+mod ops;
+mod perm;
+mod state;
+mod store;
+
+use anyhow::{anyhow, bail, Context};
+use shoal_placement::ClusterMap;
+use shoal_proto::msg::FileKind;
+use shoal_proto::{ServerId, ROOT_INO};
+use shoal_rpc::{Pool, PoolOptions};
+use state::State;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use store::data::DataStore;
+use store::meta::{key, InodeRecord, MetaStore, FORMAT_VERSION};
+use tokio::net::TcpListener;
+
+/// How a server is started (the `shoald` command line).
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The cluster map (TOML).
+    pub config: PathBuf,
+    /// This server's id in the map.
+    pub id: u32,
+    /// Overrides the map entry's `data_dir`.
+    pub data_dir: Option<PathBuf>,
+    /// Overrides the address to listen on (default: the map entry's `addr`).
+    pub listen: Option<String>,
+}
+
+/// Timeout of a call to another server. Shorter than a client's, so that a client waiting
+/// on an operation that spans servers hears about an unreachable peer before giving up.
+const PEER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Interval of the background WAL sync (the power-loss window for metadata).
+const WAL_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A server whose stores are open, ready to serve on a listener.
+pub struct Server {
+    state: Arc<State>,
+    listen: String,
+}
+
+impl Server {
+    /// Load the map, open (creating if needed) the data directory, create the root
+    /// directory if this server is its home, and prune old markers. Does not listen yet.
+    pub async fn open(opts: &ServerOptions) -> anyhow::Result<Server> {
+        let map = ClusterMap::load(&opts.config).map_err(|e| anyhow!("{e}"))?;
+        let entry = map
+            .server(ServerId(opts.id))
+            .ok_or_else(|| anyhow!("server id {} is not in cluster config {}", opts.id, opts.config.display()))?
+            .clone();
+        let data_dir = opts.data_dir.clone().or(entry.data_dir.clone()).ok_or_else(|| {
+            anyhow!(
+                "no data directory for server {}: give --data-dir or set data_dir in {}",
+                opts.id,
+                opts.config.display()
+            )
+        })?;
+        let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
+        let id = ServerId(opts.id);
+        let index_bound = map.servers.len() as u32;
+        let dd = data_dir.clone();
+        let (meta, data) = tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore)> {
+            std::fs::create_dir_all(&dd).with_context(|| format!("cannot create data directory {}", dd.display()))?;
+            let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
+            check_format(&meta, id, &dd)?;
+            let data = DataStore::open(&dd.join("objects"), index_bound)
+                .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
+            // Writes acknowledged before a restart were only in the page cache; make them
+            // durable now, since the dirty-object list that fsync relies on starts empty.
+            if let Err(e) = data.syncfs() {
+                tracing::warn!("syncfs {}: {e}", dd.display());
+            }
+            Ok((meta, data))
+        })
+        .await
+        .map_err(|e| anyhow!("start-up task failed: {e}"))??;
+
+        let pool = Pool::new(
+            map.clone(),
+            PoolOptions { timeout: PEER_TIMEOUT, connections_per_server: 2, client_name: format!("shoald {id}") },
+        );
+        let state = Arc::new(State::new(id, map, data_dir, meta, data, pool));
+
+        let st = state.clone();
+        let pending = state
+            .blocking(move |st| {
+                if st.is_home(ROOT_INO) && st.meta.get_inode(ROOT_INO)?.is_none() {
+                    let now = shoal_proto::msg::Timestamp::now();
+                    let root = InodeRecord {
+                        kind: FileKind::Dir,
+                        perm: 0o755,
+                        uid: 0,
+                        gid: 0,
+                        size: 0,
+                        nlink: 2,
+                        atime: now,
+                        mtime: now,
+                        ctime: now,
+                        layout: None,
+                        dir_default: None,
+                        parent: Some(ROOT_INO),
+                        target: None,
+                    };
+                    let mut t = st.meta.txn();
+                    t.put_inode(ROOT_INO, root);
+                    t.commit()?;
+                    tracing::info!("created the root directory");
+                }
+                let pruned = st.meta.prune_applied(now_secs(), intents::APPLIED_MAX_AGE_SECS)?;
+                if pruned > 0 {
+                    tracing::info!("pruned {pruned} old applied markers");
+                }
+                st.meta.intents()
+            })
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
+        if !pending.is_empty() {
+            tracing::info!("{} intents to replay", pending.len());
+        }
+        intents::pin_pending(&st, &pending);
+        Ok(Server { state, listen })
+    }
+
+    /// The address this server listens on unless told otherwise.
+    pub fn listen_addr(&self) -> &str {
+        &self.listen
+    }
+
+    pub fn id(&self) -> ServerId {
+        self.state.id
+    }
+
+    /// Bind the listen address.
+    pub async fn bind(&self) -> anyhow::Result<TcpListener> {
+        TcpListener::bind(&self.listen).await.with_context(|| format!("cannot listen on {}", self.listen))
+    }
+
+    /// Serve on `listener` until `shutdown` completes, then stop background work, sync the
+    /// metadata log and close the stores.
+    pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let st = self.state;
+        let addr: Option<SocketAddr> = listener.local_addr().ok();
+        eprintln!("shoald {} listening on {}", st.id, addr.map_or(self.listen.clone(), |a| a.to_string()));
+        tracing::info!("server {} serving (map version {})", st.id, st.map.version());
+
+        let wal = tokio::spawn(wal_sync_loop(st.clone()));
+        let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
+        net::accept_loop(st.clone(), listener, shutdown).await;
+        tracing::info!("server {} shutting down", st.id);
+        wal.abort();
+        recovery.abort();
+        let _ = wal.await;
+        let _ = recovery.await;
+        if let Err(e) = st.blocking(|st| st.meta.sync_wal()).await {
+            tracing::warn!("final WAL sync: {e}");
+        }
+        // Requests still running hold the state; give them a moment so the database closes
+        // cleanly (and a restart in the same process can open it again).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut st = st;
+        loop {
+            match Arc::try_unwrap(st) {
+                Ok(state) => {
+                    drop(state);
+                    break;
+                }
+                Err(s) if Instant::now() < deadline => {
+                    st = s;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(_) => {
+                    tracing::warn!("requests still running at shutdown; the store closes when they end");
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn now_secs() -> i64 {
+    shoal_proto::msg::Timestamp::now().secs
+}
+
+/// Check (or, on a new store, write) the format version and owning server id, so that a
+/// data directory from another server or a newer release is refused rather than misread.
+fn check_format(meta: &MetaStore, id: ServerId, dir: &std::path::Path) -> anyhow::Result<()> {
+    let err = |e: error::Fail| anyhow!("{}: {e}", dir.display());
+    match meta.get_raw(key::FORMAT).map_err(err)? {
+        None => {
+            meta.put_raw(key::FORMAT, &FORMAT_VERSION.to_be_bytes()).map_err(err)?;
+            meta.put_raw(key::SERVER, &id.0.to_be_bytes()).map_err(err)?;
+        }
+        Some(v) => {
+            let found = <[u8; 4]>::try_from(v.as_slice()).ok().map(u32::from_be_bytes);
+            if found != Some(FORMAT_VERSION) {
+                bail!("data directory {} has format {:?}; this shoald reads format {FORMAT_VERSION}", dir.display(), found);
+            }
+            if let Some(owner) = meta.get_raw(key::SERVER).map_err(err)? {
+                let owner = <[u8; 4]>::try_from(owner.as_slice()).ok().map(u32::from_be_bytes);
+                if owner != Some(id.0) {
+                    bail!(
+                        "data directory {} belongs to server {}, not {id}",
+                        dir.display(),
+                        owner.map_or("?".to_string(), |o| format!("s{o}"))
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn wal_sync_loop(st: Arc<State>) {
+    loop {
+        tokio::time::sleep(WAL_SYNC_INTERVAL).await;
+        if let Err(e) = st.blocking(|st| st.meta.sync_wal()).await {
+            tracing::warn!("WAL sync: {e}");
+        }
+    }
+}
+
+/// Open the stores, listen, and serve until `shutdown` completes.
+pub async fn serve(opts: ServerOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let server = Server::open(&opts).await?;
+    let listener = server.bind().await?;
+    server.serve(listener, shutdown).await
+}
+
+/// Like [`serve`], on a listener the caller bound (tests bind port 0 and put the address in
+/// the map before starting).
+pub async fn serve_with_listener(
+    opts: ServerOptions,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let server = Server::open(&opts).await?;
+    server.serve(listener, shutdown).await
+}
+
+/// Serve until SIGINT or SIGTERM.
+pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
+    serve(opts, shutdown_signal()).await
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    match (term, int) {
+        (Ok(mut t), Ok(mut i)) => {
+            tokio::select! {
+                _ = t.recv() => {},
+                _ = i.recv() => {},
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

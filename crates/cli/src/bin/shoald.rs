@@ -1,1 +1,60 @@
-fn main() {}
+//! `shoald`: a Shoal server. A thin `main` around `shoal_server::run`: parse the command
+//! line, set up logging, run until SIGINT/SIGTERM, and turn a start-up failure into one
+//! line on stderr and exit status 1.
+
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Shoal server: holds directory objects, inodes and data objects for its share of the
+/// cluster, and serves clients and other servers until SIGINT or SIGTERM.
+///
+/// Logging goes to stderr; set SHOAL_LOG to a tracing filter (default "info", e.g.
+/// SHOAL_LOG=debug or SHOAL_LOG=shoal_server=debug).
+#[derive(Parser, Debug)]
+#[command(name = "shoald", version)]
+struct Args {
+    /// The cluster map (TOML) listing every server of the cluster.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+
+    /// This server's id: which [[server]] entry of the map this process is.
+    #[arg(long, value_name = "N")]
+    id: u32,
+
+    /// Where to keep the metadata store and data objects (default: the map entry's data_dir).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+
+    /// Address to listen on, host:port (default: the map entry's addr).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("shoald").build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("shoald: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = shoal_server::ServerOptions { config: args.config, id: args.id, data_dir: args.data_dir, listen: args.listen };
+    match runtime.block_on(shoal_server::run(opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("shoald: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -160,7 +160,7 @@ fn parent_of(path: &str) -> String {
 pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<()> {
     let client = ctx.client()?;
     let paths: Vec<String> = if a.paths.is_empty() { vec!["/".into()] } else { a.paths.iter().map(|p| only_shoal(p)).collect() };
-    let mut failed = None;
+    let mut failed = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         let mut out = Vec::new();
         let r = async {
@@ -182,13 +182,19 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<()> {
         .await;
         std::io::stdout().write_all(&out)?;
         if let Err(e) = r {
-            eprintln!("shoal: {e:#}");
-            failed = Some(e);
+            failed.push(e);
         }
     }
-    match failed {
-        Some(e) => Err(e.context("ls failed for at least one path")),
-        None => Ok(()),
+    // One failing path: its error is the command's. Several: one line each, as ls does.
+    match failed.len() {
+        0 => Ok(()),
+        1 => Err(failed.remove(0)),
+        n => {
+            for e in &failed {
+                eprintln!("shoal: {e:#}");
+            }
+            Err(anyhow::anyhow!("{n} of {} paths could not be listed", paths.len()))
+        }
     }
 }
 
@@ -278,6 +284,9 @@ pub async fn cat(ctx: &Ctx, a: CatArgs) -> Result<()> {
     for p in &a.paths {
         let path = only_shoal(p);
         let file = client.open(&path, shoal_client::OpenFlags::read_only()).await.with_context(|| format!("cannot open {path}"))?;
+        if file.attr().kind == FileKind::Dir {
+            anyhow::bail!("cannot read {path}: it is a directory");
+        }
         let size = file.attr().size;
         let mut off = 0u64;
         while off < size {

@@ -1,0 +1,430 @@
+//! The `shoal bench` command line: `io`, `md`, `suite`, and the hidden `worker`.
+
+use crate::driver::{run_bench, Bench, SweepKey, WorkerCmd};
+use crate::plot;
+use crate::report::{self, Report};
+use crate::spec::*;
+use crate::suite;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// An error in how the command was called (the `shoal` binary exits with 2).
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(UsageError(msg.into()))
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// IOR patterns: N processes write then read one file each (-F) or one shared file,
+    /// sequentially or in random order; MiB/s, IOPS, latency, server counters.
+    #[command(after_help = IO_EXAMPLES)]
+    Io(IoArgs),
+    /// mdtest patterns: N processes create, stat, read and unlink files in a directory each
+    /// ("easy") or in one shared directory ("hard", --shared-dir); ops/s per phase.
+    #[command(after_help = MD_EXAMPLES)]
+    Md(MdArgs),
+    /// The standard set (IO500-like easy and hard cases, scaled to this machine) on the
+    /// native client, a FUSE mount, a local directory and tmpfs; rewrites docs/benchmarks.md.
+    Suite(suite::SuiteArgs),
+    /// Internal: one benchmark process, driven over stdin/stdout by its parent.
+    #[command(hide = true)]
+    Worker,
+}
+
+const IO_EXAMPLES: &str = "Examples:
+  shoal bench io -F -t 1M -b 256M -e                      # native client, file per process, fsync at close
+  shoal bench io -T native,local,tmpfs --compare -t 47008 -b 47008 -s 2000   # IO500 ior-hard pattern, ratios
+  shoal bench io -F -T native --sweep transfer=64K,256K,1M,4M --plot bw.svg
+Targets: native[:CONFIG], fuse:MOUNTPOINT, local[:DIR], tmpfs[:DIR], posix:DIR; a suffix @K runs K
+operations in flight per process (async calls on native, threads on POSIX targets).";
+
+const MD_EXAMPLES: &str = "Examples:
+  shoal bench md -N 10000                                 # mdtest easy: a directory per process, empty files
+  shoal bench md -N 10000 -T native,native@16,tmpfs --compare
+  shoal bench md --shared-dir --size 3901 -N 2000 --verify # mdtest hard: shared directory, 3901-byte files
+  shoal bench md -N 2000 --sweep procs=1,2,4 --plot md.svg";
+
+#[derive(Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Where to run (repeat or separate with commas): native, native:CONFIG, fuse:MOUNTPOINT,
+    /// local[:DIR] (default: the temp dir), tmpfs[:DIR] (default /dev/shm), posix:DIR;
+    /// @K at the end = K operations in flight per process. Default: native.
+    #[arg(short = 'T', long = "target", value_delimiter = ',', value_name = "TARGET")]
+    pub targets: Vec<String>,
+    /// Compare: add the local and tmpfs baselines if missing, run every target alternately
+    /// (3 repetitions unless --reps) and print medians with the ratios to the baselines.
+    #[arg(long)]
+    pub compare: bool,
+    /// Repetitions of the whole workload on every target (default 1, or 3 with --compare).
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// Processes (ranks) the benchmark starts.
+    #[arg(short = 'n', long = "procs", default_value_t = 2)]
+    pub procs: u64,
+    /// Operations in flight per process (targets without @K): async calls on native, threads on POSIX.
+    #[arg(long = "in-flight", default_value_t = 1, value_name = "K")]
+    pub in_flight: usize,
+    /// Shoal folder under which native runs make their run directory.
+    #[arg(long, default_value = "/shoal-bench", value_name = "PATH")]
+    pub base: String,
+    /// Print the results as JSON on standard output (progress bars stay on stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Run once per value: KEY=V1,V2,… with KEY transfer, block, procs, in-flight, files or size.
+    #[arg(long, value_name = "KEY=VALUES")]
+    pub sweep: Option<String>,
+    /// Write a chart of the sweep (or of this run's phases) to FILE: .svg or .png.
+    #[arg(long, value_name = "FILE")]
+    pub plot: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+    /// Leave the benchmark's files in place.
+    #[arg(long)]
+    pub keep: bool,
+    /// Native client: how long the workers trust cached entries, in ms (0 = every stat is a request).
+    #[arg(long, default_value_t = 0, value_name = "MS")]
+    pub cache_ttl_ms: u64,
+    /// Seed of the data pattern and of the random order.
+    #[arg(long, default_value_t = 0x5348_4F41_4C00)]
+    pub seed: u64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct IoArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Transfer size: bytes per I/O call (IOR -t).
+    #[arg(short = 't', long, default_value = "1M", value_parser = parse_size)]
+    pub transfer: u64,
+    /// Block size: contiguous bytes per process per segment (IOR -b), a multiple of -t.
+    #[arg(short = 'b', long, default_value = "64M", value_parser = parse_size)]
+    pub block: u64,
+    /// Segments (IOR -s): in a shared file, segment s holds every rank's block in rank order.
+    #[arg(short = 's', long, default_value_t = 1)]
+    pub segments: u64,
+    /// One file per process (IOR -F); default one shared file.
+    #[arg(short = 'F', long)]
+    pub file_per_proc: bool,
+    /// Transfers in random order (IOR -z).
+    #[arg(short = 'z', long)]
+    pub random: bool,
+    /// Each process reads what the next rank wrote (IOR -C).
+    #[arg(short = 'C', long)]
+    pub reorder: bool,
+    /// fsync before close in the write phase (IOR -e); the native client's close always syncs.
+    #[arg(short = 'e', long)]
+    pub fsync: bool,
+    /// Check every byte read against what was written (IOR -R).
+    #[arg(short = 'R', long)]
+    pub verify: bool,
+    /// Phases, in order: write, read.
+    #[arg(long, value_delimiter = ',', default_value = "write,read")]
+    pub phases: Vec<String>,
+    /// Before each read: sync and drop the page cache (needs root; otherwise noted in the report).
+    #[arg(long)]
+    pub drop_caches: bool,
+    /// After the reads, read everything again without dropping caches (phase read-warm).
+    #[arg(long)]
+    pub warm_read: bool,
+    /// Native client: stripe count of the files (-1 = all servers).
+    #[arg(long, allow_hyphen_values = true)]
+    pub stripe_count: Option<i64>,
+    /// Native client: stripe size of the files.
+    #[arg(long, value_parser = parse_size)]
+    pub stripe_size: Option<u64>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct MdArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Files per process (mdtest -n).
+    #[arg(short = 'N', long, default_value_t = 1000)]
+    pub files: u64,
+    /// All processes in one shared directory (mdtest "hard"); default a directory each (-u).
+    #[arg(long, alias = "hard")]
+    pub shared_dir: bool,
+    /// Bytes written into each file at create and read in the read phase (mdtest -w/-e).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub size: u64,
+    /// Phases, in order, from: mkdir, create, stat, read, unlink, rmdir (default: create, stat,
+    /// read when --size > 0, unlink).
+    #[arg(long, value_delimiter = ',')]
+    pub phases: Vec<String>,
+    /// Add mkdir (first) and rmdir (last): directories made and removed like files.
+    #[arg(long)]
+    pub dirs: bool,
+    /// Stat and read the next rank's files (mdtest -N 1).
+    #[arg(long)]
+    pub shift: bool,
+    /// Check the bytes read back.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+/// "1M", "64k", "47008", "1G" → bytes.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (examples: 4096, 47008, 64K, 1M, 2G)"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Entry point of `shoal bench`. `config`: the global --config / $SHOAL_CONFIG.
+pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> Result<()> {
+    match cmd {
+        BenchCmd::Worker => tokio::task::spawn_blocking(crate::worker::worker_main_blocking).await?,
+        BenchCmd::Io(a) => {
+            refuse_mpi()?;
+            let io = IoSpec {
+                transfer: a.transfer,
+                block: a.block,
+                segments: a.segments,
+                file_per_proc: a.file_per_proc,
+                random: a.random,
+                reorder: a.reorder,
+                fsync: a.fsync,
+                verify: a.verify,
+                stripe_count: match a.stripe_count {
+                    None | Some(0) => None,
+                    Some(c) if c < 0 => Some(u32::MAX),
+                    Some(c) => Some(c as u32),
+                },
+                stripe_size: a.stripe_size,
+            };
+            if a.common.sweep.is_none() {
+                io.check().map_err(|e| usage(e.to_string()))?;
+            }
+            let mut phases = Vec::new();
+            for p in &a.phases {
+                let kind = match p.as_str() {
+                    "write" | "w" => PhaseKind::Write,
+                    "read" | "r" => PhaseKind::Read,
+                    other => return Err(usage(format!("unknown io phase {other:?} (write, read)"))),
+                };
+                let label = if kind == PhaseKind::Read && a.drop_caches { "read-cold" } else { kind.name() };
+                phases.push(Phase { kind, label: label.into(), drop_caches: kind == PhaseKind::Read && a.drop_caches });
+            }
+            if a.warm_read {
+                phases.push(Phase { kind: PhaseKind::Read, label: "read-warm".into(), drop_caches: false });
+            }
+            let name = format!("io{}", if a.file_per_proc { " (file per process)" } else { " (shared file)" });
+            run_workload(config, timeout, &a.common, name, Workload::Io(io), phases).await
+        }
+        BenchCmd::Md(a) => {
+            refuse_mpi()?;
+            let md = MdSpec { files: a.files, shared_dir: a.shared_dir, size: a.size, shift: a.shift, verify: a.verify };
+            let names: Vec<String> = if a.phases.is_empty() {
+                let mut v = vec!["create", "stat"];
+                if a.size > 0 {
+                    v.push("read");
+                }
+                v.push("unlink");
+                v.into_iter().map(String::from).collect()
+            } else {
+                a.phases.clone()
+            };
+            let mut phases = Vec::new();
+            if a.dirs {
+                phases.push(PhaseKind::Mkdir);
+            }
+            for p in &names {
+                phases.push(match p.as_str() {
+                    "mkdir" => PhaseKind::Mkdir,
+                    "create" => PhaseKind::Create,
+                    "stat" => PhaseKind::Stat,
+                    "read" => PhaseKind::ReadFiles,
+                    "unlink" | "remove" | "delete" => PhaseKind::Unlink,
+                    "rmdir" => PhaseKind::Rmdir,
+                    other => return Err(usage(format!("unknown md phase {other:?} (mkdir, create, stat, read, unlink, rmdir)"))),
+                });
+            }
+            if a.dirs {
+                phases.push(PhaseKind::Rmdir);
+            }
+            let phases = phases.into_iter().map(|k| Phase { kind: k, label: k.name().into(), drop_caches: false }).collect();
+            let name = format!("md{}", if a.shared_dir { " (shared directory)" } else { " (directory per process)" });
+            run_workload(config, timeout, &a.common, name, Workload::Md(md), phases).await
+        }
+        BenchCmd::Suite(a) => suite::run_suite(config, timeout, a).await,
+    }
+}
+
+/// Under mpirun every rank would start its own benchmark: not supported yet (see
+/// docs/benchmarks.md), so say so instead of running N uncoordinated benchmarks.
+fn refuse_mpi() -> Result<()> {
+    let size = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"].iter().find_map(|v| std::env::var(v).ok());
+    let rank = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"].iter().find_map(|v| std::env::var(v).ok());
+    if let (Some(size), Some(_)) = (size.as_deref(), rank) {
+        if size != "1" {
+            return Err(usage(format!(
+                "running under mpirun with {size} ranks: shoal bench starts its own worker processes and has no MPI \
+                 barrier yet; run it once (mpirun -np 1, or without mpirun) with -n PROCS (see docs/benchmarks.md)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Turn the common arguments into targets.
+pub fn targets_of(c: &CommonArgs, config: Option<&PathBuf>) -> Result<Vec<TargetSpec>> {
+    let mut names: Vec<String> = c.targets.iter().filter(|t| !t.is_empty()).cloned().collect();
+    if names.is_empty() {
+        names.push("native".into());
+    }
+    let mut targets = Vec::new();
+    for n in &names {
+        targets.push(TargetSpec::parse(n, config, &c.base).map_err(|e| usage(e.to_string()))?);
+    }
+    if c.compare {
+        for (role, name) in [(PosixRole::Local, "local"), (PosixRole::Tmpfs, "tmpfs")] {
+            if !targets.iter().any(|t| t.role() == Some(role)) {
+                targets.push(TargetSpec::parse(name, config, &c.base)?);
+            }
+        }
+    }
+    Ok(targets)
+}
+
+async fn run_workload(
+    config: Option<PathBuf>,
+    timeout: Duration,
+    c: &CommonArgs,
+    name: String,
+    workload: Workload,
+    phases: Vec<Phase>,
+) -> Result<()> {
+    if c.procs == 0 {
+        return Err(usage("--procs must be at least 1"));
+    }
+    let targets = targets_of(c, config.as_ref())?;
+    let bench = Bench {
+        name,
+        targets,
+        workload,
+        phases,
+        procs: c.procs,
+        in_flight: c.in_flight.max(1),
+        reps: c.reps.unwrap_or(if c.compare { 3 } else { 1 }),
+        seed: c.seed,
+        timeout,
+        cache_ttl_ms: c.cache_ttl_ms,
+        cluster_config: config.clone(),
+        progress: !c.quiet,
+        keep: c.keep,
+        worker: WorkerCmd::current_exe()?,
+    };
+    let human = !c.json;
+    if let Some(sweep) = &c.sweep {
+        let (key, values) = parse_sweep(sweep)?;
+        let mut points: Vec<(u64, Report)> = Vec::new();
+        for v in values {
+            let b = key.apply(&bench, v).map_err(|e| usage(e.to_string()))?;
+            b.check().map_err(|e| usage(format!("with {} = {v}: {e}", key.name())))?;
+            if human {
+                println!("== {} = {}", key.name(), if key.is_size() { report::fmt_bytes(v as f64) } else { v.to_string() });
+            }
+            let r = run_and_print(&b, human).await?;
+            points.push((v, r));
+        }
+        if let Some(p) = &c.plot {
+            let chart = plot::sweep_chart(&bench.name, key, &points);
+            plot::write(&chart, p)?;
+            if human {
+                println!("chart written to {}", p.display());
+            }
+        }
+        if c.json {
+            let json: Vec<serde_json::Value> =
+                points.iter().map(|(v, r)| serde_json::json!({ "value": v, "report": r })).collect();
+            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "sweep": format!("{key:?}").to_lowercase(), "points": json }))?);
+        }
+        return Ok(());
+    }
+    let r = run_and_print(&bench, human).await?;
+    if let Some(p) = &c.plot {
+        plot::write(&plot::phases_chart(&r), p)?;
+        if human {
+            println!("chart written to {}", p.display());
+        }
+    }
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+    }
+    if r.runs.iter().flat_map(|t| &t.phases).any(|p| p.verify_errors > 0) {
+        bail!("data verification failed: some reads did not return what was written");
+    }
+    Ok(())
+}
+
+async fn run_and_print(b: &Bench, human: bool) -> Result<Report> {
+    if human {
+        println!("{}", report::describe(&b.workload, b.procs, b.in_flight));
+    }
+    let r = run_bench(b, |run| {
+        if human {
+            print!("{}", report::run_table(run));
+        }
+    })
+    .await?;
+    if human && r.runs.len() > 1 {
+        println!();
+        println!("medians over {} run{} per target:", r.reps, if r.reps == 1 { "" } else { "s" });
+        print!("{}", report::summary_table(&r.summary));
+    }
+    Ok(r)
+}
+
+fn parse_sweep(s: &str) -> Result<(SweepKey, Vec<u64>)> {
+    let (k, vs) = s.split_once('=').ok_or_else(|| usage(format!("--sweep {s:?}: expected KEY=V1,V2,…")))?;
+    let key = SweepKey::parse(k.trim()).map_err(|e| usage(e.to_string()))?;
+    let mut values = Vec::new();
+    for v in vs.split(',').filter(|v| !v.trim().is_empty()) {
+        let n = if key.is_size() { parse_size(v).map_err(usage)? } else { v.trim().parse().map_err(|_| usage(format!("{v:?} is not a number")))? };
+        if n == 0 {
+            return Err(usage("sweep values must be positive"));
+        }
+        values.push(n);
+    }
+    if values.is_empty() {
+        return Err(usage("--sweep needs at least one value"));
+    }
+    Ok((key, values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_sweeps() {
+        assert_eq!(parse_size("47008"), Ok(47008));
+        assert_eq!(parse_size("1M"), Ok(1 << 20));
+        assert_eq!(parse_size("4k"), Ok(4096));
+        assert!(parse_size("x").is_err());
+        let (k, v) = parse_sweep("transfer=4K,1M").unwrap();
+        assert_eq!(k, SweepKey::Transfer);
+        assert_eq!(v, vec![4096, 1 << 20]);
+        let (k, v) = parse_sweep("procs=1,2,4").unwrap();
+        assert_eq!((k, v), (SweepKey::Procs, vec![1, 2, 4]));
+        assert!(parse_sweep("colour=1").is_err());
+    }
+}

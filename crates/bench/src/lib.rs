@@ -1,0 +1,24 @@
+//! `shoal bench`: IOR- and mdtest-style benchmarks that run the same workload on the native
+//! Shoal client, a Shoal FUSE mount, a local directory and tmpfs, side by side, and report
+//! the servers' own counters (requests and bytes per operation per server, load balance).
+//!
+//! * [`spec`]: targets and workloads (IOR and mdtest parameters), sent to workers as JSON.
+//! * [`worker`]: one benchmark process (a rank); `shoal bench worker` runs it.
+//! * [`driver`]: the parent: starts the workers, runs phases in lock step, reads counters.
+//! * [`counters`]: differences of the servers' counters and the FPFS load figures.
+//! * [`report`], [`plot`]: tables, JSON, SVG/PNG charts. [`suite`]: the standard set.
+//! * [`cli`]: the clap definitions used by the `shoal` binary.
+
+pub mod cli;
+pub mod clock;
+pub mod counters;
+pub mod driver;
+pub mod hist;
+pub mod pattern;
+pub mod plot;
+pub mod report;
+pub mod spec;
+pub mod suite;
+pub mod worker;
+
+pub use cli::{run, BenchCmd, UsageError};

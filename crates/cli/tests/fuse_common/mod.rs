@@ -1,0 +1,172 @@
+//! Mounting Shoal in tests: `shoal mount --foreground` as a child process on a mount point
+//! in its own world-readable temporary directory, unmounted (and the child reaped) on drop.
+//! Tests call [`skip_without_fuse`] first: without /dev/fuse they print why and pass.
+#![allow(dead_code)]
+
+use crate::common::Cluster;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Uid/gid of an unprivileged user present on every Debian system (nobody/nogroup).
+pub const NOBODY: u32 = 65534;
+
+/// True (after printing the reason) when FUSE is not available here, so the test skips.
+pub fn skip_without_fuse() -> bool {
+    if !Path::new("/dev/fuse").exists() {
+        eprintln!("SKIPPED: /dev/fuse is absent (no FUSE in this environment)");
+        return true;
+    }
+    false
+}
+
+pub struct Mount {
+    /// World-readable directory holding the mount point (so other users can reach it).
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+/// Whether `path` is a mount point of a FUSE file system.
+pub fn is_fuse_mount(path: &Path) -> bool {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let want = path.to_string_lossy().replace(' ', "\\040");
+    info.lines().any(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        let sep = f.iter().position(|x| *x == "-").unwrap_or(0);
+        f.get(4) == Some(&want.as_str()) && f.get(sep + 1).is_some_and(|t| t.starts_with("fuse"))
+    })
+}
+
+impl Mount {
+    /// Mount `cluster` with `allow_other` plus `extra` options (`-o` syntax).
+    pub fn new(cluster: &Cluster, extra: &[&str]) -> Mount {
+        let dir = tempfile::Builder::new().prefix("shoal-mnt-").tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("m");
+        std::fs::create_dir(&path).unwrap();
+        let log = dir.path().join("mount.log");
+        let mut opts = vec!["allow_other"];
+        opts.extend_from_slice(extra);
+        let logf = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .env_remove("SHOAL_CONFIG")
+            .env("SHOAL_LOG", "info")
+            .arg("--config")
+            .arg(&cluster.config)
+            .args(["mount", "--foreground", "-o", &opts.join(",")])
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("start shoal mount");
+        let mut m = Mount { dir, path, log, child: Some(child) };
+        m.wait_mounted();
+        m
+    }
+
+    fn wait_mounted(&mut self) {
+        let start = Instant::now();
+        while !is_fuse_mount(&self.path) {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    panic!("shoal mount exited ({st}) before mounting:\n{}", self.log_text());
+                }
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "not mounted after 30 s:\n{}", self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A path inside the mount.
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    /// Process id of the mount process.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Wait for the mount process to exit on its own (after a signal or umount).
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = Instant::now();
+        let child = self.child.as_mut()?;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                self.child = None;
+                return Some(st);
+            }
+            if start.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if is_fuse_mount(&self.path) {
+            let ok = Command::new("fusermount3").arg("-u").arg(&self.path).output().map(|o| o.status.success());
+            if !matches!(ok, Ok(true)) {
+                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).output();
+            }
+        }
+        if let Some(mut c) = self.child.take() {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Run `sh -c script` as uid/gid `id` (no supplementary groups), in `cwd`.
+pub fn sh_as(id: u32, cwd: &Path, script: &str) -> Output {
+    Command::new("sh").arg("-c").arg(script).current_dir(cwd).uid(id).gid(id).output().expect("run sh")
+}
+
+/// Run `sh -c script` (as the test's user) in `cwd`, asserting success; returns stdout.
+pub fn sh(cwd: &Path, script: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(script).current_dir(cwd).output().expect("run sh");
+    assert!(
+        out.status.success(),
+        "`{script}` failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The last OS error as an errno.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// The errno of a failed std::io call.
+pub fn code(r: std::io::Result<impl std::fmt::Debug>) -> i32 {
+    match r {
+        Ok(v) => panic!("expected an error, got {v:?}"),
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    }
+}
+
+pub fn cstr(p: &Path) -> std::ffi::CString {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
+}

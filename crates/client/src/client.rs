@@ -1,0 +1,902 @@
+//! [`Client`]: the connection pool, the cache, and the inode-level operations (each one
+//! request to the server placement names, plus cache upkeep). Path-level operations are in
+//! `path_ops.rs`, file I/O in `file.rs`.
+
+use crate::cache::Cache;
+use crate::error::{Error, Result};
+use crate::options::ClientOptions;
+use bytes::Bytes;
+use futures::StreamExt;
+use parking_lot::{Mutex, RwLock};
+use shoal_placement::{ClusterMap, MapError, ServerState};
+use shoal_proto::msg::{
+    Attr, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus, SetAttrs, READDIR_MAX,
+};
+use shoal_proto::{Errno, Ino, ServerId};
+use shoal_rpc::{Pool, PoolOptions};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// State shared by a client and its clones (and by clients made with `with_cred`).
+struct Shared {
+    /// The pool in use; replaced when the map is reloaded after a stale-map answer.
+    pool: RwLock<Arc<Pool>>,
+    /// Every map this client has used, newest last. Append-only so that [`Client::map`]
+    /// can hand out plain references.
+    maps: Mutex<Vec<Arc<ClusterMap>>>,
+    /// The config file the map came from (for reloading), if any.
+    config: Option<PathBuf>,
+    /// One reload at a time.
+    reload: tokio::sync::Mutex<()>,
+    /// Traffic counted by pools that were replaced.
+    retired_traffic: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
+    cache: Cache,
+}
+
+/// Handle to a Shoal cluster. Cheap to clone (clones share connections and cache),
+/// `Send + Sync`. Every call is an `async fn`; [`BlockingClient`](crate::BlockingClient)
+/// has blocking twins.
+///
+/// Connections are opened lazily, on the first request to each server, so calls must run
+/// inside a tokio runtime (connection tasks are spawned on it).
+#[derive(Clone)]
+pub struct Client {
+    shared: Arc<Shared>,
+    opts: Arc<ClientOptions>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let map = self.map();
+        f.debug_struct("Client")
+            .field("cluster", &map.cluster.name)
+            .field("map_version", &map.version())
+            .field("servers", &map.servers.len())
+            .field("uid", &self.opts.cred.uid)
+            .finish()
+    }
+}
+
+/// Where a request goes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum To {
+    /// The home server of an inode (recomputed after a map reload).
+    Home(Ino),
+    /// A given server (a data object's).
+    Server(ServerId),
+}
+
+/// Capacity of the whole file system, summed over the servers that answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatFs {
+    /// Bytes of storage on all answering servers.
+    pub capacity_bytes: u64,
+    /// Bytes free on all answering servers.
+    pub free_bytes: u64,
+    /// Inodes stored on all answering servers.
+    pub inodes: u64,
+    /// Servers that answered.
+    pub servers_up: usize,
+    /// Servers in the map that take part in placement (not marked `out`).
+    pub servers_total: usize,
+}
+
+/// The variant name of a reply, for messages.
+fn reply_name(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Hello { .. } => "Hello",
+        Reply::Ok => "Ok",
+        Reply::Entry(_) => "Entry",
+        Reply::Attr(_) => "Attr",
+        Reply::DirEntries { .. } => "DirEntries",
+        Reply::Link(_) => "Link",
+        Reply::Xattr(_) => "Xattr",
+        Reply::XattrNames(_) => "XattrNames",
+        Reply::Data => "Data",
+        Reply::Written { .. } => "Written",
+        Reply::NLink(_) => "NLink",
+        Reply::Replaced(_) => "Replaced",
+        Reply::StatFs(_) => "StatFs",
+        Reply::Status(_) => "Status",
+        Reply::StaleMap { .. } => "StaleMap",
+        Reply::Error { .. } => "Error",
+    }
+}
+
+/// An unexpected reply variant: a protocol error, never a panic.
+pub(crate) fn unexpected(reply: &Reply) -> Error {
+    Error::new(Errno::EPROTO, format!("unexpected {} reply", reply_name(reply)))
+}
+
+fn map_error(e: MapError) -> Error {
+    let errno = match &e {
+        MapError::Read { source, .. } => Errno::from_io(source),
+        MapError::Parse { .. } | MapError::Invalid { .. } => Errno::EINVAL,
+    };
+    let context = match e {
+        MapError::Read { path, .. } => format!("cannot read cluster config {}", path.display()),
+        other => other.to_string(),
+    };
+    Error::new(errno, context)
+}
+
+fn pool_options(opts: &ClientOptions) -> PoolOptions {
+    PoolOptions {
+        timeout: opts.timeout,
+        connections_per_server: opts.connections_per_server.max(1),
+        client_name: format!("shoal-client pid {}", std::process::id()),
+    }
+}
+
+/// Attributes carried by a create-like reply.
+fn attr_in(reply: Reply) -> Result<std::result::Result<Attr, Ino>> {
+    match reply {
+        Reply::Attr(a) => Ok(Ok(a)),
+        Reply::Entry(EntryOut { attr: Some(a), .. }) => Ok(Ok(a)),
+        Reply::Entry(EntryOut { ino, attr: None, .. }) => Ok(Err(ino)),
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn expect_ok(reply: Reply) -> Result<()> {
+    match reply {
+        Reply::Ok | Reply::Attr(_) => Ok(()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Whether `cred` may access a file with `attr` for `mask` (R_OK=4, W_OK=2, X_OK=1), by
+/// the rules the servers apply. Only used to skip an `Access` request when the answer is
+/// certainly yes; a no is always confirmed by the server.
+pub(crate) fn may_access(attr: &Attr, cred: &shoal_proto::msg::Cred, mask: u32) -> bool {
+    let mask = mask & 7;
+    if cred.uid == 0 {
+        return mask & 1 == 0 || attr.perm & 0o111 != 0 || attr.kind == FileKind::Dir;
+    }
+    let bits = if cred.uid == attr.uid {
+        attr.perm >> 6
+    } else if cred.in_group(attr.gid) {
+        attr.perm >> 3
+    } else {
+        attr.perm
+    } & 7;
+    bits & mask == mask
+}
+
+impl Client {
+    /// A client for the cluster described by `map`. Does no I/O: connections are made on
+    /// first use (inside a tokio runtime). Without a config file the map cannot be
+    /// reloaded; a stale-map answer then fails with ESTALE.
+    pub fn new(map: ClusterMap, opts: ClientOptions) -> Client {
+        Client::build(map, opts, None)
+    }
+
+    /// A client for the cluster described by the config file at `path` (see the README for
+    /// its format). When a server answers that the client's map is stale, the file is read
+    /// again and the request retried once.
+    pub fn from_config(path: &Path, opts: ClientOptions) -> Result<Client> {
+        let map = ClusterMap::load(path).map_err(map_error)?;
+        Ok(Client::build(map, opts, Some(path.to_path_buf())))
+    }
+
+    fn build(map: ClusterMap, opts: ClientOptions, config: Option<PathBuf>) -> Client {
+        let pool = Pool::new(map.clone(), pool_options(&opts));
+        Client {
+            shared: Arc::new(Shared {
+                pool: RwLock::new(Arc::new(pool)),
+                maps: Mutex::new(vec![Arc::new(map)]),
+                config,
+                reload: tokio::sync::Mutex::new(()),
+                retired_traffic: Mutex::new(HashMap::new()),
+                cache: Cache::new(opts.cache_ttl),
+            }),
+            opts: Arc::new(opts),
+        }
+    }
+
+    /// The cluster map in use (the newest, after a reload).
+    pub fn map(&self) -> &ClusterMap {
+        let maps = self.shared.maps.lock();
+        let newest: *const ClusterMap = match maps.last() {
+            Some(m) => Arc::as_ptr(m),
+            None => unreachable!("a client always has a map"),
+        };
+        drop(maps);
+        // SAFETY: `maps` is append-only and owned by `self.shared`, which lives at least as
+        // long as `&self`; the map sits in an `Arc` allocation that never moves or is
+        // freed while the vector holds it, so the reference stays valid for `&self`.
+        unsafe { &*newest }
+    }
+
+    /// The options this client was made with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.opts
+    }
+
+    /// The same client (same connections, same cache) acting as another identity. The
+    /// cache is shared: see the [`cache`](crate#caching) notes on what that implies.
+    pub fn with_cred(&self, cred: shoal_proto::msg::Cred) -> Client {
+        let mut opts = (*self.opts).clone();
+        opts.cred = cred;
+        Client { shared: self.shared.clone(), opts: Arc::new(opts) }
+    }
+
+    /// Requests sent, bytes sent and bytes received per server, since the client was made.
+    pub fn traffic(&self) -> HashMap<ServerId, (u64, u64, u64)> {
+        let mut all = self.shared.retired_traffic.lock().clone();
+        for (s, (r, tx, rx)) in self.pool().traffic() {
+            let e = all.entry(s).or_default();
+            e.0 += r;
+            e.1 += tx;
+            e.2 += rx;
+        }
+        all
+    }
+
+    /// The home server of `ino` under the current map: it holds the inode and, for a
+    /// directory, its entries.
+    pub fn home_of(&self, ino: Ino) -> ServerId {
+        self.pool().map().home_of(ino)
+    }
+
+    /// Forget every cached entry, attribute and symlink target.
+    pub fn clear_cache(&self) {
+        self.shared.cache.clear();
+    }
+
+    pub(crate) fn cache(&self) -> &Cache {
+        &self.shared.cache
+    }
+
+    pub(crate) fn pool(&self) -> Arc<Pool> {
+        self.shared.pool.read().clone()
+    }
+
+    pub(crate) fn max_in_flight(&self) -> usize {
+        self.opts.max_in_flight.max(1)
+    }
+
+    // ---- requests ----
+
+    /// Send `op` where `to` says. Server errors come back as their errno (no context); an
+    /// unreachable server names itself in the context. A stale-map answer reloads the map
+    /// (when the client has a config file) and retries once.
+    pub(crate) async fn call(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes)> {
+        let pool = self.pool();
+        let server = target(&pool, to);
+        let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
+        match (pool.call(server, &self.opts.cred, op, data).await, retry) {
+            (Err(Errno::ESTALE), Some((op, data))) => {
+                if !self.reload_map(&pool).await? {
+                    return Err(Error::new(
+                        Errno::ESTALE,
+                        format!(
+                            "server {server} routes with a newer cluster map than version {} (the config file has no newer one)",
+                            pool.map().version()
+                        ),
+                    ));
+                }
+                let pool = self.pool();
+                let server = target(&pool, to);
+                pool.call(server, &self.opts.cred, op, data).await.map_err(|e| server_error(&pool, server, e))
+            }
+            (r, _) => r.map_err(|e| server_error(&pool, server, e)),
+        }
+    }
+
+    /// Re-read the config file after `failed` got a stale-map answer. True if a newer map
+    /// is now in use (by this call or a concurrent one).
+    async fn reload_map(&self, failed: &Arc<Pool>) -> Result<bool> {
+        let Some(path) = &self.shared.config else { return Ok(false) };
+        let _one = self.shared.reload.lock().await;
+        if !Arc::ptr_eq(&self.pool(), failed) {
+            return Ok(true);
+        }
+        let map = ClusterMap::load(path).map_err(map_error)?;
+        if map.version() <= failed.map().version() {
+            return Ok(false);
+        }
+        tracing::info!("cluster map reloaded from {}: version {} -> {}", path.display(), failed.map().version(), map.version());
+        let pool = Arc::new(Pool::new(map.clone(), pool_options(&self.opts)));
+        self.shared.maps.lock().push(Arc::new(map));
+        let old = std::mem::replace(&mut *self.shared.pool.write(), pool);
+        let mut retired = self.shared.retired_traffic.lock();
+        for (s, (r, tx, rx)) in old.traffic() {
+            let e = retired.entry(s).or_default();
+            e.0 += r;
+            e.1 += tx;
+            e.2 += rx;
+        }
+        Ok(true)
+    }
+
+    // ---- lookups ----
+
+    /// Look up `dir/name` at home(dir); if the entry's server does not hold the inode, ask
+    /// the inode's home for the attributes. Served from the cache when fresh.
+    pub async fn lookup(&self, dir: Ino, name: &str) -> Result<Attr> {
+        self.lookup_attr(dir, name, false).await.map_err(|e| e.within(format_args!("lookup {name:?} in directory {dir}")))
+    }
+
+    pub(crate) async fn lookup_attr(&self, dir: Ino, name: &str, fresh: bool) -> Result<Attr> {
+        match name {
+            "." | "" => return self.getattr_with(dir, fresh).await,
+            ".." => {
+                let d = self.getattr_with(dir, fresh).await?;
+                return self.getattr_with(d.parent.unwrap_or(dir), fresh).await;
+            }
+            _ => {}
+        }
+        let now = Instant::now();
+        if !fresh {
+            match self.cache().entry(dir, name, now) {
+                Some(None) => return Err(Error::bare(Errno::ENOENT)),
+                Some(Some((ino, _))) => {
+                    if let Some(a) = self.cache().attr(ino, now) {
+                        return Ok(a);
+                    }
+                }
+                None => {}
+            }
+        }
+        let e = self.lookup_rpc(dir, name).await?;
+        match e.attr {
+            Some(a) => Ok(a),
+            None => self.getattr_fresh_inner(e.ino).await,
+        }
+    }
+
+    /// The entry `dir/name`: `(ino, kind, attributes if known, served from the cache)`.
+    /// A cached negative entry gives ENOENT with `false` in the second field of the error
+    /// (not from a server); a server's answer gives `true`.
+    pub(crate) async fn lookup_entry(
+        &self,
+        dir: Ino,
+        name: &str,
+        fresh: bool,
+    ) -> std::result::Result<(Ino, FileKind, Option<Attr>, bool), (Error, bool)> {
+        let now = Instant::now();
+        if !fresh {
+            match self.cache().entry(dir, name, now) {
+                Some(None) => return Err((Error::bare(Errno::ENOENT), false)),
+                Some(Some((ino, kind))) => return Ok((ino, kind, self.cache().attr(ino, now), true)),
+                None => {}
+            }
+        }
+        match self.lookup_rpc(dir, name).await {
+            Ok(e) => Ok((e.ino, e.kind, e.attr, false)),
+            Err(e) => Err((e, true)),
+        }
+    }
+
+    async fn lookup_rpc(&self, dir: Ino, name: &str) -> Result<EntryOut> {
+        let now = Instant::now();
+        match self.call(To::Home(dir), Op::Lookup { dir, name: name.to_string() }, Bytes::new()).await {
+            Ok((Reply::Entry(e), _)) => {
+                self.cache().put_entry(dir, name, Some((e.ino, e.kind)), now);
+                if let Some(a) = &e.attr {
+                    if a.ino != e.ino {
+                        return Err(Error::new(Errno::EPROTO, "lookup reply carries another inode's attributes"));
+                    }
+                    self.cache().put_attr(a, now);
+                }
+                Ok(e)
+            }
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => {
+                if e.errno == Errno::ENOENT {
+                    self.cache().put_entry(dir, name, None, now);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    // ---- attributes ----
+
+    /// Attributes of `ino`, from the cache if fresh, else from its home server.
+    pub async fn getattr(&self, ino: Ino) -> Result<Attr> {
+        self.getattr_with(ino, false).await.map_err(|e| e.within(format_args!("getattr {ino}")))
+    }
+
+    /// Attributes of `ino` from its home server, bypassing the cache (and refreshing it).
+    pub async fn getattr_fresh(&self, ino: Ino) -> Result<Attr> {
+        self.getattr_fresh_inner(ino).await.map_err(|e| e.within(format_args!("getattr {ino}")))
+    }
+
+    pub(crate) async fn getattr_with(&self, ino: Ino, fresh: bool) -> Result<Attr> {
+        if !fresh {
+            if let Some(a) = self.cache().attr(ino, Instant::now()) {
+                return Ok(a);
+            }
+        }
+        self.getattr_fresh_inner(ino).await
+    }
+
+    pub(crate) async fn getattr_fresh_inner(&self, ino: Ino) -> Result<Attr> {
+        let now = Instant::now();
+        match self.call(To::Home(ino), Op::GetAttr { ino }, Bytes::new()).await? {
+            (Reply::Attr(a), _) => {
+                self.cache().put_attr(&a, now);
+                Ok(a)
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Change attributes (permissions, owner, size, times) of `ino` at its home server.
+    pub async fn setattr(&self, ino: Ino, set: SetAttrs) -> Result<Attr> {
+        self.setattr_inner(ino, set).await.map_err(|e| e.within(format_args!("setattr {ino}")))
+    }
+
+    pub(crate) async fn setattr_inner(&self, ino: Ino, set: SetAttrs) -> Result<Attr> {
+        let now = Instant::now();
+        match self.call(To::Home(ino), Op::SetAttr { ino, set }, Bytes::new()).await {
+            Ok((Reply::Attr(a), _)) => {
+                self.cache().put_attr(&a, now);
+                Ok(a)
+            }
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => {
+                self.cache().forget_attr(ino);
+                Err(e)
+            }
+        }
+    }
+
+    /// Raise the recorded size of `ino` to at least `size` (after writes to servers that do
+    /// not hold the inode).
+    pub(crate) async fn extend_size(&self, ino: Ino, size: u64) -> Result<()> {
+        let r = self.call(To::Home(ino), Op::ExtendSize { ino, size }, Bytes::new()).await;
+        self.cache().forget_attr(ino);
+        expect_ok(r?.0)
+    }
+
+    // ---- namespace ----
+
+    /// The attributes in a create-like reply, asking the inode's home if the reply has none.
+    async fn attr_from(&self, reply: Reply) -> Result<Attr> {
+        match attr_in(reply)? {
+            Ok(a) => Ok(a),
+            Err(ino) => self.getattr_fresh_inner(ino).await,
+        }
+    }
+
+    /// Cache upkeep after `dir/name` came to name `attr`.
+    fn entered(&self, dir: Ino, name: &str, attr: &Attr, now: Instant) {
+        let c = self.cache();
+        c.put_entry(dir, name, Some((attr.ino, attr.kind)), now);
+        c.put_attr(attr, now);
+        c.forget_attr(dir);
+    }
+
+    /// Create the regular file `dir/name` (permissions `perm & !umask`), or with
+    /// `exclusive = false` also accept an existing file of that name. `layout` overrides
+    /// the directory's default layout for a new file.
+    pub async fn create_at(
+        &self,
+        dir: Ino,
+        name: &str,
+        perm: u32,
+        exclusive: bool,
+        layout: Option<LayoutSpec>,
+    ) -> Result<Attr> {
+        self.create_in(dir, name, perm, exclusive, layout)
+            .await
+            .map_err(|e| e.within(format_args!("create {name:?} in directory {dir}")))
+    }
+
+    pub(crate) async fn create_in(
+        &self,
+        dir: Ino,
+        name: &str,
+        perm: u32,
+        exclusive: bool,
+        layout: Option<LayoutSpec>,
+    ) -> Result<Attr> {
+        let now = Instant::now();
+        let op =
+            Op::Create { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777, exclusive, layout };
+        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let a = self.attr_from(reply).await?;
+        self.entered(dir, name, &a, now);
+        Ok(a)
+    }
+
+    /// Make the directory `dir/name` (permissions `perm & !umask`).
+    pub async fn mkdir_at(&self, dir: Ino, name: &str, perm: u32) -> Result<Attr> {
+        self.mkdir_in(dir, name, perm).await.map_err(|e| e.within(format_args!("mkdir {name:?} in directory {dir}")))
+    }
+
+    pub(crate) async fn mkdir_in(&self, dir: Ino, name: &str, perm: u32) -> Result<Attr> {
+        let now = Instant::now();
+        let op = Op::Mkdir { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777 };
+        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let a = self.attr_from(reply).await?;
+        self.entered(dir, name, &a, now);
+        Ok(a)
+    }
+
+    /// Make the symbolic link `dir/name` pointing to `target`.
+    pub async fn symlink_at(&self, dir: Ino, name: &str, target: &str) -> Result<Attr> {
+        self.symlink_in(dir, name, target)
+            .await
+            .map_err(|e| e.within(format_args!("symlink {name:?} in directory {dir}")))
+    }
+
+    pub(crate) async fn symlink_in(&self, dir: Ino, name: &str, target: &str) -> Result<Attr> {
+        if target.is_empty() {
+            return Err(Error::bare(Errno::ENOENT));
+        }
+        if target.len() > shoal_proto::msg::PATH_MAX {
+            return Err(Error::bare(Errno::ENAMETOOLONG));
+        }
+        let now = Instant::now();
+        let op = Op::Symlink { dir, name: name.to_string(), target: target.to_string() };
+        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let a = self.attr_from(reply).await?;
+        self.entered(dir, name, &a, now);
+        self.cache().put_link(a.ino, target, now);
+        Ok(a)
+    }
+
+    /// Make `dir/name` another name of `ino` (a hard link).
+    pub async fn link_at(&self, ino: Ino, dir: Ino, name: &str) -> Result<Attr> {
+        self.link_in(ino, dir, name)
+            .await
+            .map_err(|e| e.within(format_args!("link {ino} as {name:?} in directory {dir}")))
+    }
+
+    pub(crate) async fn link_in(&self, ino: Ino, dir: Ino, name: &str) -> Result<Attr> {
+        let now = Instant::now();
+        let op = Op::Link { ino, dir, name: name.to_string() };
+        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let a = match attr_in(reply)? {
+            Ok(a) => a,
+            Err(_) => self.getattr_fresh_inner(ino).await?,
+        };
+        self.entered(dir, name, &a, now);
+        Ok(a)
+    }
+
+    /// Remove the name `dir/name` of a file or symlink (the inode goes with its last name).
+    pub async fn unlink_at(&self, dir: Ino, name: &str) -> Result<()> {
+        self.remove_name(dir, name, false).await.map_err(|e| e.within(format_args!("unlink {name:?} in directory {dir}")))
+    }
+
+    /// Remove the empty directory `dir/name`.
+    pub async fn rmdir_at(&self, dir: Ino, name: &str) -> Result<()> {
+        self.remove_name(dir, name, true).await.map_err(|e| e.within(format_args!("rmdir {name:?} in directory {dir}")))
+    }
+
+    pub(crate) async fn remove_name(&self, dir: Ino, name: &str, is_dir: bool) -> Result<()> {
+        let now = Instant::now();
+        let known = self.cache().entry(dir, name, now).flatten();
+        let op = if is_dir {
+            Op::Rmdir { dir, name: name.to_string() }
+        } else {
+            Op::Unlink { dir, name: name.to_string() }
+        };
+        let r = self.call(To::Home(dir), op, Bytes::new()).await;
+        let c = self.cache();
+        match &r {
+            Ok(_) => c.put_entry(dir, name, None, Instant::now()),
+            Err(e) if e.errno == Errno::ENOENT => c.put_entry(dir, name, None, now),
+            Err(_) => c.forget_entry(dir, name),
+        }
+        if let Some((ino, _)) = known {
+            c.forget_ino(ino);
+        }
+        c.forget_attr(dir);
+        expect_ok(r?.0)
+    }
+
+    /// Rename `src_dir/src_name` to `dst_dir/dst_name` (replacing a compatible target unless
+    /// `flags.noreplace`; swapping both with `flags.exchange`).
+    pub async fn rename_at(
+        &self,
+        src_dir: Ino,
+        src_name: &str,
+        dst_dir: Ino,
+        dst_name: &str,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        self.rename_inner(src_dir, src_name, dst_dir, dst_name, flags).await.map_err(|e| {
+            e.within(format_args!("rename {src_name:?} in directory {src_dir} to {dst_name:?} in directory {dst_dir}"))
+        })
+    }
+
+    pub(crate) async fn rename_inner(
+        &self,
+        src_dir: Ino,
+        src_name: &str,
+        dst_dir: Ino,
+        dst_name: &str,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        let now = Instant::now();
+        let c = self.cache();
+        let src = c.entry(src_dir, src_name, now).flatten();
+        let dst = c.entry(dst_dir, dst_name, now).flatten();
+        let op = Op::Rename {
+            src_dir,
+            src_name: src_name.to_string(),
+            dst_dir,
+            dst_name: dst_name.to_string(),
+            flags,
+        };
+        let r = self.call(To::Home(src_dir), op, Bytes::new()).await;
+        c.forget_entry(src_dir, src_name);
+        c.forget_entry(dst_dir, dst_name);
+        for (ino, _) in src.iter().chain(dst.iter()) {
+            c.forget_attr(*ino);
+        }
+        if let Some((ino, FileKind::Dir)) = dst {
+            if !flags.exchange {
+                c.forget_dir(ino);
+            }
+        }
+        c.forget_attr(src_dir);
+        c.forget_attr(dst_dir);
+        expect_ok(r?.0)?;
+        if !flags.exchange {
+            let later = Instant::now();
+            c.put_entry(src_dir, src_name, None, later);
+            if let Some(moved) = src {
+                c.put_entry(dst_dir, dst_name, Some(moved), later);
+            }
+        }
+        Ok(())
+    }
+
+    /// All entries of directory `dir` (every page), in the server's (byte) order.
+    pub async fn readdir_at(&self, dir: Ino) -> Result<Vec<DirEntry>> {
+        self.readdir_all(dir).await.map_err(|e| e.within(format_args!("readdir {dir}")))
+    }
+
+    pub(crate) async fn readdir_all(&self, dir: Ino) -> Result<Vec<DirEntry>> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let (page, more) = self.readdir_page_inner(dir, after.take(), READDIR_MAX).await?;
+            let last = page.last().map(|e| e.name.clone());
+            all.extend(page);
+            match last {
+                Some(name) if more => after = Some(name),
+                _ => return Ok(all),
+            }
+        }
+    }
+
+    /// One page of directory `dir`: at most `limit` entries with names after `after`, and
+    /// whether more follow.
+    pub async fn readdir_page(&self, dir: Ino, after: Option<String>, limit: u32) -> Result<(Vec<DirEntry>, bool)> {
+        self.readdir_page_inner(dir, after, limit).await.map_err(|e| e.within(format_args!("readdir {dir}")))
+    }
+
+    async fn readdir_page_inner(&self, dir: Ino, after: Option<String>, limit: u32) -> Result<(Vec<DirEntry>, bool)> {
+        let op = Op::ReadDir { dir, after, limit: limit.clamp(1, READDIR_MAX) };
+        match self.call(To::Home(dir), op, Bytes::new()).await? {
+            (Reply::DirEntries { entries, more }, _) => Ok((entries, more)),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// The target of symlink `ino`.
+    pub async fn readlink_at(&self, ino: Ino) -> Result<String> {
+        self.readlink_with(ino, false).await.map_err(|e| e.within(format_args!("readlink {ino}")))
+    }
+
+    pub(crate) async fn readlink_with(&self, ino: Ino, fresh: bool) -> Result<String> {
+        let now = Instant::now();
+        if !fresh {
+            if let Some(t) = self.cache().link(ino, now) {
+                return Ok(t);
+            }
+        }
+        match self.call(To::Home(ino), Op::ReadLink { ino }, Bytes::new()).await? {
+            (Reply::Link(t), _) => {
+                self.cache().put_link(ino, &t, now);
+                Ok(t)
+            }
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    /// Check access to `ino` as access(2) does (`mask` of R_OK=4, W_OK=2, X_OK=1; 0 =
+    /// exists), always at the server.
+    pub async fn access(&self, ino: Ino, mask: u32) -> Result<()> {
+        self.access_inner(ino, mask).await.map_err(|e| e.within(format_args!("access {ino}")))
+    }
+
+    pub(crate) async fn access_inner(&self, ino: Ino, mask: u32) -> Result<()> {
+        expect_ok(self.call(To::Home(ino), Op::Access { ino, mask }, Bytes::new()).await?.0)
+    }
+
+    /// Set the default layout of new files in directory `dir`.
+    pub async fn set_dir_layout(&self, dir: Ino, spec: LayoutSpec) -> Result<()> {
+        self.set_dir_layout_in(dir, spec).await.map_err(|e| e.within(format_args!("set layout of directory {dir}")))
+    }
+
+    pub(crate) async fn set_dir_layout_in(&self, dir: Ino, spec: LayoutSpec) -> Result<()> {
+        let r = self.call(To::Home(dir), Op::SetDirLayout { ino: dir, spec }, Bytes::new()).await;
+        self.cache().forget_attr(dir);
+        expect_ok(r?.0)
+    }
+
+    /// Set extended attribute `name` of `ino`. `create_only` fails with EEXIST if it exists,
+    /// `replace_only` with ENODATA if it does not.
+    pub async fn setxattr(&self, ino: Ino, name: &str, value: &[u8], create_only: bool, replace_only: bool) -> Result<()> {
+        let op = Op::SetXattr { ino, name: name.to_string(), value: value.to_vec(), create_only, replace_only };
+        let r = self.call(To::Home(ino), op, Bytes::new()).await;
+        r.and_then(|(reply, _)| expect_ok(reply)).map_err(|e| e.within(format_args!("setxattr {name:?} of {ino}")))
+    }
+
+    /// The value of extended attribute `name` of `ino` (ENODATA if it has none).
+    pub async fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>> {
+        let op = Op::GetXattr { ino, name: name.to_string() };
+        match self.call(To::Home(ino), op, Bytes::new()).await {
+            Ok((Reply::Xattr(v), _)) => Ok(v),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("getxattr {name:?} of {ino}")))
+    }
+
+    /// Names of the extended attributes of `ino`.
+    pub async fn listxattr(&self, ino: Ino) -> Result<Vec<String>> {
+        match self.call(To::Home(ino), Op::ListXattr { ino }, Bytes::new()).await {
+            Ok((Reply::XattrNames(v), _)) => Ok(v),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("listxattr {ino}")))
+    }
+
+    /// Remove extended attribute `name` of `ino`.
+    pub async fn removexattr(&self, ino: Ino, name: &str) -> Result<()> {
+        let op = Op::RemoveXattr { ino, name: name.to_string() };
+        let r = self.call(To::Home(ino), op, Bytes::new()).await;
+        r.and_then(|(reply, _)| expect_ok(reply)).map_err(|e| e.within(format_args!("removexattr {name:?} of {ino}")))
+    }
+
+    // ---- whole cluster ----
+
+    /// Capacity and free space summed over all servers that take part in placement.
+    /// Servers that do not answer count as down; it is an error only if none answers.
+    pub async fn statfs(&self) -> Result<StatFs> {
+        let servers: Vec<ServerId> =
+            self.pool().map().servers.iter().filter(|s| s.state != ServerState::Out).map(|s| s.server_id()).collect();
+        let answers: Vec<Result<_>> = futures::stream::iter(servers.iter().copied())
+            .map(|s| async move {
+                match self.call(To::Server(s), Op::StatFs, Bytes::new()).await? {
+                    (Reply::StatFs(out), _) => Ok(out),
+                    (other, _) => Err(unexpected(&other)),
+                }
+            })
+            .buffer_unordered(self.max_in_flight())
+            .collect()
+            .await;
+        let mut total = StatFs { servers_total: servers.len(), ..Default::default() };
+        let mut first_error = None;
+        for a in answers {
+            match a {
+                Ok(out) => {
+                    total.capacity_bytes += out.capacity_bytes;
+                    total.free_bytes += out.free_bytes;
+                    total.inodes += out.inodes;
+                    total.servers_up += 1;
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) if total.servers_up == 0 => Err(e.within("statfs: no server answered")),
+            _ => Ok(total),
+        }
+    }
+
+    /// What one server reports about itself.
+    pub async fn server_status(&self, server: ServerId) -> Result<ServerStatus> {
+        match self.call(To::Server(server), Op::Status, Bytes::new()).await {
+            Ok((Reply::Status(s), _)) => Ok(s),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("status of server {server}")))
+    }
+
+    /// The status of every server in the map (asked in parallel), in map order.
+    pub async fn status_all(&self) -> Vec<(ServerId, Result<ServerStatus>)> {
+        let servers: Vec<ServerId> = self.pool().map().servers.iter().map(|s| s.server_id()).collect();
+        let answers = futures::future::join_all(servers.iter().map(|&s| self.server_status(s))).await;
+        servers.into_iter().zip(answers).collect()
+    }
+}
+
+fn target(pool: &Pool, to: To) -> ServerId {
+    match to {
+        To::Home(ino) => pool.map().home_of(ino),
+        To::Server(s) => s,
+    }
+}
+
+/// Name an unreachable server in the error; hand other errnos on bare.
+fn server_error(pool: &Pool, server: ServerId, errno: Errno) -> Error {
+    match pool.map().server(server) {
+        None => Error::new(errno, format!("server {server} is not in the cluster map")),
+        Some(s) if errno == Errno::ENOTCONN || errno == Errno::ETIMEDOUT => {
+            Error::new(errno, format!("server {server} ({}) unreachable", s.addr))
+        }
+        Some(_) => Error::bare(errno),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::msg::{Cred, Timestamp};
+
+    fn file(perm: u32, uid: u32, gid: u32) -> Attr {
+        Attr {
+            ino: Ino(7),
+            kind: FileKind::File,
+            perm,
+            uid,
+            gid,
+            size: 0,
+            nlink: 1,
+            atime: Timestamp::default(),
+            mtime: Timestamp::default(),
+            ctime: Timestamp::default(),
+            blocks_bytes: 0,
+            layout: None,
+            dir_default: None,
+            parent: None,
+        }
+    }
+
+    #[test]
+    fn local_permission_rules() {
+        let me = Cred { uid: 10, gid: 20, groups: vec![30] };
+        assert!(may_access(&file(0o600, 10, 0), &me, 6));
+        assert!(!may_access(&file(0o400, 10, 0), &me, 2));
+        assert!(may_access(&file(0o040, 1, 30), &me, 4));
+        assert!(!may_access(&file(0o604, 1, 30), &me, 4), "group bits apply, not other");
+        assert!(may_access(&file(0o004, 1, 1), &me, 4));
+        assert!(may_access(&file(0o000, 1, 1), &me, 0));
+        assert!(may_access(&file(0o000, 1, 1), &Cred::root(), 6));
+        assert!(!may_access(&file(0o600, 1, 1), &Cred::root(), 1));
+    }
+
+    #[test]
+    fn unexpected_replies_are_protocol_errors() {
+        let e = unexpected(&Reply::Written { len: 3 });
+        assert_eq!(e.errno, Errno::EPROTO);
+        assert_eq!(e.context, "unexpected Written reply");
+        assert!(expect_ok(Reply::Data).is_err());
+        assert!(expect_ok(Reply::Ok).is_ok());
+    }
+
+    #[test]
+    fn unreachable_servers_are_named() {
+        let map = ClusterMap::local(2, 7400, Path::new("/tmp"));
+        let pool = Pool::new(map, PoolOptions::default());
+        let e = server_error(&pool, ServerId(1), Errno::ENOTCONN).within("stat /a");
+        assert_eq!(e.context, "stat /a: server s1 (127.0.0.1:7401) unreachable");
+        assert_eq!(server_error(&pool, ServerId(1), Errno::ENOENT).context, "");
+    }
+
+    #[test]
+    fn config_errors_name_the_file() {
+        let Err(e) = Client::from_config(Path::new("/nonexistent/cluster.toml"), ClientOptions::default()) else {
+            panic!("loaded a missing file")
+        };
+        assert_eq!(e.errno, Errno::ENOENT);
+        assert!(e.to_string().contains("/nonexistent/cluster.toml"), "{e}");
+    }
+}

@@ -1,0 +1,1354 @@
+//! The FUSE file system: every kernel request becomes a task on a tokio runtime that makes
+//! the matching Shoal client call as the requesting uid/gid and answers the kernel from
+//! the task, so slow requests never hold up others.
+//!
+//! **Open files.** All descriptors of one inode on this mount share one client
+//! [`File`] (opened read-write as root; each open is checked against the caller's
+//! identity first). The handle knows the size its own writes reached before that size is
+//! published to the servers (at flush), so every descriptor, `stat` and mmap on this mount
+//! sees the same size. The last release closes it (durable, see `sync_close`).
+//!
+//! **Unlinking an open file.** POSIX lets a process keep using a file after its last name
+//! is gone; Shoal servers delete an inode with its last name. So when the last name of a
+//! file that is open on this mount is removed (unlink, or rename over it), the mount first
+//! gives it a hidden name (`.shoal-unlinked-<ino>-<n>` in the same directory, not listed by
+//! readdir) and removes that name at the last close, as NFS clients do.
+//!
+//! **Special files.** Shoal's servers know regular files, directories and symbolic links.
+//! A FIFO, socket or device node made on the mount (mknod, mkfifo, bind of a Unix socket)
+//! is stored as a symbolic link whose target is `shoal:special:<kind>:<rdev>` and shown
+//! to the kernel as what it stands for; its permission bits, owner and times are the
+//! inode's own. The native client and `shoal ls` see the symlink.
+
+use crate::convert::{self, errno, file_attr, raw};
+use crate::options::MountOptions;
+use bytes::Bytes;
+use fuser::{
+    AccessFlags, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenFlags as KOpenFlags, RenameFlags as KRenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+    WriteFlags,
+};
+use parking_lot::Mutex;
+use shoal_client::{Attr, Client, Cred, Error, File, FileKind, Ino, OpenFlags, RenameFlags, SetAttrs, TimeSet};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Prefix of the hidden names that keep unlinked-but-open files alive.
+pub(crate) const HIDDEN_PREFIX: &str = ".shoal-unlinked-";
+
+/// Extended attribute answered by the mount itself: a file's stripe layout, a directory's
+/// default layout. Read-only.
+pub(crate) const LAYOUT_XATTR: &str = "shoal.layout";
+
+/// Target prefix of the symlinks that stand for special files.
+pub(crate) const SPECIAL_PREFIX: &str = "shoal:special:";
+
+/// A special file stored as a symlink: its type and device number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Special {
+    kind: FileType,
+    rdev: u32,
+}
+
+/// The symlink target standing for a special file of `mode` (S_IFMT bits) and `rdev`.
+pub(crate) fn special_target(mode: u32, rdev: u32) -> Option<String> {
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFIFO => "fifo",
+        libc::S_IFSOCK => "sock",
+        libc::S_IFCHR => "chr",
+        libc::S_IFBLK => "blk",
+        _ => return None,
+    };
+    Some(format!("{SPECIAL_PREFIX}{kind}:{rdev}"))
+}
+
+pub(crate) fn parse_special(target: &str) -> Option<Special> {
+    let rest = target.strip_prefix(SPECIAL_PREFIX)?;
+    let (kind, rdev) = rest.split_once(':')?;
+    let kind = match kind {
+        "fifo" => FileType::NamedPipe,
+        "sock" => FileType::Socket,
+        "chr" => FileType::CharDevice,
+        "blk" => FileType::BlockDevice,
+        _ => return None,
+    };
+    Some(Special { kind, rdev: rdev.parse().ok()? })
+}
+
+/// Bound on the remembered symlink kinds (cleared when passed).
+const SPECIALS_MAX: usize = 1 << 20;
+
+/// Entries asked of a server per readdir page.
+const READDIR_PAGE: u32 = 1024;
+
+/// Bytes of zeros written at once for hole punching and zero ranges.
+const ZERO_CHUNK: usize = 1 << 20;
+static ZEROS: [u8; ZERO_CHUNK] = [0; ZERO_CHUNK];
+
+/// Most bytes one copy_file_range request copies (the kernel asks again for the rest).
+const COPY_MAX: u64 = 64 << 20;
+const COPY_CHUNK: u64 = 4 << 20;
+
+/// One open inode: the shared client handle and what must happen at its last close.
+pub(crate) struct Node {
+    file: File,
+    /// Descriptors (FUSE file handles) using it; changed under `Shared::nodes`' lock.
+    opens: AtomicUsize,
+    /// Hidden names to remove at the last close (directory, name).
+    hidden: Mutex<Vec<(Ino, String)>>,
+    /// Largest size this mount told the kernel; a read short of it refreshes the handle.
+    size_hint: AtomicU64,
+}
+
+#[derive(Clone)]
+struct Fh {
+    node: Arc<Node>,
+}
+
+/// A directory being listed: pages fetched so far, `.` and `..` first.
+struct DirStream {
+    ino: Ino,
+    cred: Cred,
+    entries: Vec<(String, u64, FileType)>,
+    after: Option<String>,
+    more: bool,
+    parent: u64,
+}
+
+/// State shared by the request tasks.
+pub(crate) struct Shared {
+    /// The client as root (umask 0); requests are made with `with_cred` of the caller.
+    pub(crate) root: Client,
+    pub(crate) opts: MountOptions,
+    nodes: Mutex<HashMap<u64, Arc<Node>>>,
+    fhs: Mutex<HashMap<u64, Fh>>,
+    dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
+    /// What each symlink inode seen so far stands for (a symlink's target never changes).
+    specials: Mutex<HashMap<u64, Option<Special>>>,
+    /// Size and mtime last given to the kernel, per inode: an open that finds them
+    /// changed (another client wrote) makes the kernel drop its cached attributes.
+    told: Mutex<HashMap<u64, (u64, i64, u32)>>,
+    /// Set once the session exists: lets the mount invalidate the kernel's caches.
+    pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
+    next_fh: AtomicU64,
+    hidden_seq: AtomicU64,
+    inflight: AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Counts a request task from spawn to end (also when it panics).
+struct InFlight(Arc<Shared>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if self.0.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Who made a request.
+#[derive(Clone, Copy)]
+struct Who {
+    uid: u32,
+    gid: u32,
+    pid: u32,
+}
+
+impl Who {
+    fn of(req: &Request) -> Who {
+        Who { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+    }
+}
+
+type Res<T> = std::result::Result<T, fuser::Errno>;
+
+fn e(err: Error) -> fuser::Errno {
+    errno(&err)
+}
+
+impl Shared {
+    pub(crate) fn new(root: Client, opts: MountOptions) -> Arc<Shared> {
+        Arc::new(Shared {
+            root,
+            opts,
+            nodes: Mutex::new(HashMap::new()),
+            fhs: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            specials: Mutex::new(HashMap::new()),
+            told: Mutex::new(HashMap::new()),
+            notifier: std::sync::OnceLock::new(),
+            next_fh: AtomicU64::new(1),
+            hidden_seq: AtomicU64::new(1),
+            inflight: AtomicUsize::new(0),
+            idle: tokio::sync::Notify::new(),
+        })
+    }
+
+    fn user(&self, who: Who) -> Client {
+        self.root.with_cred(convert::cred(who.uid, who.gid, who.pid))
+    }
+
+    fn new_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn node(&self, ino: u64) -> Option<Arc<Node>> {
+        self.nodes.lock().get(&ino).cloned()
+    }
+
+    fn fh(&self, fh: FileHandle) -> Res<Arc<Node>> {
+        self.fhs.lock().get(&fh.0).map(|f| f.node.clone()).ok_or(raw(libc::EBADF))
+    }
+
+    /// Attributes as this mount knows them: for an open file, with the size its shared
+    /// handle reached (writes not yet published).
+    fn merged(&self, mut a: Attr) -> Attr {
+        if let Some(n) = self.node(a.ino.0) {
+            a.size = a.size.max(n.file.attr().size);
+            n.size_hint.fetch_max(a.size, Ordering::Relaxed);
+            // Hidden names of an unlinked open file are not links anyone made.
+            a.nlink = a.nlink.saturating_sub(n.hidden.lock().len() as u32);
+        }
+        a
+    }
+
+    fn remember_special(&self, ino: u64, s: Option<Special>) {
+        let mut m = self.specials.lock();
+        if m.len() >= SPECIALS_MAX {
+            m.clear();
+        }
+        m.insert(ino, s);
+    }
+
+    /// What a symlink inode stands for (None for a real symlink or another kind).
+    async fn special_of(&self, ino: Ino, kind: FileKind) -> Option<Special> {
+        if kind != FileKind::Symlink {
+            return None;
+        }
+        if let Some(s) = self.specials.lock().get(&ino.0) {
+            return *s;
+        }
+        let s = match self.root.readlink_at(ino).await {
+            Ok(t) => parse_special(&t),
+            Err(_) => return None,
+        };
+        self.remember_special(ino.0, s);
+        s
+    }
+
+    /// The attributes the kernel gets for `a`.
+    async fn present(&self, a: Attr) -> fuser::FileAttr {
+        let special = self.special_of(a.ino, a.kind).await;
+        let a = self.merged(a);
+        if a.kind == FileKind::File {
+            let mut told = self.told.lock();
+            if told.len() >= SPECIALS_MAX {
+                told.clear();
+            }
+            told.insert(a.ino.0, (a.size, a.mtime.secs, a.mtime.nsecs));
+        }
+        let mut f = file_attr(&a);
+        if let Some(s) = special {
+            f.kind = s.kind;
+            f.rdev = s.rdev;
+            f.size = 0;
+            f.blocks = 0;
+        }
+        f
+    }
+
+    /// The shared handle of `ino`, opening it if this is the first descriptor. A handle
+    /// that already existed is refreshed (close-to-open: the size and attributes another
+    /// client published are seen by every open).
+    async fn acquire(&self, ino: Ino) -> Result<Arc<Node>, Error> {
+        let existing = {
+            let map = self.nodes.lock();
+            map.get(&ino.0).map(|n| {
+                n.opens.fetch_add(1, Ordering::AcqRel);
+                n.clone()
+            })
+        };
+        if let Some(n) = existing {
+            if let Err(err) = n.file.stat().await {
+                self.drop_open(&n, ino).await;
+                return Err(err);
+            }
+            return Ok(n);
+        }
+        let file = self.root.open_ino(ino, OpenFlags::read_write()).await?;
+        let mut map = self.nodes.lock();
+        if let Some(n) = map.get(&ino.0) {
+            n.opens.fetch_add(1, Ordering::AcqRel);
+            return Ok(n.clone());
+        }
+        let size = file.attr().size;
+        let n = Arc::new(Node {
+            file,
+            opens: AtomicUsize::new(1),
+            hidden: Mutex::new(Vec::new()),
+            size_hint: AtomicU64::new(size),
+        });
+        map.insert(ino.0, n.clone());
+        Ok(n)
+    }
+
+    /// Undo one `acquire` (an open that failed after it).
+    async fn drop_open(&self, node: &Arc<Node>, ino: Ino) {
+        if let Some(hidden) = self.release_node(node, ino) {
+            if let Err(err) = self.finish_node(node.clone(), hidden).await {
+                tracing::warn!("closing {ino} after a failed open: {err}");
+            }
+        }
+    }
+
+    /// One descriptor fewer; at the last, the node leaves the table and its hidden names
+    /// are returned (the caller closes the handle and removes them).
+    fn release_node(&self, node: &Arc<Node>, ino: Ino) -> Option<Vec<(Ino, String)>> {
+        let mut map = self.nodes.lock();
+        if node.opens.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return None;
+        }
+        if map.get(&ino.0).is_some_and(|n| Arc::ptr_eq(n, node)) {
+            map.remove(&ino.0);
+        }
+        Some(std::mem::take(&mut *node.hidden.lock()))
+    }
+
+    /// Close a node's handle (durable if it wrote and `sync_close`) and drop its hidden names.
+    async fn finish_node(&self, node: Arc<Node>, hidden: Vec<(Ino, String)>) -> Result<(), Error> {
+        let file = node.file.clone();
+        let r = if self.opts.sync_close { file.close().await } else { file.flush().await };
+        for (dir, name) in hidden {
+            if let Err(err) = self.root.unlink_at(dir, &name).await {
+                tracing::warn!("removing the hidden name {name:?} of a closed unlinked file: {err}");
+            }
+        }
+        r
+    }
+
+    /// Before a name is removed or replaced: if it is the last name of a file open on this
+    /// mount, give the file a hidden name so it outlives the removal. Returns the hidden
+    /// name to commit (after the removal succeeded) or undo.
+    async fn protect(&self, dir: Ino, name: &str) -> Option<(Arc<Node>, String)> {
+        if self.nodes.lock().is_empty() {
+            return None;
+        }
+        let a = self.root.lookup(dir, name).await.ok()?;
+        if a.kind != FileKind::File || a.nlink > 1 {
+            return None;
+        }
+        let node = self.node(a.ino.0)?;
+        let hidden = format!("{HIDDEN_PREFIX}{:x}-{}", a.ino.0, self.hidden_seq.fetch_add(1, Ordering::Relaxed));
+        match self.root.link_at(a.ino, dir, &hidden).await {
+            Ok(_) => Some((node, hidden)),
+            Err(err) => {
+                tracing::warn!("cannot keep open file {name:?} alive under a hidden name: {err}");
+                None
+            }
+        }
+    }
+
+    async fn commit_hidden(&self, dir: Ino, protected: Option<(Arc<Node>, String)>, removed: bool) {
+        let Some((node, hidden)) = protected else { return };
+        if removed {
+            let map = self.nodes.lock();
+            let ino = node.file.ino().0;
+            if map.get(&ino).is_some_and(|n| Arc::ptr_eq(n, &node)) {
+                node.hidden.lock().push((dir, hidden));
+                return;
+            }
+        }
+        // The removal failed, or the file was closed meanwhile: the hidden name goes now.
+        if let Err(err) = self.root.unlink_at(dir, &hidden).await {
+            tracing::warn!("removing hidden name {hidden:?}: {err}");
+        }
+    }
+
+    /// Close every handle still open (the kernel went away without releasing them).
+    pub(crate) async fn close_all(&self) {
+        let nodes: Vec<Arc<Node>> = self.nodes.lock().drain().map(|(_, n)| n).collect();
+        self.fhs.lock().clear();
+        for n in nodes {
+            let hidden = std::mem::take(&mut *n.hidden.lock());
+            if let Err(err) = self.finish_node(n, hidden).await {
+                tracing::warn!("closing a file at unmount: {err}");
+            }
+        }
+    }
+
+    /// Wait until no request task runs (or `limit` passes).
+    pub(crate) async fn drain(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.idle.notified();
+            if self.inflight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                tracing::warn!("{} requests still running at unmount", self.inflight.load(Ordering::Acquire));
+                return;
+            }
+        }
+    }
+
+    fn ttl_attr(&self) -> Duration {
+        self.opts.attr_timeout
+    }
+
+    fn fopen_flags(&self) -> FopenFlags {
+        let mut f = FopenFlags::empty();
+        if self.opts.keep_cache {
+            f |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        if self.opts.direct_io {
+            f |= FopenFlags::FOPEN_DIRECT_IO;
+        }
+        f
+    }
+
+    async fn reply_entry(&self, reply: ReplyEntry, a: &Attr) {
+        let f = self.present(a.clone()).await;
+        reply.entry_with_ttls(&self.opts.entry_timeout, &self.opts.attr_timeout, &f, Generation(0));
+    }
+
+    // ---- the operations, as async functions returning results ----
+
+    async fn getattr(&self, who: Who, ino: u64) -> Res<Attr> {
+        if let Some(n) = self.node(ino) {
+            let a = n.file.stat().await.map_err(e)?;
+            n.size_hint.fetch_max(a.size, Ordering::Relaxed);
+            return Ok(a);
+        }
+        self.user(who).getattr_fresh(Ino(ino)).await.map_err(e)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn setattr(
+        &self,
+        who: Who,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        fh: Option<FileHandle>,
+    ) -> Res<Attr> {
+        let time = |t: TimeOrNow| match t {
+            TimeOrNow::Now => TimeSet::Now,
+            TimeOrNow::SpecificTime(t) => TimeSet::At(convert::kernel_timestamp(t)),
+        };
+        let user = self.user(who);
+        let ino_n = Ino(ino);
+        let node = self.node(ino);
+        let mut rest = SetAttrs {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size: None,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+        };
+        let mut out = None;
+        if let Some(size) = size {
+            match (fh.and_then(|f| self.fh(f).ok()), &node) {
+                // ftruncate: the descriptor was opened for writing (the kernel checked), so
+                // no permission check applies, as on a local file system.
+                (Some(n), _) => {
+                    n.file.set_len(size).await.map_err(e)?;
+                    out = Some(n.file.attr());
+                }
+                // truncate by name while the file is open here: publish what the handle
+                // wrote, cut as the caller, then let the handle learn the new size.
+                (None, Some(n)) => {
+                    n.file.flush().await.map_err(e)?;
+                    let set = SetAttrs { size: Some(size), ..Default::default() };
+                    user.setattr(ino_n, set).await.map_err(e)?;
+                    out = Some(n.file.stat().await.map_err(e)?);
+                }
+                (None, None) => rest.size = Some(size),
+            }
+        }
+        if rest != SetAttrs::default() {
+            let a = match user.setattr(ino_n, rest.clone()).await {
+                Ok(a) => a,
+                // The kernel clears set-user/group-ID bits itself on a write or truncate by
+                // a user who may not chmod (ATTR_FORCE); clearing them is always allowed.
+                Err(err) if err.errno.0 == libc::EPERM && self.only_clears_setid(ino_n, &rest).await => {
+                    self.root.setattr(ino_n, rest).await.map_err(e)?
+                }
+                Err(err) => return Err(e(err)),
+            };
+            out = Some(a);
+        }
+        let a = match out {
+            Some(a) => a,
+            None => user.getattr_fresh(ino_n).await.map_err(e)?,
+        };
+        if let Some(n) = &node {
+            if size.is_none() {
+                // Keep the handle's idea of mode and times current.
+                let _ = n.file.stat().await;
+            }
+        }
+        Ok(self.merged(a))
+    }
+
+    async fn only_clears_setid(&self, ino: Ino, set: &SetAttrs) -> bool {
+        let Some(new) = set.perm else { return false };
+        if set.uid.is_some() || set.gid.is_some() || set.size.is_some() || set.atime.is_some() || set.mtime.is_some() {
+            return false;
+        }
+        let Ok(old) = self.root.getattr_fresh(ino).await else { return false };
+        let setid = (libc::S_ISUID | libc::S_ISGID) as u32;
+        new & !setid == old.perm & !setid && new & !old.perm == 0 && new != old.perm
+    }
+
+    async fn open(&self, who: Who, ino: u64, flags: i32) -> Res<(u64, FopenFlags)> {
+        let acc = flags & libc::O_ACCMODE;
+        let mut mask = 0;
+        if acc != libc::O_WRONLY {
+            mask |= 4;
+        }
+        if acc != libc::O_RDONLY {
+            mask |= 2;
+        }
+        if flags & libc::O_TRUNC != 0 {
+            mask |= 2;
+        }
+        let node = self.acquire(Ino(ino)).await.map_err(e)?;
+        let attr = node.file.attr();
+        let cred = convert::cred(who.uid, who.gid, who.pid);
+        if !convert::may_access(&attr, &cred, mask) {
+            if let Err(err) = self.root.with_cred(cred).access(Ino(ino), mask).await {
+                self.drop_open(&node, Ino(ino)).await;
+                return Err(e(err));
+            }
+        }
+        node.size_hint.fetch_max(attr.size, Ordering::Relaxed);
+        // Close-to-open: if another client changed the file since the kernel was told its
+        // size and mtime, make the kernel fetch them again (it does not on open by itself).
+        let now = (attr.size, attr.mtime.secs, attr.mtime.nsecs);
+        let stale = self.told.lock().get(&ino).is_some_and(|t| *t != now);
+        if stale {
+            if let Some(n) = self.notifier.get() {
+                let _ = n.inval_inode(INodeNo(ino), -1, 0);
+            }
+        }
+        let fh = self.new_fh();
+        self.fhs.lock().insert(fh, Fh { node });
+        Ok((fh, self.fopen_flags()))
+    }
+
+    async fn create(&self, who: Who, parent: u64, name: String, mode: u32, flags: i32) -> Res<(Attr, u64, FopenFlags)> {
+        let user = self.user(who);
+        match user.create_at(Ino(parent), &name, mode & 0o7777, true, None).await {
+            Ok(a) => {
+                // A new file opens whatever its mode (open(2) with O_CREAT).
+                let node = self.acquire(a.ino).await.map_err(e)?;
+                let fh = self.new_fh();
+                self.fhs.lock().insert(fh, Fh { node });
+                Ok((a, fh, self.fopen_flags()))
+            }
+            Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
+                // Made by someone else since the kernel looked: open it like any file.
+                let a = user.lookup(Ino(parent), &name).await.map_err(e)?;
+                match a.kind {
+                    FileKind::File => {}
+                    FileKind::Dir => return Err(raw(libc::EISDIR)),
+                    FileKind::Symlink => return Err(raw(libc::EEXIST)),
+                }
+                let (fh, ff) = self.open(who, a.ino.0, flags).await?;
+                if flags & libc::O_TRUNC != 0 {
+                    if let Ok(n) = self.fh(FileHandle(fh)) {
+                        n.file.set_len(0).await.map_err(e)?;
+                    }
+                }
+                let a = self.getattr(who, a.ino.0).await?;
+                Ok((a, fh, ff))
+            }
+            Err(err) => Err(e(err)),
+        }
+    }
+
+    async fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Res<Bytes> {
+        let n = self.fh(fh)?;
+        let want = size as usize;
+        let data = n.file.read_at(offset, want).await.map_err(e)?;
+        if data.len() < want && n.size_hint.load(Ordering::Relaxed) > n.file.attr().size {
+            // The kernel was told of a larger size (another client wrote): refresh and retry.
+            n.file.stat().await.map_err(e)?;
+            return n.file.read_at(offset, want).await.map_err(e);
+        }
+        Ok(data)
+    }
+
+    async fn write(&self, fh: FileHandle, offset: u64, data: Bytes) -> Res<u32> {
+        let n = self.fh(fh)?;
+        let len = n.file.write_bytes_at(offset, data).await.map_err(e)?;
+        n.size_hint.fetch_max(offset + len as u64, Ordering::Relaxed);
+        Ok(len as u32)
+    }
+
+    async fn fallocate(&self, fh: FileHandle, offset: u64, length: u64, mode: i32) -> Res<()> {
+        let n = self.fh(fh)?;
+        let end = offset.checked_add(length).ok_or(raw(libc::EFBIG))?;
+        let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let rest = mode & !libc::FALLOC_FL_KEEP_SIZE;
+        let size = n.file.stat().await.map_err(e)?.size;
+        match rest {
+            // Reserve: Shoal does not reserve space, it only makes the size cover the range.
+            0 => {
+                if !keep && end > size {
+                    n.file.set_len(end).await.map_err(e)?;
+                }
+            }
+            libc::FALLOC_FL_PUNCH_HOLE if keep => {
+                self.write_zeros(&n.file, offset, end.min(size)).await?;
+            }
+            libc::FALLOC_FL_ZERO_RANGE => {
+                self.write_zeros(&n.file, offset, if keep { end.min(size) } else { end.min(size.max(offset)) }).await?;
+                if !keep && end > size {
+                    n.file.set_len(end).await.map_err(e)?;
+                }
+            }
+            _ => return Err(raw(libc::EOPNOTSUPP)),
+        }
+        n.size_hint.fetch_max(n.file.attr().size, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn write_zeros(&self, file: &File, from: u64, to: u64) -> Res<()> {
+        let mut at = from;
+        while at < to {
+            let len = ((to - at) as usize).min(ZERO_CHUNK);
+            file.write_bytes_at(at, Bytes::from_static(&ZEROS[..len])).await.map_err(e)?;
+            at += len as u64;
+        }
+        Ok(())
+    }
+
+    async fn copy_range(&self, fh_in: FileHandle, off_in: u64, fh_out: FileHandle, off_out: u64, len: u64) -> Res<u32> {
+        let src = self.fh(fh_in)?;
+        let dst = self.fh(fh_out)?;
+        let total = len.min(COPY_MAX);
+        let mut done = 0u64;
+        while done < total {
+            let want = (total - done).min(COPY_CHUNK) as usize;
+            let data = src.file.read_at(off_in + done, want).await.map_err(e)?;
+            if data.is_empty() {
+                break;
+            }
+            let got = data.len() as u64;
+            dst.file.write_bytes_at(off_out + done, data).await.map_err(e)?;
+            done += got;
+            if (got as usize) < want {
+                break;
+            }
+        }
+        dst.size_hint.fetch_max(off_out + done, Ordering::Relaxed);
+        Ok(done as u32)
+    }
+
+    async fn opendir(&self, who: Who, ino: u64) -> Res<u64> {
+        let cred = convert::cred(who.uid, who.gid, who.pid);
+        let user = self.root.with_cred(cred.clone());
+        let a = user.getattr_fresh(Ino(ino)).await.map_err(e)?;
+        if a.kind != FileKind::Dir {
+            return Err(raw(libc::ENOTDIR));
+        }
+        if !convert::may_access(&a, &cred, 4) {
+            user.access(Ino(ino), 4).await.map_err(e)?;
+        }
+        let fh = self.new_fh();
+        let stream = DirStream {
+            ino: Ino(ino),
+            cred,
+            entries: Vec::new(),
+            after: None,
+            more: true,
+            parent: a.parent.map(|p| p.0).unwrap_or(ino),
+        };
+        self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
+        Ok(fh)
+    }
+
+    async fn readdir(&self, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let Some(stream) = self.dirs.lock().get(&fh.0).cloned() else { return reply.error(raw(libc::EBADF)) };
+        let mut s = stream.lock().await;
+        if offset == 0 || s.entries.is_empty() {
+            // (Re)start: rewinddir sees the directory as it is now.
+            s.entries = vec![(".".into(), s.ino.0, FileType::Directory), ("..".into(), s.parent, FileType::Directory)];
+            s.after = None;
+            s.more = true;
+        }
+        let client = self.root.with_cred(s.cred.clone());
+        let mut idx = offset as usize;
+        loop {
+            while idx >= s.entries.len() && s.more {
+                match client.readdir_page(s.ino, s.after.clone(), READDIR_PAGE).await {
+                    Ok((page, more)) => {
+                        s.more = more && !page.is_empty();
+                        if let Some(last) = page.last() {
+                            s.after = Some(last.name.clone());
+                        }
+                        let page: Vec<_> = page.into_iter().filter(|d| !d.name.starts_with(HIDDEN_PREFIX)).collect();
+                        // Symlinks may stand for special files: find out (in parallel, once
+                        // per inode) so that d_type is right.
+                        let kinds = futures::future::join_all(page.iter().map(|d| self.special_of(d.ino, d.kind))).await;
+                        let entries = page.into_iter().zip(kinds).map(|(d, sp)| {
+                            let kind = sp.map(|x| x.kind).unwrap_or_else(|| convert::kind(d.kind));
+                            (d.name, d.ino.0, kind)
+                        });
+                        s.entries.extend(entries);
+                    }
+                    Err(err) => return reply.error(e(err)),
+                }
+            }
+            let Some((name, ino, kind)) = s.entries.get(idx) else { break };
+            if reply.add(INodeNo(*ino), idx as u64 + 1, *kind, name) {
+                break;
+            }
+            idx += 1;
+        }
+        reply.ok();
+    }
+
+    async fn getxattr(&self, who: Who, ino: u64, name: String) -> Res<Vec<u8>> {
+        if name == LAYOUT_XATTR {
+            let a = self.user(who).getattr(Ino(ino)).await.map_err(e)?;
+            return Ok(match (&a.kind, &a.layout) {
+                (FileKind::File, Some(l)) => convert::layout_text(l),
+                (FileKind::Dir, _) => convert::dir_default_text(a.dir_default.as_ref()),
+                _ => return Err(raw(libc::ENODATA)),
+            }
+            .into_bytes());
+        }
+        if name.starts_with("system.posix_acl_") {
+            return Err(raw(libc::ENODATA));
+        }
+        self.user(who).getxattr(Ino(ino), &name).await.map_err(e)
+    }
+
+    async fn listxattr(&self, who: Who, ino: u64) -> Res<Vec<u8>> {
+        let names = self.user(who).listxattr(Ino(ino)).await.map_err(e)?;
+        let mut out = Vec::new();
+        for n in names {
+            out.extend_from_slice(n.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, data: Res<Vec<u8>>) {
+    match data {
+        Err(err) => reply.error(err),
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(raw(libc::ERANGE)),
+        Ok(v) => reply.data(&v),
+    }
+}
+
+/// The `fuser` file system: hands each request to a task on `rt`.
+pub(crate) struct ShoalFs {
+    rt: tokio::runtime::Handle,
+    sh: Arc<Shared>,
+}
+
+impl ShoalFs {
+    pub(crate) fn new(rt: tokio::runtime::Handle, sh: Arc<Shared>) -> ShoalFs {
+        ShoalFs { rt, sh }
+    }
+
+    fn spawn<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(Arc<Shared>) -> Fut,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.sh.inflight.fetch_add(1, Ordering::AcqRel);
+        let guard = InFlight(self.sh.clone());
+        let fut = f(self.sh.clone());
+        self.rt.spawn(async move {
+            let _guard = guard;
+            fut.await;
+        });
+    }
+
+    fn read_only(&self) -> bool {
+        self.sh.opts.read_only
+    }
+}
+
+macro_rules! name_or_reply {
+    ($n:expr, $reply:ident) => {
+        match convert::name($n) {
+            Ok(n) => n,
+            Err(err) => return $reply.error(err),
+        }
+    };
+}
+
+impl Filesystem for ShoalFs {
+    fn init(&mut self, _req: &Request, cfg: &mut KernelConfig) -> std::io::Result<()> {
+        let o = &self.sh.opts;
+        if let Err(nearest) = cfg.set_max_write(o.max_write) {
+            let _ = cfg.set_max_write(nearest);
+        }
+        if let Err(nearest) = cfg.set_max_readahead(o.max_readahead.max(4096)) {
+            let _ = cfg.set_max_readahead(nearest);
+        }
+        let _ = cfg.set_max_background(o.max_background);
+        let mut wanted = vec![InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_CACHE_SYMLINKS];
+        if o.keep_cache {
+            wanted.push(InitFlags::FUSE_AUTO_INVAL_DATA);
+        }
+        if o.writeback_cache {
+            wanted.push(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
+        for cap in wanted {
+            if cfg.add_capabilities(cap).is_err() {
+                tracing::info!("the kernel does not offer {cap:?}");
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).lookup(Ino(parent.0), &name).await {
+                Ok(a) => sh.reply_entry(reply, &a).await,
+                Err(err) if err.errno.0 == libc::ENOENT && !sh.opts.negative_timeout.is_zero() => {
+                    // A negative entry: node id 0, remembered for negative_timeout.
+                    let mut none = file_attr(&sh.root_stub());
+                    none.ino = INodeNo(0);
+                    reply.entry_with_ttls(&sh.opts.negative_timeout, &Duration::ZERO, &none, Generation(0));
+                }
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.getattr(who, ino.0).await {
+                Ok(a) => reply.attr(&sh.ttl_attr(), &sh.present(a).await),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.setattr(who, ino.0, mode, uid, gid, size, atime, mtime, fh).await {
+                Ok(a) => reply.attr(&sh.ttl_attr(), &sh.present(a).await),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).readlink_at(Ino(ino.0)).await {
+                Ok(t) => reply.data(t.as_bytes()),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            let user = sh.user(who);
+            let dir = Ino(parent.0);
+            let perm = mode & 0o7777;
+            let r = match special_target(mode, rdev) {
+                None if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 => {
+                    user.create_at(dir, &name, perm, true, None).await
+                }
+                None => return reply.error(raw(libc::EINVAL)),
+                Some(target) => match user.symlink_at(dir, &name, &target).await {
+                    Ok(a) => {
+                        sh.remember_special(a.ino.0, parse_special(&target));
+                        let set = SetAttrs { perm: Some(perm), ..Default::default() };
+                        match user.setattr(a.ino, set).await {
+                            Ok(a) => Ok(a),
+                            Err(err) => {
+                                let _ = sh.root.unlink_at(dir, &name).await;
+                                Err(err)
+                            }
+                        }
+                    }
+                    Err(err) => Err(err),
+                },
+            };
+            match r {
+                Ok(a) => sh.reply_entry(reply, &a).await,
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).mkdir_at(Ino(parent.0), &name, mode & 0o7777).await {
+                Ok(a) => sh.reply_entry(reply, &a).await,
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            let dir = Ino(parent.0);
+            let protected = sh.protect(dir, &name).await;
+            let r = sh.user(who).unlink_at(dir, &name).await;
+            sh.commit_hidden(dir, protected, r.is_ok()).await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).rmdir_at(Ino(parent.0), &name).await {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(link_name, reply);
+        let Some(target) = target.to_str().map(str::to_string) else { return reply.error(raw(libc::EINVAL)) };
+        if target.starts_with(SPECIAL_PREFIX) {
+            // Reserved for special files (see the module notes).
+            return reply.error(raw(libc::EINVAL));
+        }
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
+                Ok(a) => sh.reply_entry(reply, &a).await,
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: KRenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        let newname = name_or_reply!(newname, reply);
+        if flags.contains(KRenameFlags::RENAME_WHITEOUT) {
+            return reply.error(raw(libc::EINVAL));
+        }
+        let rf = RenameFlags {
+            noreplace: flags.contains(KRenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(KRenameFlags::RENAME_EXCHANGE),
+        };
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            let (src, dst) = (Ino(parent.0), Ino(newparent.0));
+            let protected = if rf.noreplace || rf.exchange { None } else { sh.protect(dst, &newname).await };
+            let r = sh.user(who).rename_at(src, &name, dst, &newname, rf).await;
+            sh.commit_hidden(dst, protected, r.is_ok()).await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(newname, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
+                Ok(a) => sh.reply_entry(reply, &a).await,
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: KOpenFlags, reply: ReplyOpen) {
+        let flags = flags.0;
+        if self.read_only() && (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) {
+            return reply.error(raw(libc::EROFS));
+        }
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.open(who, ino.0, flags).await {
+                Ok((fh, ff)) => reply.opened(FileHandle(fh), ff),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: KOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.spawn(move |sh| async move {
+            match sh.read(fh, offset, size).await {
+                Ok(d) => reply.data(&d),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: KOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let data = Bytes::copy_from_slice(data);
+        self.spawn(move |sh| async move {
+            match sh.write(fh, offset, data).await {
+                Ok(n) => reply.written(n),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        self.spawn(move |sh| async move {
+            let r = match sh.fh(fh) {
+                Ok(n) => n.file.flush().await.map_err(e),
+                Err(err) => Err(err),
+            };
+            match r {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: KOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let Some(f) = self.sh.fhs.lock().remove(&fh.0) else { return reply.error(raw(libc::EBADF)) };
+        let last = self.sh.release_node(&f.node, Ino(ino.0));
+        self.spawn(move |sh| async move {
+            let r = match last {
+                Some(hidden) => sh.finish_node(f.node, hidden).await,
+                None => Ok(()),
+            };
+            match r {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.spawn(move |sh| async move {
+            let r = match sh.fh(fh) {
+                Ok(n) if datasync => n.file.sync_data().await.map_err(e),
+                Ok(n) => n.file.fsync().await.map_err(e),
+                Err(err) => Err(err),
+            };
+            match r {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: KOpenFlags, reply: ReplyOpen) {
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.opendir(who, ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        self.spawn(move |sh| async move { sh.readdir(fh, offset, reply).await });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: KOpenFlags, reply: ReplyEmpty) {
+        self.sh.dirs.lock().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Metadata operations are durable against a server crash when they return.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.spawn(move |sh| async move {
+            match sh.root.statfs().await {
+                Ok(s) => {
+                    const FRSIZE: u64 = 4096;
+                    let blocks = s.capacity_bytes / FRSIZE;
+                    let bfree = s.free_bytes / FRSIZE;
+                    // Inodes are not a fixed resource: report one free per free 4 KiB.
+                    let ffree = bfree;
+                    reply.statfs(blocks, bfree, bfree, s.inodes + ffree, ffree, 1 << 20, 255, FRSIZE as u32);
+                }
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        if name.starts_with("shoal.") {
+            return reply.error(raw(libc::EPERM));
+        }
+        if name.starts_with("system.posix_acl_") {
+            return reply.error(raw(libc::EOPNOTSUPP));
+        }
+        let value = value.to_vec();
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            let create = flags & libc::XATTR_CREATE != 0;
+            let replace = flags & libc::XATTR_REPLACE != 0;
+            match sh.user(who).setxattr(Ino(ino.0), &name, &value, create, replace).await {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            let r = sh.getxattr(who, ino.0, name).await;
+            xattr_reply(reply, size, r);
+        });
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            let r = sh.listxattr(who, ino.0).await;
+            xattr_reply(reply, size, r);
+        });
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        if name.starts_with("shoal.") {
+            return reply.error(raw(libc::EPERM));
+        }
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).removexattr(Ino(ino.0), &name).await {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let mask = mask.bits() as u32;
+        if self.read_only() && mask & 2 != 0 {
+            return reply.error(raw(libc::EROFS));
+        }
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.user(who).access(Ino(ino.0), mask).await {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(e(err)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        let name = name_or_reply!(name, reply);
+        let who = Who::of(req);
+        self.spawn(move |sh| async move {
+            match sh.create(who, parent.0, name, mode, flags).await {
+                Ok((a, fh, ff)) => {
+                    let f = sh.present(a).await;
+                    reply.created(&sh.opts.entry_timeout, &f, Generation(0), FileHandle(fh), ff)
+                }
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        self.spawn(move |sh| async move {
+            match sh.fallocate(fh, offset, length, mode).await {
+                Ok(()) => reply.ok(),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        fh_in: FileHandle,
+        offset_in: u64,
+        _ino_out: INodeNo,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        if self.read_only() {
+            return reply.error(raw(libc::EROFS));
+        }
+        self.spawn(move |sh| async move {
+            match sh.copy_range(fh_in, offset_in, fh_out, offset_out, len).await {
+                Ok(n) => reply.written(n),
+                Err(err) => reply.error(err),
+            }
+        });
+    }
+}
+
+impl Shared {
+    /// Attributes to fill a negative entry with (only `ino = 0` matters to the kernel).
+    fn root_stub(&self) -> Attr {
+        Attr {
+            ino: Ino(0),
+            kind: FileKind::File,
+            perm: 0,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 0,
+            atime: Default::default(),
+            mtime: Default::default(),
+            ctime: Default::default(),
+            blocks_bytes: 0,
+            layout: None,
+            dir_default: None,
+            parent: None,
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Shoal's POSIX mount: a FUSE file system that turns every kernel request into a call of
+//! the native client ([`shoal_client`]), made as the uid/gid (and supplementary groups) of
+//! the process that asked, so that the servers enforce permissions for each user.
+//!
+//! * [`mount`] mounts and serves until the file system is unmounted (or SIGINT/SIGTERM,
+//!   which unmount it cleanly);
+//! * [`spawn`] mounts in the background and returns a [`Mounted`] that unmounts on drop;
+//! * [`unmount`] unmounts a mount point.
+//!
+//! Settings are in [`MountOptions`]; `docs/mount.md` describes each one and the
+//! consistency each cache setting gives.
+//!
+//! ```no_run
+//! let opts = shoal_fuse::MountOptions { allow_other: true, ..Default::default() };
+//! shoal_fuse::mount("cluster.toml".as_ref(), "/mnt/shoal".as_ref(), opts)?;
+//! # Ok::<(), anyhow::Error>(())
+//! ```
+
+mod convert;
+mod fs;
+mod options;
+
+pub use options::MountOptions;
+
+use anyhow::{anyhow, bail, Context, Result};
+use fs::{Shared, ShoalFs};
+use parking_lot::Mutex;
+use shoal_client::{Client, ClientOptions, Cred, ROOT_INO};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Log a warning, at most once a second (a down server fails every request).
+pub(crate) fn warn_limited(msg: &str) {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    static SUPPRESSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut last = LAST.lock();
+    let now = Instant::now();
+    if last.is_some_and(|t| now.duration_since(t) < Duration::from_secs(1)) {
+        SUPPRESSED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return;
+    }
+    *last = Some(now);
+    let n = SUPPRESSED.swap(0, std::sync::atomic::Ordering::Relaxed);
+    if n > 0 {
+        tracing::warn!("{msg} (and {n} more errors like it)");
+    } else {
+        tracing::warn!("{msg}");
+    }
+}
+
+/// A prepared mount: the runtime, the client and the fuser configuration.
+struct Prepared {
+    rt: tokio::runtime::Runtime,
+    shared: Arc<Shared>,
+    config: fuser::Config,
+    mountpoint: PathBuf,
+}
+
+fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Result<Prepared> {
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device");
+    }
+    let mountpoint = mountpoint
+        .canonicalize()
+        .with_context(|| format!("mount point {}", mountpoint.display()))?;
+    if !mountpoint.is_dir() {
+        bail!("mount point {} is not a directory", mountpoint.display());
+    }
+    if is_mounted(&mountpoint) {
+        bail!("{} is already a Shoal mount", mountpoint.display());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(opts.threads)
+        .thread_name("shoal-fuse")
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
+    let copts = ClientOptions {
+        timeout: opts.timeout,
+        cache_ttl: opts.client_cache,
+        cred: Cred::root(),
+        umask: 0,
+        ..ClientOptions::default()
+    };
+    let client = Client::from_config(client_config, copts).map_err(|e| anyhow!("{e}"))?;
+    // Fail now, with a clear message, rather than mount a file system nobody answers for.
+    rt.block_on(client.getattr_fresh(ROOT_INO))
+        .map_err(|e| anyhow!("cannot reach the cluster of {}: {e}", client_config.display()))?;
+
+    let mut mount_options = vec![
+        fuser::MountOption::FSName(opts.fsname.clone().unwrap_or_else(|| format!("shoal:{}", client_config.display()))),
+        // Makes the type "fuse.shoal" in /proc/mounts also when mounting without fusermount3.
+        fuser::MountOption::CUSTOM("subtype=shoal".into()),
+    ];
+    if opts.default_permissions {
+        mount_options.push(fuser::MountOption::DefaultPermissions);
+    }
+    if opts.read_only {
+        mount_options.push(fuser::MountOption::RO);
+    }
+    if opts.auto_unmount {
+        mount_options.push(fuser::MountOption::AutoUnmount);
+    }
+    for f in &opts.flags {
+        mount_options.push(match f.as_str() {
+            "dev" => fuser::MountOption::Dev,
+            "nodev" => fuser::MountOption::NoDev,
+            "suid" => fuser::MountOption::Suid,
+            "nosuid" => fuser::MountOption::NoSuid,
+            "exec" => fuser::MountOption::Exec,
+            "noexec" => fuser::MountOption::NoExec,
+            "atime" => fuser::MountOption::Atime,
+            "noatime" => fuser::MountOption::NoAtime,
+            "sync" => fuser::MountOption::Sync,
+            "async" => fuser::MountOption::Async,
+            "dirsync" => fuser::MountOption::DirSync,
+            other => bail!("unknown mount flag {other}"),
+        });
+    }
+    let mut config = fuser::Config::default();
+    config.mount_options = mount_options;
+    config.acl = if opts.allow_other {
+        fuser::SessionACL::All
+    } else if opts.allow_root || opts.auto_unmount {
+        fuser::SessionACL::RootAndOwner
+    } else {
+        fuser::SessionACL::Owner
+    };
+    config.n_threads = Some(opts.fuse_threads.max(1));
+    config.clone_fd = opts.fuse_threads > 1;
+    let shared = Shared::new(client, opts);
+    Ok(Prepared { rt, shared, config, mountpoint })
+}
+
+impl Prepared {
+    fn session(&self) -> Result<fuser::Session<ShoalFs>> {
+        let fs = ShoalFs::new(self.rt.handle().clone(), self.shared.clone());
+        fuser::Session::new(fs, &self.mountpoint, &self.config)
+            .with_context(|| format!("cannot mount on {}", self.mountpoint.display()))
+    }
+
+    /// After the kernel let go: let running requests finish, close what is still open.
+    fn finish(self) {
+        let limit = self.shared.opts.timeout + Duration::from_secs(5);
+        let shared = self.shared.clone();
+        self.rt.block_on(async move {
+            shared.drain(limit).await;
+            shared.close_all().await;
+        });
+        self.rt.shutdown_timeout(Duration::from_secs(1));
+    }
+}
+
+/// The FUSE connection number of the mount at `mountpoint` (its minor device number),
+/// which names it under /sys/fs/fuse/connections. Read from /proc/self/mountinfo: a stat
+/// of the mount point would wait for the file system itself.
+fn connection_of(mountpoint: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    info.lines().rev().find_map(|l| {
+        let fields: Vec<&str> = l.split(' ').collect();
+        if fields.get(4).map(|m| unescape(m)).as_deref() != mountpoint.to_str() {
+            return None;
+        }
+        fields.get(2)?.split_once(':')?.1.parse().ok()
+    })
+}
+
+/// Abort a FUSE connection: every waiting request fails with ENOTCONN at once.
+fn abort_connection(conn: u32) {
+    let path = format!("/sys/fs/fuse/connections/{conn}/abort");
+    if let Err(e) = std::fs::write(&path, b"1") {
+        tracing::warn!("cannot abort the FUSE connection through {path}: {e}");
+    }
+}
+
+/// Mount Shoal (the cluster described by `client_config`) on `mountpoint` and serve it
+/// until it is unmounted. SIGINT, SIGTERM and SIGHUP unmount it (lazily: processes still
+/// using files keep them until they close them); a second signal aborts the connection
+/// and returns at once.
+pub fn mount(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Result<()> {
+    serve(client_config, mountpoint, opts, |_| {})
+}
+
+/// As [`mount`], calling `ready` with the mount point once the file system is mounted and
+/// answering (a daemon tells its parent then).
+pub fn serve(client_config: &Path, mountpoint: &Path, opts: MountOptions, ready: impl FnOnce(&Path)) -> Result<()> {
+    let prepared = prepare(client_config, mountpoint, opts)?;
+    let session = prepared.session()?;
+    let _ = prepared.shared.notifier.set(session.notifier());
+    let mp = prepared.mountpoint.clone();
+    let conn = connection_of(&mp);
+    tracing::info!("mounted {} on {}", client_config.display(), mp.display());
+
+    // Signals: first one unmounts, the next aborts the connection.
+    let signal_mp = mp.clone();
+    prepared.rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term), Ok(mut hup)) =
+            (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+        else {
+            tracing::warn!("cannot handle signals: SIGINT/SIGTERM will not unmount cleanly");
+            return;
+        };
+        let mut count = 0;
+        loop {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+                _ = hup.recv() => {}
+            }
+            count += 1;
+            if count == 1 {
+                tracing::info!("signal received: unmounting {}", signal_mp.display());
+                let mp = signal_mp.clone();
+                let r = tokio::task::spawn_blocking(move || unmount(&mp, true)).await;
+                if let Ok(Err(e)) = r {
+                    tracing::warn!("unmounting {}: {e:#}", signal_mp.display());
+                }
+            } else {
+                tracing::warn!("second signal: aborting the connection");
+                match conn {
+                    Some(c) => abort_connection(c),
+                    None => std::process::exit(1),
+                }
+            }
+        }
+    });
+
+    // Serve on the session's own threads, so that whoever `ready` tells can use the mount
+    // at once (a stat of the mount point waits for an answer).
+    let background = session.spawn().context("cannot start the session threads")?;
+    ready(&mp);
+    let result = background.join();
+    prepared.finish();
+    result.with_context(|| format!("serving {}", mp.display()))?;
+    tracing::info!("unmounted {}", mp.display());
+    Ok(())
+}
+
+/// A mount served by a background thread ([`spawn`]). Dropping it unmounts.
+pub struct Mounted {
+    mountpoint: PathBuf,
+    background: Option<fuser::BackgroundSession>,
+    prepared: Option<Prepared>,
+}
+
+/// Mount in the background: returns once the file system answers.
+pub fn spawn(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Result<Mounted> {
+    let prepared = prepare(client_config, mountpoint, opts)?;
+    let session = prepared.session()?;
+    let _ = prepared.shared.notifier.set(session.notifier());
+    let background = session.spawn().context("cannot start the session thread")?;
+    Ok(Mounted { mountpoint: prepared.mountpoint.clone(), background: Some(background), prepared: Some(prepared) })
+}
+
+impl Mounted {
+    /// Where it is mounted.
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Unmount (lazily, if busy) and wait until the session has ended.
+    pub fn unmount(mut self) -> Result<()> {
+        self.stop()
+    }
+
+    fn stop(&mut self) -> Result<()> {
+        let Some(bg) = self.background.take() else { return Ok(()) };
+        let r = unmount(&self.mountpoint, false).or_else(|_| unmount(&self.mountpoint, true));
+        let joined = bg.join();
+        if let Some(p) = self.prepared.take() {
+            p.finish();
+        }
+        r?;
+        joined.context("the session ended with an error")
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::warn!("unmounting {}: {e:#}", self.mountpoint.display());
+        }
+    }
+}
+
+/// Whether `path` is the mount point of a FUSE file system (of any kind) in this mount
+/// namespace.
+pub fn is_mounted(path: &Path) -> bool {
+    let Ok(path) = path.canonicalize() else { return false };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
+    info.lines().any(|l| {
+        let fields: Vec<&str> = l.split(' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == "-") else { return false };
+        let fstype = fields.get(sep + 1).copied().unwrap_or("");
+        fields.get(4).is_some_and(|mp| unescape(mp).as_bytes() == path.as_os_str().as_bytes())
+            && (fstype == "fuse" || fstype.starts_with("fuse."))
+    })
+}
+
+/// Undo the octal escapes of /proc/self/mountinfo (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Unmount the FUSE file system at `mountpoint`: with fusermount3 (`-u`, `-z` when
+/// `lazy`), or umount2(2) when that is missing. A lazy unmount detaches the mount at once;
+/// processes still using files on it keep them until they close them.
+pub fn unmount(mountpoint: &Path, lazy: bool) -> Result<()> {
+    let mut errors = Vec::new();
+    for tool in ["fusermount3", "fusermount"] {
+        let mut cmd = std::process::Command::new(tool);
+        cmd.arg("-u");
+        if lazy {
+            cmd.arg("-z");
+        }
+        cmd.arg("--").arg(mountpoint);
+        match cmd.output() {
+            Ok(out) if out.status.success() => return Ok(()),
+            Ok(out) => errors.push(format!("{tool}: {}", String::from_utf8_lossy(&out.stderr).trim())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => errors.push(format!("{tool}: {e}")),
+        }
+    }
+    let c = std::ffi::CString::new(mountpoint.as_os_str().as_bytes()).context("mount point name")?;
+    // SAFETY: a valid NUL-terminated path; umount2 has no other preconditions.
+    let r = unsafe { libc::umount2(c.as_ptr(), if lazy { libc::MNT_DETACH } else { 0 }) };
+    if r == 0 {
+        return Ok(());
+    }
+    errors.push(format!("umount2: {}", std::io::Error::last_os_error()));
+    bail!("cannot unmount {}: {}", mountpoint.display(), errors.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_escapes() {
+        assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/x\134y"), "/x\\y");
+    }
+
+    #[test]
+    fn root_is_not_a_fuse_mount() {
+        assert!(!is_mounted(Path::new("/")));
+        assert!(!is_mounted(Path::new("/nonexistent/path")));
+    }
+}

@@ -1,0 +1,103 @@
+//! From a decoded request to its reply: the map-version check, routing each `Op` to its
+//! handler, counting, and turning failures into `Reply::Error`.
+
+use crate::error::{Fail, R};
+use crate::ops::{data, inode, namespace, peer};
+use crate::state::State;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use shoal_proto::msg::{Op, Reply, Request};
+use shoal_proto::{Errno, PROTOCOL_VERSION};
+use std::sync::Arc;
+
+/// Handle one request that arrived over the network. `from_peer`: sent by another server.
+pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool) -> (Reply, Bytes) {
+    let name = req.op.name();
+    st.counters.request(name, from_peer || req.op.is_peer());
+    // 0 means "any map" (tools that do not route by the map, and local peer steps).
+    if req.map_version != 0 && req.map_version != st.map.version() {
+        return (Reply::StaleMap { current: st.map.version() }, Bytes::new());
+    }
+    let op_desc = if tracing::enabled!(tracing::Level::DEBUG) { format!("{:?}", req.op) } else { String::new() };
+    match route(st, req, data).await {
+        Ok(r) => r,
+        Err(f) => {
+            st.counters.error();
+            if f.errno == Errno::EIO {
+                tracing::warn!("{name} failed: {f}");
+            } else {
+                tracing::debug!("{name} {op_desc} failed: {f}");
+            }
+            (f.into_reply(), Bytes::new())
+        }
+    }
+}
+
+/// [`handle`] as a boxed future: the entry point for steps a server addresses to itself
+/// (a peer step whose target is local), which would otherwise make handler futures recursive.
+pub fn handle_boxed(st: Arc<State>, req: Request, data: Bytes, from_peer: bool) -> BoxFuture<'static, (Reply, Bytes)> {
+    Box::pin(async move { handle(&st, req, data, from_peer).await })
+}
+
+fn ok(r: Reply) -> (Reply, Bytes) {
+    (r, Bytes::new())
+}
+
+async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Bytes)> {
+    let cred = req.cred;
+    let r = match req.op {
+        Op::Hello { .. } => {
+            Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() }
+        }
+        Op::Lookup { dir, name } => namespace::lookup(st, cred, dir, name).await?,
+        Op::Create { dir, name, perm, exclusive, layout } => {
+            namespace::create(st, cred, dir, name, perm, exclusive, layout).await?
+        }
+        Op::Mkdir { dir, name, perm } => namespace::mkdir(st, cred, dir, name, perm).await?,
+        Op::Symlink { dir, name, target } => namespace::symlink(st, cred, dir, name, target).await?,
+        Op::Link { ino, dir, name } => namespace::link(st, cred, ino, dir, name).await?,
+        Op::Unlink { dir, name } => namespace::unlink(st, cred, dir, name).await?,
+        Op::Rmdir { dir, name } => namespace::rmdir(st, cred, dir, name).await?,
+        Op::Rename { src_dir, src_name, dst_dir, dst_name, flags } => {
+            namespace::rename(st, cred, src_dir, src_name, dst_dir, dst_name, flags).await?
+        }
+        Op::ReadDir { dir, after, limit } => namespace::readdir(st, cred, dir, after, limit).await?,
+
+        Op::GetAttr { ino } => inode::getattr(st, ino).await?,
+        Op::SetAttr { ino, set } => inode::setattr(st, cred, ino, set).await?,
+        Op::SetDirLayout { ino, spec } => inode::set_dir_layout(st, cred, ino, spec).await?,
+        Op::ReadLink { ino } => inode::readlink(st, ino).await?,
+        Op::Access { ino, mask } => inode::access(st, cred, ino, mask).await?,
+        Op::ExtendSize { ino, size } => inode::extend_size(st, cred, ino, size).await?,
+        Op::SetXattr { ino, name, value, create_only, replace_only } => {
+            inode::set_xattr(st, cred, ino, name, value, create_only, replace_only).await?
+        }
+        Op::GetXattr { ino, name } => inode::get_xattr(st, cred, ino, name).await?,
+        Op::ListXattr { ino } => inode::list_xattr(st, cred, ino).await?,
+        Op::RemoveXattr { ino, name } => inode::remove_xattr(st, cred, ino, name).await?,
+
+        Op::Read { ino, index, offset, len } => return data::read(st, ino, index, offset, len).await,
+        Op::Write { ino, index, offset, file_end, inode_local } => {
+            data::write(st, ino, index, offset, file_end, inode_local, data).await?
+        }
+        Op::Fsync { ino, data_only } => data::fsync(st, ino, data_only).await?,
+        Op::StatFs => data::statfs(st).await?,
+        Op::Status => data::status(st).await?,
+
+        Op::PeerMkdirObject { attr, op_id } => peer::mkdir_object(st, attr, op_id).await?,
+        Op::PeerRmdirObject { ino, op_id: _ } => peer::rmdir_object(st, ino).await?,
+        Op::PeerLinkDelta { ino, delta, op_id } => peer::link_delta(st, ino, delta, op_id).await?,
+        Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id } => {
+            namespace::peer_rename_in(st, cred, dst_dir, dst_name, entry, noreplace, op_id).await?
+        }
+        Op::PeerSetParent { ino, parent } => peer::set_parent(st, ino, parent).await?,
+        Op::PeerDeleteObjects { ino } => peer::delete_objects(st, ino).await?,
+        Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
+    };
+    Ok(ok(r))
+}
+
+/// A reply for a request the server refuses before routing (used by the connection layer).
+pub fn refuse(errno: Errno, message: impl Into<String>) -> Reply {
+    Fail::new(errno, message).into_reply()
+}

@@ -1,0 +1,197 @@
+//! Striped per-inode locks and pinned directory entries.
+//!
+//! **Stripes.** A check-then-write on a directory (does the name exist? then write the entry
+//! and the parent's link count) must not interleave with another one on the same directory,
+//! and an update of an inode record (read, modify, write back) must not lose a concurrent
+//! update. Each inode number hashes to one of [`STRIPES`] async mutexes; a handler locks the
+//! stripes of every inode it will read-modify-write (the directory, and a local child inode
+//! whose link count or parent it changes). Several stripes are always taken in index order,
+//! so two handlers can never wait for each other in a cycle. Stripe locks are never held
+//! across a call to another server (a peer might be waiting for one of ours).
+//!
+//! **Pins.** Operations that span servers cannot hold a stripe lock during their remote
+//! step, so they *pin* the directory entries they are about to change instead: other
+//! mutations of a pinned `(dir, name)` wait until it is unpinned (up to
+//! [`PIN_WAIT`], then EBUSY). A pin has an owner (the operation's op id) so that the owner
+//! itself can lock through its own pins. Reads (lookup, readdir) ignore pins.
+
+use crate::error::{Fail, R};
+use parking_lot::Mutex;
+use shoal_placement::rendezvous::mix64;
+use shoal_proto::{Errno, Ino};
+use std::collections::HashMap;
+use std::time::Duration;
+use tokio::sync::{MutexGuard, Notify};
+
+/// Number of lock stripes.
+pub const STRIPES: usize = 1024;
+/// How long a mutation waits for a pinned entry before failing with EBUSY.
+pub const PIN_WAIT: Duration = Duration::from_secs(10);
+
+pub struct Locks {
+    stripes: Box<[tokio::sync::Mutex<()>]>,
+    pins: Mutex<HashMap<(Ino, String), u64>>,
+    unpinned: Notify,
+}
+
+/// Held stripe locks; dropping releases them.
+pub struct Guard<'a> {
+    _held: Vec<MutexGuard<'a, ()>>,
+}
+
+impl Default for Locks {
+    fn default() -> Self {
+        Locks::new()
+    }
+}
+
+impl Locks {
+    pub fn new() -> Locks {
+        Locks {
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            pins: Mutex::new(HashMap::new()),
+            unpinned: Notify::new(),
+        }
+    }
+
+    pub fn stripe_of(ino: Ino) -> usize {
+        (mix64(ino.0) % STRIPES as u64) as usize
+    }
+
+    /// Lock the stripes of all `inos` (duplicates and shared stripes are locked once), in
+    /// stripe order.
+    pub async fn lock(&self, inos: &[Ino]) -> Guard<'_> {
+        let mut idx: Vec<usize> = inos.iter().map(|&i| Locks::stripe_of(i)).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        let mut held = Vec::with_capacity(idx.len());
+        for i in idx {
+            held.push(self.stripes[i].lock().await);
+        }
+        Guard { _held: held }
+    }
+
+    /// Is `ino`'s stripe among those of `held`?
+    pub fn covers(held: &[Ino], ino: Ino) -> bool {
+        let s = Locks::stripe_of(ino);
+        held.iter().any(|&h| Locks::stripe_of(h) == s)
+    }
+
+    /// Take `ino`'s stripe if it is free, without waiting. Safe while holding other stripes
+    /// out of order, because it never waits; callers fall back to [`Locks::lock`] with the
+    /// full set when it fails. Usable from blocking code.
+    pub fn try_lock(&self, ino: Ino) -> Option<MutexGuard<'_, ()>> {
+        self.stripes[Locks::stripe_of(ino)].try_lock().ok()
+    }
+
+    /// Lock the stripes of `inos` once none of `names` is pinned by another operation than
+    /// `owner` (0 = no owner). Waits at most [`PIN_WAIT`] in all, then EBUSY.
+    pub async fn lock_names(&self, inos: &[Ino], names: &[(Ino, &str)], owner: u64) -> R<Guard<'_>> {
+        self.lock_names_within(inos, names, owner, PIN_WAIT).await
+    }
+
+    /// [`Locks::lock_names`] waiting at most `wait` for pins. Steps that other servers wait
+    /// for use a short wait: two servers each holding a pin while asking the other for the
+    /// other's pinned name must not wait for each other (EBUSY makes one of them back off).
+    pub async fn lock_names_within(&self, inos: &[Ino], names: &[(Ino, &str)], owner: u64, wait: Duration) -> R<Guard<'_>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Register interest before looking, so an unpin between the check and the wait
+            // is not missed.
+            let notified = self.unpinned.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let guard = self.lock(inos).await;
+            let blocked = {
+                let pins = self.pins.lock();
+                names.iter().find(|(d, n)| pins.get(&(*d, n.to_string())).is_some_and(|&o| o != owner || owner == 0)).cloned()
+            };
+            let Some((dir, name)) = blocked else { return Ok(guard) };
+            drop(guard);
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(Fail::new(
+                    Errno::EBUSY,
+                    format!("entry {name:?} in directory {dir} is being renamed or changed on another server"),
+                ));
+            }
+        }
+    }
+
+    /// Pin `(dir, name)` for `owner`. Call with the directory's stripe locked, after checking
+    /// through [`Locks::lock_names`] that it is free.
+    pub fn pin(&self, dir: Ino, name: &str, owner: u64) {
+        self.pins.lock().insert((dir, name.to_string()), owner);
+    }
+
+    /// Remove `owner`'s pin of `(dir, name)` (no-op if someone else holds it or none exists).
+    pub fn unpin(&self, dir: Ino, name: &str, owner: u64) {
+        let removed = {
+            let mut pins = self.pins.lock();
+            let key = (dir, name.to_string());
+            if pins.get(&key) == Some(&owner) {
+                pins.remove(&key);
+                true
+            } else {
+                false
+            }
+        };
+        if removed {
+            self.unpinned.notify_waiters();
+        }
+    }
+
+    #[cfg(test)]
+    pub fn is_pinned(&self, dir: Ino, name: &str) -> bool {
+        self.pins.lock().contains_key(&(dir, name.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn pinned_names_wait_for_unpin_and_owner_passes() {
+        let locks = Arc::new(Locks::new());
+        locks.pin(Ino(5), "a", 42);
+        // The owner locks through its own pin.
+        drop(locks.lock_names(&[Ino(5)], &[(Ino(5), "a")], 42).await.unwrap());
+        // Another operation waits until the pin goes.
+        let l2 = locks.clone();
+        let waiter = tokio::spawn(async move { l2.lock_names(&[Ino(5)], &[(Ino(5), "a")], 7).await.is_ok() });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        locks.unpin(Ino(5), "a", 42);
+        assert!(waiter.await.unwrap());
+        assert!(!locks.is_pinned(Ino(5), "a"));
+    }
+
+    #[tokio::test]
+    async fn try_lock_fails_on_a_held_stripe() {
+        let locks = Locks::new();
+        let g = locks.lock(&[Ino(9)]).await;
+        assert!(Locks::covers(&[Ino(1), Ino(9)], Ino(9)));
+        assert!(locks.try_lock(Ino(9)).is_none());
+        drop(g);
+        assert!(locks.try_lock(Ino(9)).is_some());
+    }
+
+    #[tokio::test]
+    async fn many_stripes_lock_in_order_without_deadlock() {
+        let locks = Arc::new(Locks::new());
+        let mut tasks = Vec::new();
+        for t in 0..8u64 {
+            let l = locks.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..200u64 {
+                    let set = [Ino(i + t), Ino(1000 - i), Ino(i * 7 + t)];
+                    let _g = l.lock(&set).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! Inode operations, run at the inode's home server: attributes, symlink targets, access
+//! checks, size publication and extended attributes.
+
+use super::*;
+use crate::error::{fail, Fail, R};
+use crate::perm::{self, W_OK};
+use crate::state::State;
+use crate::store::meta::InodeRecord;
+use futures::future::join_all;
+use shoal_placement::{object_len, resolve_layout};
+use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Op, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
+use shoal_proto::{Errno, Ino};
+use std::sync::Arc;
+
+/// Most extended attributes one inode may carry (bounds a `ListXattr` reply).
+const XATTRS_MAX: usize = 1024;
+/// Longest attribute name (Linux's XATTR_NAME_MAX).
+const XATTR_NAME_MAX: usize = 255;
+
+fn no_inode(ino: Ino) -> Fail {
+    Fail::new(Errno::ENOENT, format!("inode {ino} does not exist"))
+}
+
+fn load(st: &State, ino: Ino) -> R<InodeRecord> {
+    st.meta.get_inode(ino)?.ok_or_else(|| no_inode(ino))
+}
+
+pub async fn getattr(st: &Arc<State>, ino: Ino) -> R<Reply> {
+    st.require_home(ino)?;
+    st.blocking(move |st| {
+        let rec = load(st, ino)?;
+        Ok(Reply::Attr(st.attr_of(ino, &rec, true)))
+    })
+    .await
+}
+
+/// The record after applying `set` for `cred`, or why not (nothing is applied then).
+/// POSIX/Linux rules: chown by root (the owner may change the group to one of its own, and
+/// a chown of a non-directory clears set-user-id and, with group execute, set-group-id),
+/// chmod by the owner or root, truncate with write permission, explicit times by the owner,
+/// "now" by the owner or a writer. Any change sets ctime.
+pub fn apply_setattr(cred: &Cred, rec: &InodeRecord, set: &SetAttrs, now: Timestamp) -> R<InodeRecord> {
+    let mut n = rec.clone();
+    let o = rec.owner();
+    let mut changed = false;
+    if set.uid.is_some() || set.gid.is_some() {
+        perm::chown(cred, &o, set.uid, set.gid).map_err(|e| {
+            Fail::new(e, "only root may change a file's owner; its owner may change the group to one of its own groups")
+        })?;
+        if let Some(u) = set.uid {
+            n.uid = u;
+        }
+        if let Some(g) = set.gid {
+            n.gid = g;
+        }
+        n.perm = perm::mode_after_chown(n.perm, n.kind);
+        changed = true;
+    }
+    if let Some(p) = set.perm {
+        let against = perm::Owner { gid: n.gid, ..o };
+        n.perm = perm::chmod(cred, &against, p).map_err(|e| Fail::new(e, "only the owner or root may change the mode"))?;
+        changed = true;
+    }
+    if let Some(size) = set.size {
+        match rec.kind {
+            FileKind::File => {}
+            FileKind::Dir => return fail(Errno::EISDIR, "cannot truncate a directory"),
+            FileKind::Symlink => return fail(Errno::EINVAL, "cannot truncate a symbolic link"),
+        }
+        perm::check(cred, &o, W_OK).map_err(|e| denied(e, "file (truncate needs write permission)"))?;
+        if size > i64::MAX as u64 {
+            return fail(Errno::EFBIG, format!("size {size} is larger than the largest file"));
+        }
+        n.size = size;
+        n.mtime = now;
+        changed = true;
+    }
+    if set.atime.is_some() || set.mtime.is_some() {
+        let explicit = matches!(set.atime, Some(TimeSet::At(_))) || matches!(set.mtime, Some(TimeSet::At(_)));
+        perm::set_times(cred, &o, explicit).map_err(|e| match e {
+            Errno::EPERM => Fail::new(e, "only the owner or root may set explicit times"),
+            _ => denied(e, "file (setting times to now needs write permission)"),
+        })?;
+        let pick = |t: TimeSet| match t {
+            TimeSet::Now => now,
+            TimeSet::At(ts) => ts,
+        };
+        if let Some(t) = set.atime {
+            n.atime = pick(t);
+        }
+        if let Some(t) = set.mtime {
+            n.mtime = pick(t);
+        }
+        changed = true;
+    }
+    if changed {
+        n.ctime = now;
+    }
+    Ok(n)
+}
+
+/// Cut every object of a file to its share of `size`, on whichever server holds it.
+async fn cut_objects(st: &Arc<State>, ino: Ino, layout: &shoal_proto::msg::Layout, size: u64) -> R<()> {
+    let cuts = layout.servers.iter().enumerate().map(|(i, &server)| {
+        let index = i as u32;
+        let len = object_len(layout, index, size);
+        async move {
+            if server == st.id {
+                st.blocking(move |st| st.data.truncate(ino, index, len)).await
+            } else {
+                st.peer(server, Op::PeerTruncateObject { ino, index, len })
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| Fail::peer(server, e))
+            }
+        }
+    });
+    join_all(cuts).await.into_iter().collect::<R<Vec<()>>>().map(|_| ())
+}
+
+pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<Reply> {
+    st.require_home(ino)?;
+    let _g = st.locks.lock(&[ino]).await;
+    let s2 = set.clone();
+    let (old, new) = st
+        .blocking(move |st| {
+            let rec = load(st, ino)?;
+            let new = apply_setattr(&cred, &rec, &s2, now())?;
+            Ok((rec, new))
+        })
+        .await?;
+    // Shrinking: cut the objects first, so the bytes beyond the new end are gone before the
+    // size says so (a failure leaves the inode as it was).
+    if let (Some(size), Some(layout)) = (set.size, &old.layout) {
+        if size < old.size {
+            cut_objects(st, ino, layout, size).await?;
+        }
+    }
+    st.blocking(move |st| {
+        let mut txn = st.meta.txn();
+        txn.put_inode(ino, new.clone());
+        txn.commit()?;
+        Ok(Reply::Attr(st.attr_of(ino, &new, true)))
+    })
+    .await
+}
+
+pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutSpec) -> R<Reply> {
+    st.require_home(ino)?;
+    if let Some(f) = spec.first_server {
+        if st.map.server(f).is_none() {
+            return fail(Errno::EINVAL, format!("server {f} is not in the cluster map"));
+        }
+    }
+    // Validate by resolving for a made-up file.
+    resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None)
+        .map_err(|e| Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)"))?;
+    let _g = st.locks.lock(&[ino]).await;
+    st.blocking(move |st| {
+        let mut txn = st.meta.txn();
+        let rec = txn.inode_mut(ino)?;
+        if rec.kind != FileKind::Dir {
+            return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
+        }
+        if !perm::is_owner_or_root(&cred, &rec.owner()) {
+            return fail(Errno::EPERM, "only the owner or root may set a directory's layout");
+        }
+        rec.dir_default = if spec == LayoutSpec::default() { None } else { Some(spec) };
+        rec.ctime = now();
+        let rec = rec.clone();
+        txn.commit()?;
+        Ok(Reply::Attr(rec.to_attr(ino, 0)))
+    })
+    .await
+}
+
+pub async fn readlink(st: &Arc<State>, ino: Ino) -> R<Reply> {
+    st.require_home(ino)?;
+    st.blocking(move |st| {
+        let rec = load(st, ino)?;
+        match (rec.kind, rec.target) {
+            (FileKind::Symlink, Some(t)) => Ok(Reply::Link(t)),
+            (FileKind::Symlink, None) => Err(Fail::corrupt(format!("symlink {ino} has no target"))),
+            _ => fail(Errno::EINVAL, format!("{ino} is not a symbolic link")),
+        }
+    })
+    .await
+}
+
+pub async fn access(st: &Arc<State>, cred: Cred, ino: Ino, mask: u32) -> R<Reply> {
+    st.require_home(ino)?;
+    if mask & !7 != 0 {
+        return fail(Errno::EINVAL, format!("access mask {mask:#o} has unknown bits"));
+    }
+    st.blocking(move |st| {
+        let rec = load(st, ino)?;
+        if mask != 0 {
+            perm::check(&cred, &rec.owner(), mask).map_err(|e| denied(e, ino))?;
+        }
+        Ok(Reply::Ok)
+    })
+    .await
+}
+
+/// Publish a size reached by writes to other servers (at fsync/close). Allowed to writers
+/// and to the owner (who may have created the file read-only and still holds it open for
+/// writing, as `cp -p` of a read-only file does).
+pub async fn extend_size(st: &Arc<State>, cred: Cred, ino: Ino, size: u64) -> R<Reply> {
+    st.require_home(ino)?;
+    let _g = st.locks.lock(&[ino]).await;
+    st.blocking(move |st| {
+        let mut txn = st.meta.txn();
+        let rec = txn.inode_mut(ino)?;
+        match rec.kind {
+            FileKind::File => {}
+            FileKind::Dir => return fail(Errno::EISDIR, format!("{ino} is a directory")),
+            FileKind::Symlink => return fail(Errno::EINVAL, format!("{ino} is a symbolic link")),
+        }
+        let o = rec.owner();
+        if !perm::is_owner_or_root(&cred, &o) && !perm::allowed(&cred, &o, W_OK) {
+            return Err(denied(Errno::EACCES, ino));
+        }
+        if size > rec.size {
+            rec.size = size;
+        }
+        rec.touch(now());
+        let rec = rec.clone();
+        txn.commit()?;
+        Ok(Reply::Attr(rec.to_attr(ino, 0)))
+    })
+    .await
+}
+
+fn xattr_name_ok(name: &str) -> R<()> {
+    if name.is_empty() || name.len() > XATTR_NAME_MAX {
+        return fail(Errno::ERANGE, format!("attribute name of {} bytes (1..=255 allowed)", name.len()));
+    }
+    Ok(())
+}
+
+fn xattr_denied(e: Errno, name: &str) -> Fail {
+    match e {
+        Errno::ENOTSUP => Fail::new(e, format!("attribute namespace of {name:?} is not supported (user., trusted., security. are)")),
+        Errno::ENODATA => Fail::new(e, format!("no attribute {name:?}")),
+        _ => Fail::new(e, format!("not allowed to access attribute {name:?}")),
+    }
+}
+
+pub async fn set_xattr(
+    st: &Arc<State>,
+    cred: Cred,
+    ino: Ino,
+    name: String,
+    value: Vec<u8>,
+    create_only: bool,
+    replace_only: bool,
+) -> R<Reply> {
+    st.require_home(ino)?;
+    xattr_name_ok(&name)?;
+    if value.len() > XATTR_VALUE_MAX {
+        return fail(Errno(libc::E2BIG), format!("attribute value of {} bytes (at most {XATTR_VALUE_MAX})", value.len()));
+    }
+    if create_only && replace_only {
+        return fail(Errno::EINVAL, "XATTR_CREATE and XATTR_REPLACE together");
+    }
+    let _g = st.locks.lock(&[ino]).await;
+    st.blocking(move |st| {
+        let mut txn = st.meta.txn();
+        let rec = txn.inode(ino)?.ok_or_else(|| no_inode(ino))?;
+        perm::xattr_access(&cred, &rec.owner(), &name, true).map_err(|e| xattr_denied(e, &name))?;
+        let exists = st.meta.get_xattr(ino, &name)?.is_some();
+        if create_only && exists {
+            return fail(Errno::EEXIST, format!("attribute {name:?} exists"));
+        }
+        if replace_only && !exists {
+            return fail(Errno::ENODATA, format!("no attribute {name:?}"));
+        }
+        if !exists && st.meta.list_xattrs(ino)?.len() >= XATTRS_MAX {
+            return fail(Errno::ENOSPC, format!("{ino} already has {XATTRS_MAX} attributes"));
+        }
+        txn.put_xattr(ino, &name, &value);
+        txn.inode_mut(ino)?.ctime = now();
+        txn.commit()?;
+        Ok(Reply::Ok)
+    })
+    .await
+}
+
+pub async fn get_xattr(st: &Arc<State>, cred: Cred, ino: Ino, name: String) -> R<Reply> {
+    st.require_home(ino)?;
+    xattr_name_ok(&name)?;
+    st.blocking(move |st| {
+        let rec = load(st, ino)?;
+        perm::xattr_access(&cred, &rec.owner(), &name, false).map_err(|e| xattr_denied(e, &name))?;
+        match st.meta.get_xattr(ino, &name)? {
+            Some(v) => Ok(Reply::Xattr(v)),
+            None => Err(xattr_denied(Errno::ENODATA, &name)),
+        }
+    })
+    .await
+}
+
+pub async fn list_xattr(st: &Arc<State>, cred: Cred, ino: Ino) -> R<Reply> {
+    st.require_home(ino)?;
+    st.blocking(move |st| {
+        load(st, ino)?;
+        let names = st.meta.list_xattrs(ino)?.into_iter().filter(|n| perm::xattr_visible(&cred, n)).collect();
+        Ok(Reply::XattrNames(names))
+    })
+    .await
+}
+
+pub async fn remove_xattr(st: &Arc<State>, cred: Cred, ino: Ino, name: String) -> R<Reply> {
+    st.require_home(ino)?;
+    xattr_name_ok(&name)?;
+    let _g = st.locks.lock(&[ino]).await;
+    st.blocking(move |st| {
+        let mut txn = st.meta.txn();
+        let rec = txn.inode(ino)?.ok_or_else(|| no_inode(ino))?;
+        perm::xattr_access(&cred, &rec.owner(), &name, true).map_err(|e| xattr_denied(e, &name))?;
+        if st.meta.get_xattr(ino, &name)?.is_none() {
+            return Err(xattr_denied(Errno::ENODATA, &name));
+        }
+        txn.delete_xattr(ino, &name);
+        txn.inode_mut(ino)?.ctime = now();
+        txn.commit()?;
+        Ok(Reply::Ok)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(uid: u32, perm: u32) -> InodeRecord {
+        let t = Timestamp { secs: 1, nsecs: 0 };
+        InodeRecord {
+            kind: FileKind::File,
+            perm,
+            uid,
+            gid: uid,
+            size: 100,
+            nlink: 1,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            layout: None,
+            dir_default: None,
+            parent: None,
+            target: None,
+        }
+    }
+
+    #[test]
+    fn setattr_rules() {
+        let now = Timestamp { secs: 50, nsecs: 0 };
+        let alice = Cred { uid: 1000, gid: 1000, groups: vec![] };
+        let eve = Cred { uid: 1002, gid: 1002, groups: vec![] };
+        let f = file(1000, 0o6755);
+        // chown by root clears set-id bits of a group-executable file
+        let n = apply_setattr(&Cred::root(), &f, &SetAttrs { uid: Some(5), ..Default::default() }, now).unwrap();
+        assert_eq!((n.uid, n.perm, n.ctime), (5, 0o755, now));
+        assert_eq!(apply_setattr(&alice, &f, &SetAttrs { uid: Some(5), ..Default::default() }, now).unwrap_err().errno, Errno::EPERM);
+        assert_eq!(apply_setattr(&eve, &f, &SetAttrs { perm: Some(0o777), ..Default::default() }, now).unwrap_err().errno, Errno::EPERM);
+        let n = apply_setattr(&alice, &f, &SetAttrs { size: Some(10), ..Default::default() }, now).unwrap();
+        assert_eq!((n.size, n.mtime), (10, now));
+        assert_eq!(apply_setattr(&eve, &f, &SetAttrs { size: Some(10), ..Default::default() }, now).unwrap_err().errno, Errno::EACCES);
+        let at = Some(TimeSet::At(Timestamp { secs: 7, nsecs: 1 }));
+        assert_eq!(apply_setattr(&eve, &f, &SetAttrs { mtime: at, ..Default::default() }, now).unwrap_err().errno, Errno::EPERM);
+        let n = apply_setattr(&alice, &f, &SetAttrs { mtime: at, atime: Some(TimeSet::Now), ..Default::default() }, now).unwrap();
+        assert_eq!((n.mtime.secs, n.atime), (7, now));
+        let mut d = file(1000, 0o755);
+        d.kind = FileKind::Dir;
+        assert_eq!(apply_setattr(&alice, &d, &SetAttrs { size: Some(0), ..Default::default() }, now).unwrap_err().errno, Errno::EISDIR);
+        // nothing asked, nothing changed
+        assert_eq!(apply_setattr(&alice, &f, &SetAttrs::default(), now).unwrap(), f);
+    }
+}

@@ -1,0 +1,204 @@
+//! What a running server shares between its connections and background tasks.
+
+use crate::counters::Counters;
+use crate::error::{fail, Fail, R};
+use crate::locks::Locks;
+use crate::store::data::DataStore;
+use crate::store::meta::{InodeRecord, MetaStore};
+use bytes::Bytes;
+use parking_lot::Mutex;
+use shoal_placement::rendezvous::mix64;
+use shoal_placement::ClusterMap;
+use shoal_proto::msg::{Attr, Cred, FileKind, Op, Reply};
+use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
+use shoal_rpc::Pool;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Contents counted for `Status`/`StatFs`, cached briefly because counting walks everything.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Contents {
+    pub inodes: u64,
+    pub entries: u64,
+    pub objects: u64,
+    pub intents: u64,
+}
+
+pub struct State {
+    pub id: ServerId,
+    pub map: ClusterMap,
+    pub data_dir: PathBuf,
+    pub meta: MetaStore,
+    pub data: DataStore,
+    pub locks: Locks,
+    /// Op ids of cross-server operations some task is driving right now; the recovery loop
+    /// leaves their intents alone.
+    active: Arc<Mutex<HashSet<u64>>>,
+    /// Connections to the other servers, as root.
+    pub pool: Pool,
+    pub counters: Counters,
+    pub started: Instant,
+    pub contents: Mutex<Option<(Instant, Contents)>>,
+}
+
+/// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
+pub struct ActiveOp {
+    set: Arc<Mutex<HashSet<u64>>>,
+    op_id: u64,
+}
+
+impl Drop for ActiveOp {
+    fn drop(&mut self) {
+        self.set.lock().remove(&self.op_id);
+    }
+}
+
+/// A second op id derived from `op_id` for a sub-step (so that each step's "applied"
+/// marker and intent key is distinct, and the same after a restart).
+pub fn derive_op(op_id: u64, step: u64) -> u64 {
+    mix64(op_id ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1
+}
+
+impl State {
+    pub fn new(
+        id: ServerId,
+        map: ClusterMap,
+        data_dir: PathBuf,
+        meta: MetaStore,
+        data: DataStore,
+        pool: Pool,
+    ) -> State {
+        State {
+            id,
+            map,
+            data_dir,
+            meta,
+            data,
+            locks: Locks::new(),
+            active: Arc::new(Mutex::new(HashSet::new())),
+            pool,
+            counters: Counters::new(),
+            started: Instant::now(),
+            contents: Mutex::new(None),
+        }
+    }
+
+    /// Run blocking work (RocksDB, file I/O) off the async threads.
+    pub async fn blocking<T, F>(self: &Arc<Self>, f: F) -> R<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&State) -> R<T> + Send + 'static,
+    {
+        let st = self.clone();
+        match tokio::task::spawn_blocking(move || f(&st)).await {
+            Ok(r) => r,
+            Err(e) => fail(Errno::EIO, format!("internal error in a storage task: {e}")),
+        }
+    }
+
+    pub fn home(&self, ino: Ino) -> ServerId {
+        self.map.home_of(ino)
+    }
+
+    pub fn is_home(&self, ino: Ino) -> bool {
+        self.home(ino) == self.id
+    }
+
+    /// ESTALE unless this server is the home of `ino` (the sender's map disagrees with ours).
+    pub fn require_home(&self, ino: Ino) -> R<()> {
+        let home = self.home(ino);
+        if home == self.id {
+            Ok(())
+        } else {
+            fail(Errno::ESTALE, format!("inode {ino} belongs to server {home}, not {}", self.id))
+        }
+    }
+
+    pub fn new_op_id(&self) -> u64 {
+        // Random and nonzero: op ids only need to be unique per cluster.
+        rand::random::<u64>() | 1
+    }
+
+    /// Claim `op_id` for the calling task; `None` if another task drives it.
+    pub fn activate(&self, op_id: u64) -> Option<ActiveOp> {
+        if self.active.lock().insert(op_id) {
+            Some(ActiveOp { set: self.active.clone(), op_id })
+        } else {
+            None
+        }
+    }
+
+    /// A fresh inode number: nonzero, not the root, unused here and, if `homed_here`, one
+    /// whose home is this server (files sit with their entry). Blocking.
+    pub fn alloc_ino(&self, homed_here: bool) -> R<Ino> {
+        for _ in 0..100_000 {
+            let n: u64 = rand::random();
+            if n <= ROOT_INO.0 {
+                continue;
+            }
+            let ino = Ino(n);
+            if homed_here && !self.is_home(ino) {
+                continue;
+            }
+            if self.meta.get_inode(ino)?.is_some() {
+                continue;
+            }
+            return Ok(ino);
+        }
+        fail(Errno::EIO, format!("no inode number homed on {} found (is it marked out in the map?)", self.id))
+    }
+
+    /// Attributes as replies carry them. For a file whose objects all live here, the
+    /// allocated size is summed from the object files (`du`); otherwise it is unknown (0).
+    /// Blocking when `with_blocks`.
+    pub fn attr_of(&self, ino: Ino, rec: &InodeRecord, with_blocks: bool) -> Attr {
+        let mut blocks = 0;
+        if with_blocks && rec.kind == FileKind::File {
+            if let Some(l) = &rec.layout {
+                if l.servers.iter().all(|&s| s == self.id) {
+                    blocks = self.data.allocated(ino, 0..l.servers.len() as u32);
+                }
+            }
+        }
+        rec.to_attr(ino, blocks)
+    }
+
+    /// Send a peer operation as root. A step addressed to this server itself runs in place.
+    pub async fn peer(self: &Arc<Self>, server: ServerId, op: Op) -> Result<Reply, Errno> {
+        self.peer_as(server, &Cred::root(), op).await
+    }
+
+    /// Send a peer operation on behalf of `cred` (the target checks permissions with it).
+    pub async fn peer_as(self: &Arc<Self>, server: ServerId, cred: &Cred, op: Op) -> Result<Reply, Errno> {
+        if server == self.id {
+            let req = shoal_proto::msg::Request { cred: cred.clone(), map_version: 0, op };
+            let (reply, _) = crate::dispatch::handle_boxed(self.clone(), req, Bytes::new(), true).await;
+            return match reply {
+                Reply::Error { errno, .. } => Err(errno),
+                other => Ok(other),
+            };
+        }
+        self.counters.peer_sent();
+        self.pool.call(server, cred, op, Bytes::new()).await.map(|(r, _)| r)
+    }
+
+    /// Attributes of any inode: from the local store or from its home server.
+    pub async fn getattr(self: &Arc<Self>, ino: Ino) -> R<Attr> {
+        if self.is_home(ino) {
+            return self
+                .blocking(move |st| match st.meta.get_inode(ino)? {
+                    Some(r) => Ok(r.to_attr(ino, 0)),
+                    None => fail(Errno::ENOENT, format!("inode {ino} does not exist")),
+                })
+                .await;
+        }
+        let home = self.home(ino);
+        match self.peer(home, Op::GetAttr { ino }).await {
+            Ok(Reply::Attr(a)) => Ok(a),
+            Ok(other) => fail(Errno::EIO, format!("server {home} answered GetAttr with {other:?}")),
+            Err(e) => Err(Fail::peer(home, e)),
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Data objects: one local file per (file, object index) held by this server, at
+//! `<data_dir>/objects/<ino & 0xff, 2 hex digits>/<ino, 16 hex digits>.<index>`.
+//!
+//! Objects are written with `pwrite` at their object offset, so holes stay sparse and
+//! objects beyond 4 GiB need nothing special; a missing object or a read beyond its end
+//! reads as nothing (the client zero-fills up to the file size). Open descriptors are
+//! cached (up to [`FD_CACHE`]) because reopening per request would dominate small reads and
+//! writes. Objects written since their last sync are remembered so that `Fsync` knows what
+//! to `fdatasync` without scanning directories. All functions block.
+
+use crate::error::{Fail, R};
+use parking_lot::Mutex;
+use shoal_proto::Errno;
+use shoal_proto::Ino;
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::ErrorKind;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Most open object files kept.
+pub const FD_CACHE: usize = 1024;
+/// Files remembered as written-but-not-synced before the store syncs the whole file system
+/// instead (bounds the memory a client that never calls fsync can make us hold).
+const DIRTY_MAX: usize = 100_000;
+
+struct FdCache {
+    map: HashMap<(u64, u32), (Arc<File>, u64)>,
+    tick: u64,
+}
+
+pub struct DataStore {
+    root: PathBuf,
+    /// Object indices are below this (the number of servers in the map: a layout never has
+    /// more objects than servers). Used to find a file's objects without listing a directory.
+    index_bound: u32,
+    fds: Mutex<FdCache>,
+    dirty: Mutex<HashMap<u64, Vec<u32>>>,
+}
+
+impl DataStore {
+    /// Open the object directory `root`, creating it and its 256 buckets.
+    pub fn open(root: &Path, index_bound: u32) -> std::io::Result<DataStore> {
+        for b in 0..256 {
+            std::fs::create_dir_all(root.join(format!("{b:02x}")))?;
+        }
+        Ok(DataStore {
+            root: root.to_path_buf(),
+            index_bound: index_bound.max(1),
+            fds: Mutex::new(FdCache { map: HashMap::new(), tick: 0 }),
+            dirty: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn bucket(&self, ino: Ino) -> PathBuf {
+        self.root.join(format!("{:02x}", ino.0 & 0xff))
+    }
+
+    pub fn path(&self, ino: Ino, index: u32) -> PathBuf {
+        self.bucket(ino).join(format!("{:016x}.{index}", ino.0))
+    }
+
+    /// An open descriptor for the object, from the cache or freshly opened. `None` if it does
+    /// not exist and `create` is false.
+    fn fd(&self, ino: Ino, index: u32, create: bool) -> R<Option<Arc<File>>> {
+        let mut c = self.fds.lock();
+        c.tick += 1;
+        let tick = c.tick;
+        if let Some((f, t)) = c.map.get_mut(&(ino.0, index)) {
+            *t = tick;
+            return Ok(Some(f.clone()));
+        }
+        // Opened under the lock so that a concurrent delete cannot slip between the open and
+        // the insertion and leave a descriptor of an unlinked file in the cache.
+        let path = self.path(ino, index);
+        let f = match OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path) {
+            Ok(f) => Arc::new(f),
+            Err(e) if e.kind() == ErrorKind::NotFound && !create => return Ok(None),
+            Err(e) => return Err(Fail::io(format_args!("open object {}", path.display()), &e)),
+        };
+        if c.map.len() >= FD_CACHE {
+            // Evict the least recently used eighth in one go.
+            let mut ticks: Vec<u64> = c.map.values().map(|(_, t)| *t).collect();
+            let k = FD_CACHE / 8;
+            let (_, cut, _) = ticks.select_nth_unstable(k);
+            let cut = *cut;
+            c.map.retain(|_, (_, t)| *t > cut);
+        }
+        c.map.insert((ino.0, index), (f.clone(), tick));
+        Ok(Some(f))
+    }
+
+    /// Read up to `len` bytes at `offset`; shorter at the end of the object, empty if the
+    /// object does not exist.
+    pub fn read(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Vec<u8>> {
+        let Some(f) = self.fd(ino, index, false)? else { return Ok(Vec::new()) };
+        let mut buf = vec![0u8; len];
+        let mut done = 0;
+        while done < len {
+            match f.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Fail::io(format_args!("read object {ino}.{index}"), &e)),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// Write `data` at `offset`, creating the object if needed.
+    pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8]) -> R<()> {
+        let end = offset.saturating_add(data.len() as u64);
+        if end > i64::MAX as u64 {
+            return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
+        }
+        let f = self
+            .fd(ino, index, true)?
+            .ok_or_else(|| Fail::new(Errno::EIO, format!("object {ino}.{index} could not be created")))?;
+        f.write_all_at(data, offset).map_err(|e| Fail::io(format_args!("write object {ino}.{index}"), &e))?;
+        self.mark_dirty(ino, index);
+        Ok(())
+    }
+
+    fn mark_dirty(&self, ino: Ino, index: u32) {
+        let overflow = {
+            let mut d = self.dirty.lock();
+            let v = d.entry(ino.0).or_default();
+            if !v.contains(&index) {
+                v.push(index);
+            }
+            if d.len() > DIRTY_MAX {
+                d.clear();
+                true
+            } else {
+                false
+            }
+        };
+        if overflow {
+            // Everything written so far becomes durable at once; nothing is forgotten.
+            if let Err(e) = self.syncfs() {
+                tracing::warn!("syncfs {}: {e}", self.root.display());
+            }
+        }
+    }
+
+    /// Shorten object `index` to `len` bytes if it is longer (a missing object stays missing:
+    /// it reads as zeros anyway).
+    pub fn truncate(&self, ino: Ino, index: u32, len: u64) -> R<()> {
+        let Some(f) = self.fd(ino, index, false)? else { return Ok(()) };
+        let cur = f.metadata().map_err(|e| Fail::io(format_args!("stat object {ino}.{index}"), &e))?.len();
+        if cur > len {
+            f.set_len(len).map_err(|e| Fail::io(format_args!("truncate object {ino}.{index}"), &e))?;
+            self.mark_dirty(ino, index);
+        }
+        Ok(())
+    }
+
+    /// Delete every object of `ino` held here. Idempotent.
+    pub fn delete_all(&self, ino: Ino) -> R<()> {
+        let mut c = self.fds.lock();
+        c.map.retain(|(i, _), _| *i != ino.0);
+        self.dirty.lock().remove(&ino.0);
+        let unlink = |p: PathBuf| -> R<()> {
+            match std::fs::remove_file(&p) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(Fail::io(format_args!("delete object {}", p.display()), &e)),
+            }
+        };
+        if self.index_bound <= 64 {
+            for index in 0..self.index_bound {
+                unlink(self.path(ino, index))?;
+            }
+        } else {
+            let prefix = format!("{:016x}.", ino.0);
+            let dir = self.bucket(ino);
+            let rd = std::fs::read_dir(&dir).map_err(|e| Fail::io(format_args!("list {}", dir.display()), &e))?;
+            for ent in rd.flatten() {
+                if ent.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+                    unlink(ent.path())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `fdatasync` (or `fsync` when `!data_only`) every object of `ino` written since its last sync.
+    pub fn sync(&self, ino: Ino, data_only: bool) -> R<()> {
+        let Some(indices) = self.dirty.lock().remove(&ino.0) else { return Ok(()) };
+        for (n, &index) in indices.iter().enumerate() {
+            let res = match self.fd(ino, index, false) {
+                Ok(Some(f)) => if data_only { f.sync_data() } else { f.sync_all() }
+                    .map_err(|e| Fail::io(format_args!("sync object {ino}.{index}"), &e)),
+                Ok(None) => Ok(()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = res {
+                // Still dirty: a retried fsync must try again.
+                self.dirty.lock().entry(ino.0).or_default().extend_from_slice(&indices[n..]);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes allocated on disk by the given objects of `ino` (missing ones count 0).
+    pub fn allocated(&self, ino: Ino, indices: impl Iterator<Item = u32>) -> u64 {
+        indices.filter_map(|i| std::fs::metadata(self.path(ino, i)).ok()).map(|m| m.blocks() * 512).sum()
+    }
+
+    /// Number of object files (an O(n) directory walk: for status reports).
+    pub fn count(&self) -> u64 {
+        (0..256)
+            .filter_map(|b| std::fs::read_dir(self.root.join(format!("{b:02x}"))).ok())
+            .map(|rd| rd.count() as u64)
+            .sum()
+    }
+
+    /// Flush every dirty page of the file system holding the objects.
+    pub fn syncfs(&self) -> std::io::Result<()> {
+        let d = File::open(&self.root)?;
+        use std::os::fd::AsRawFd;
+        // SAFETY: syncfs on a valid open descriptor.
+        if unsafe { libc::syncfs(d.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn objects_read_write_truncate_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path(), 4).unwrap();
+        let ino = Ino(0xabcd_0012);
+        assert!(d.read(ino, 0, 0, 10).unwrap().is_empty());
+        d.write(ino, 1, 5, b"hello").unwrap();
+        assert!(d.path(ino, 1).ends_with("12/00000000abcd0012.1"));
+        assert_eq!(d.read(ino, 1, 0, 100).unwrap(), b"\0\0\0\0\0hello");
+        // beyond 4 GiB, sparse
+        d.write(ino, 1, 5 << 30, b"far").unwrap();
+        assert_eq!(d.read(ino, 1, (5 << 30) - 1, 10).unwrap(), b"\0far");
+        d.sync(ino, true).unwrap();
+        d.truncate(ino, 1, 7).unwrap();
+        assert_eq!(d.read(ino, 1, 0, 100).unwrap(), b"\0\0\0\0\0he");
+        d.truncate(ino, 3, 0).unwrap(); // missing: fine
+        assert_eq!(d.count(), 1);
+        d.delete_all(ino).unwrap();
+        assert!(d.read(ino, 1, 0, 100).unwrap().is_empty());
+        assert_eq!(d.count(), 0);
+        d.delete_all(ino).unwrap();
+    }
+
+    #[test]
+    fn cache_eviction_keeps_working() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path(), 1).unwrap();
+        for i in 0..(FD_CACHE as u64 + 300) {
+            d.write(Ino(i + 2), 0, 0, &i.to_le_bytes()).unwrap();
+        }
+        for i in 0..(FD_CACHE as u64 + 300) {
+            assert_eq!(d.read(Ino(i + 2), 0, 0, 8).unwrap(), i.to_le_bytes());
+        }
+        assert!(d.fds.lock().map.len() <= FD_CACHE);
+    }
+}

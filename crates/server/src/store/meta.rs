@@ -1,0 +1,711 @@
+//! The metadata store: directory entries, inodes, extended attributes, intents and markers
+//! in one RocksDB database (`<data_dir>/meta`).
+//!
+//! Keys (big-endian numbers, so that the entries of one directory, the attributes of one
+//! inode, … are contiguous and sorted):
+//!
+//! | key | value |
+//! |---|---|
+//! | `i` ino | [`InodeRecord`] |
+//! | `e` dir-ino name | [`EntryRecord`] |
+//! | `x` ino name | extended attribute value (raw bytes) |
+//! | `t` op-id | [`IntentRecord`]: an operation spanning servers, for recovery |
+//! | `o` op-id | [`AppliedRecord`]: a peer step applied, and what it answered |
+//! | `g` ino | [`GcRecord`]: data objects of a deleted file still to delete |
+//! | `m` "format" / `m` "server" | on-disk format version / owning server id |
+//!
+//! Values are one format byte followed by bincode, so that a future format can be told
+//! apart. Writes are **not** synced individually: RocksDB hands the WAL record to the OS
+//! before `write` returns (survives `kill -9`), and [`MetaStore::sync_wal`] makes it durable
+//! against power loss (every second, and on `Fsync`). All functions here block: call them
+//! from `spawn_blocking`.
+
+use crate::error::{Fail, R};
+use bincode::Options as _;
+use rocksdb::{Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use shoal_proto::msg::{Attr, DirEntry, FileKind, Layout, LayoutSpec, Reply, Timestamp};
+use shoal_proto::{Errno, Ino, ServerId};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Version of the on-disk format written under `m` "format".
+pub const FORMAT_VERSION: u32 = 1;
+/// Format byte in front of every encoded value.
+const VALUE_FORMAT: u8 = 1;
+/// No record is larger than this (inodes with 1024-server layouts are ~10 KiB).
+const RECORD_LIMIT: u64 = 1 << 20;
+
+/// Key construction and parsing.
+pub mod key {
+    use shoal_proto::Ino;
+
+    pub const INODE: u8 = b'i';
+    pub const ENTRY: u8 = b'e';
+    pub const XATTR: u8 = b'x';
+    pub const INTENT: u8 = b't';
+    pub const APPLIED: u8 = b'o';
+    pub const GC: u8 = b'g';
+    pub const FORMAT: &[u8] = b"mformat";
+    pub const SERVER: &[u8] = b"mserver";
+
+    fn tagged(tag: u8, n: u64) -> [u8; 9] {
+        let mut k = [0u8; 9];
+        k[0] = tag;
+        k[1..].copy_from_slice(&n.to_be_bytes());
+        k
+    }
+
+    fn tagged_name(tag: u8, n: u64, name: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(9 + name.len());
+        k.extend_from_slice(&tagged(tag, n));
+        k.extend_from_slice(name.as_bytes());
+        k
+    }
+
+    pub fn inode(ino: Ino) -> [u8; 9] {
+        tagged(INODE, ino.0)
+    }
+    pub fn entry(dir: Ino, name: &str) -> Vec<u8> {
+        tagged_name(ENTRY, dir.0, name)
+    }
+    /// All entries of `dir` start with this.
+    pub fn entry_prefix(dir: Ino) -> [u8; 9] {
+        tagged(ENTRY, dir.0)
+    }
+    pub fn xattr(ino: Ino, name: &str) -> Vec<u8> {
+        tagged_name(XATTR, ino.0, name)
+    }
+    pub fn xattr_prefix(ino: Ino) -> [u8; 9] {
+        tagged(XATTR, ino.0)
+    }
+    pub fn intent(op_id: u64) -> [u8; 9] {
+        tagged(INTENT, op_id)
+    }
+    pub fn applied(op_id: u64) -> [u8; 9] {
+        tagged(APPLIED, op_id)
+    }
+    pub fn gc(ino: Ino) -> [u8; 9] {
+        tagged(GC, ino.0)
+    }
+
+    /// The number in a 9-byte tagged key.
+    pub fn number(key: &[u8]) -> Option<u64> {
+        if key.len() != 9 {
+            return None;
+        }
+        Some(u64::from_be_bytes(key[1..9].try_into().ok()?))
+    }
+
+    /// The name part of an `e`/`x` key under `prefix`.
+    pub fn name_after<'a>(key: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+        key.strip_prefix(prefix)
+    }
+
+    /// The smallest key greater than every key starting with `prefix` (the exclusive upper
+    /// bound of a prefix scan). `None` if no such key exists (prefix all 0xff).
+    pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+        let mut end = prefix.to_vec();
+        while let Some(last) = end.pop() {
+            if last < 0xff {
+                end.push(last + 1);
+                return Some(end);
+            }
+        }
+        None
+    }
+}
+
+fn codec() -> impl bincode::Options {
+    bincode::DefaultOptions::new().with_fixint_encoding()
+}
+
+/// Encode a value: format byte + bincode.
+pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    let mut out = vec![VALUE_FORMAT];
+    // Serialising plain structs (no maps with non-string keys, no unbounded limit) into a
+    // Vec cannot fail.
+    codec().serialize_into(&mut out, v).expect("record serialises");
+    out
+}
+
+/// Decode a value written by [`encode`]; any damage is EIO, never a panic.
+pub fn decode<T: DeserializeOwned>(what: &dyn std::fmt::Display, bytes: &[u8]) -> R<T> {
+    match bytes.split_first() {
+        Some((&VALUE_FORMAT, rest)) => {
+            codec().with_limit(RECORD_LIMIT).deserialize(rest).map_err(|e| Fail::corrupt(format!("{what} does not decode: {e}")))
+        }
+        Some((v, _)) => Err(Fail::corrupt(format!("{what} has unknown value format {v}"))),
+        None => Err(Fail::corrupt(format!("{what} is empty"))),
+    }
+}
+
+/// An inode as stored: the attributes of [`Attr`] (minus the inode number, which is the key,
+/// and the allocation size, which the object files know) plus a symlink's target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeRecord {
+    pub kind: FileKind,
+    pub perm: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub nlink: u32,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub layout: Option<Layout>,
+    pub dir_default: Option<LayoutSpec>,
+    pub parent: Option<Ino>,
+    pub target: Option<String>,
+}
+
+impl InodeRecord {
+    pub fn to_attr(&self, ino: Ino, blocks_bytes: u64) -> Attr {
+        Attr {
+            ino,
+            kind: self.kind,
+            perm: self.perm,
+            uid: self.uid,
+            gid: self.gid,
+            size: self.size,
+            nlink: self.nlink,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            blocks_bytes,
+            layout: self.layout.clone(),
+            dir_default: self.dir_default.clone(),
+            parent: self.parent,
+        }
+    }
+
+    /// The record a peer asks us to hold (`PeerMkdirObject`).
+    pub fn from_attr(a: &Attr) -> InodeRecord {
+        InodeRecord {
+            kind: a.kind,
+            perm: a.perm,
+            uid: a.uid,
+            gid: a.gid,
+            size: a.size,
+            nlink: a.nlink,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            layout: a.layout.clone(),
+            dir_default: a.dir_default.clone(),
+            parent: a.parent,
+            target: None,
+        }
+    }
+
+    pub fn owner(&self) -> crate::perm::Owner {
+        crate::perm::Owner { uid: self.uid, gid: self.gid, perm: self.perm, kind: self.kind }
+    }
+
+    /// mtime and ctime to `now` (a directory whose entries changed, a written file).
+    pub fn touch(&mut self, now: Timestamp) {
+        self.mtime = now;
+        self.ctime = now;
+    }
+}
+
+/// A directory entry as stored under `e` dir name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EntryRecord {
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// An operation that spans servers, written before its remote step and deleted in the batch
+/// that commits its local step. See `intents.rs` for what recovery does with each.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Intent {
+    /// A directory object was (maybe) created on `home(ino)`; its entry `dir/name` is not
+    /// committed. Rolled back.
+    Mkdir { dir: Ino, name: String, ino: Ino },
+    /// `dir/name` → `ino` (homed elsewhere) whose link count is being raised. Rolled forward.
+    Link { dir: Ino, name: String, ino: Ino, kind: FileKind },
+    /// A name of `ino` (homed elsewhere) was removed; its link count must drop. Rolled forward.
+    Unlink { ino: Ino },
+    /// Directory object `ino` (homed elsewhere) is being removed; then entry `dir/name` goes.
+    Rmdir { dir: Ino, name: String, ino: Ino },
+    /// Cross-server rename coordinated here: `dst_dir/dst_name` is being set on its home
+    /// server, then `src_dir/src_name` goes. Rolled forward.
+    Rename {
+        src_dir: Ino,
+        src_name: String,
+        dst_dir: Ino,
+        dst_name: String,
+        ino: Ino,
+        kind: FileKind,
+        noreplace: bool,
+    },
+    /// A moved directory's parent pointer (homed elsewhere) must become `parent`.
+    SetParent { ino: Ino, parent: Ino },
+}
+
+impl Intent {
+    /// The entry this intent keeps pinned until it is resolved (see `locks.rs`).
+    pub fn pinned_entry(&self) -> Option<(Ino, &str)> {
+        match self {
+            Intent::Link { dir, name, .. } | Intent::Rmdir { dir, name, .. } => Some((*dir, name)),
+            Intent::Rename { src_dir, src_name, .. } => Some((*src_dir, src_name)),
+            Intent::Mkdir { .. } | Intent::Unlink { .. } | Intent::SetParent { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntentRecord {
+    /// Seconds since the epoch when written.
+    pub created: i64,
+    pub intent: Intent,
+}
+
+/// A peer step applied at most once: what it answered, for a resent request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedRecord {
+    pub created: i64,
+    pub reply: Reply,
+}
+
+/// Data objects of a deleted file still to be deleted (on this and other servers).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcRecord {
+    pub created: i64,
+    pub layout: Layout,
+}
+
+impl GcRecord {
+    /// The distinct servers holding objects.
+    pub fn servers(&self) -> Vec<ServerId> {
+        let mut s = self.layout.servers.clone();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+}
+
+/// The RocksDB database.
+pub struct MetaStore {
+    db: DB,
+    wopts: WriteOptions,
+}
+
+impl MetaStore {
+    /// Open (creating if missing) the database at `path`.
+    pub fn open(path: &Path) -> Result<MetaStore, String> {
+        let mut opts = Options::default();
+        opts.create_if_missing(true);
+        opts.set_keep_log_file_num(4);
+        opts.set_max_background_jobs(2);
+        opts.set_bytes_per_sync(1 << 20);
+        let db = DB::open(&opts, path).map_err(|e| format!("cannot open metadata store {}: {e}", path.display()))?;
+        let mut wopts = WriteOptions::default();
+        // The WAL reaches the OS before a write returns (kill -9 safe); power-loss
+        // durability comes from sync_wal (every second and on fsync).
+        wopts.set_sync(false);
+        Ok(MetaStore { db, wopts })
+    }
+
+    pub fn get_raw(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
+        Ok(self.db.get(key)?)
+    }
+
+    pub fn put_raw(&self, key: &[u8], value: &[u8]) -> R<()> {
+        let mut b = WriteBatch::default();
+        b.put(key, value);
+        self.write(b)
+    }
+
+    fn get_decoded<T: DeserializeOwned>(&self, key: &[u8], what: &dyn std::fmt::Display) -> R<Option<T>> {
+        match self.db.get_pinned(key)? {
+            Some(v) => Ok(Some(decode(what, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn get_inode(&self, ino: Ino) -> R<Option<InodeRecord>> {
+        self.get_decoded(&key::inode(ino), &format_args!("inode {ino}"))
+    }
+
+    pub fn get_entry(&self, dir: Ino, name: &str) -> R<Option<EntryRecord>> {
+        self.get_decoded(&key::entry(dir, name), &format_args!("entry {name:?} of {dir}"))
+    }
+
+    pub fn get_applied(&self, op_id: u64) -> R<Option<AppliedRecord>> {
+        self.get_decoded(&key::applied(op_id), &format_args!("applied marker {op_id:#x}"))
+    }
+
+    pub fn get_intent(&self, op_id: u64) -> R<Option<IntentRecord>> {
+        self.get_decoded(&key::intent(op_id), &format_args!("intent {op_id:#x}"))
+    }
+
+    pub fn get_xattr(&self, ino: Ino, name: &str) -> R<Option<Vec<u8>>> {
+        Ok(self.db.get(key::xattr(ino, name))?)
+    }
+
+    /// Iterate keys starting with `prefix`, from `start` (inclusive; defaults to the prefix).
+    /// The callback returns `false` to stop.
+    pub fn scan(&self, prefix: &[u8], start: Option<&[u8]>, mut f: impl FnMut(&[u8], &[u8]) -> R<bool>) -> R<()> {
+        let mut ro = ReadOptions::default();
+        if let Some(end) = key::prefix_end(prefix) {
+            ro.set_iterate_upper_bound(end);
+        }
+        let from = start.unwrap_or(prefix);
+        for item in self.db.iterator_opt(IteratorMode::From(from, Direction::Forward), ro) {
+            let (k, v) = item?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            if !f(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Does directory `dir` have any entry?
+    pub fn has_entries(&self, dir: Ino) -> R<bool> {
+        let mut any = false;
+        self.scan(&key::entry_prefix(dir), None, |_, _| {
+            any = true;
+            Ok(false)
+        })?;
+        Ok(any)
+    }
+
+    /// Up to `limit` entries of `dir` with names strictly after `after`, and whether more follow.
+    pub fn list_entries(&self, dir: Ino, after: Option<&str>, limit: usize) -> R<(Vec<DirEntry>, bool)> {
+        let prefix = key::entry_prefix(dir);
+        let start = after.map(|a| {
+            // The first key after `a`: `a` followed by a zero byte sorts right after it.
+            let mut k = key::entry(dir, a);
+            k.push(0);
+            k
+        });
+        let mut out = Vec::new();
+        let mut more = false;
+        self.scan(&prefix, start.as_deref(), |k, v| {
+            if out.len() >= limit {
+                more = true;
+                return Ok(false);
+            }
+            let name = key::name_after(k, &prefix).unwrap_or_default();
+            let name = std::str::from_utf8(name)
+                .map_err(|_| Fail::corrupt(format!("entry name in directory {dir} is not UTF-8")))?
+                .to_string();
+            let e: EntryRecord = decode(&format_args!("entry {name:?} of {dir}"), v)?;
+            out.push(DirEntry { name, ino: e.ino, kind: e.kind });
+            Ok(true)
+        })?;
+        Ok((out, more))
+    }
+
+    /// Names of `ino`'s extended attributes.
+    pub fn list_xattrs(&self, ino: Ino) -> R<Vec<String>> {
+        let prefix = key::xattr_prefix(ino);
+        let mut out = Vec::new();
+        self.scan(&prefix, None, |k, _| {
+            let name = key::name_after(k, &prefix).unwrap_or_default();
+            match std::str::from_utf8(name) {
+                Ok(n) => out.push(n.to_string()),
+                Err(_) => return Err(Fail::corrupt(format!("xattr name of {ino} is not UTF-8"))),
+            }
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// All intents, oldest op first (by key order).
+    pub fn intents(&self) -> R<Vec<(u64, IntentRecord)>> {
+        let mut out = Vec::new();
+        self.scan(&[key::INTENT], None, |k, v| {
+            let id = key::number(k).ok_or_else(|| Fail::corrupt("intent key of the wrong length"))?;
+            out.push((id, decode(&format_args!("intent {id:#x}"), v)?));
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// All pending object deletions.
+    pub fn gc_records(&self) -> R<Vec<(Ino, GcRecord)>> {
+        let mut out = Vec::new();
+        self.scan(&[key::GC], None, |k, v| {
+            let ino = Ino(key::number(k).ok_or_else(|| Fail::corrupt("gc key of the wrong length"))?);
+            out.push((ino, decode(&format_args!("gc record {ino}"), v)?));
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    /// Number of keys with tag `tag` (an O(n) scan: for status reports).
+    pub fn count(&self, tag: u8) -> R<u64> {
+        let mut n = 0u64;
+        self.scan(&[tag], None, |_, _| {
+            n += 1;
+            Ok(true)
+        })?;
+        Ok(n)
+    }
+
+    /// Delete "applied" markers older than `max_age_secs`; returns how many went. A resent
+    /// peer step older than that is not expected (the sender's intent is long resolved).
+    pub fn prune_applied(&self, now_secs: i64, max_age_secs: i64) -> R<usize> {
+        let mut batch = WriteBatch::default();
+        let mut n = 0;
+        self.scan(&[key::APPLIED], None, |k, v| {
+            // An undecodable marker is useless: drop it too.
+            let old = decode::<AppliedRecord>(&"applied marker", v).map(|a| a.created < now_secs - max_age_secs);
+            if old.unwrap_or(true) {
+                batch.delete(k);
+                n += 1;
+            }
+            Ok(true)
+        })?;
+        if n > 0 {
+            self.write(batch)?;
+        }
+        Ok(n)
+    }
+
+    pub fn write(&self, batch: WriteBatch) -> R<()> {
+        Ok(self.db.write_opt(batch, &self.wopts)?)
+    }
+
+    /// Make every write so far durable against power loss.
+    pub fn sync_wal(&self) -> R<()> {
+        Ok(self.db.flush_wal(true)?)
+    }
+
+    /// A read-modify-write transaction over this store.
+    pub fn txn(&self) -> Txn<'_> {
+        Txn { meta: self, batch: WriteBatch::default(), inodes: HashMap::new(), entries: HashMap::new() }
+    }
+}
+
+/// A set of changes committed as one atomic RocksDB batch. Inodes and entries read through
+/// the transaction are cached and changed in place, so a handler touching the same record
+/// twice (a rename within one directory) sees its own changes; the batch is written by
+/// [`Txn::commit`]. Callers hold the stripe locks of every inode they change.
+pub struct Txn<'a> {
+    pub meta: &'a MetaStore,
+    batch: WriteBatch,
+    /// Loaded inodes: `Some(rec)` present, `None` absent; the bool marks changed ones.
+    inodes: HashMap<Ino, (Option<InodeRecord>, bool)>,
+    entries: HashMap<(Ino, String), Option<EntryRecord>>,
+}
+
+impl<'a> Txn<'a> {
+    fn load(&mut self, ino: Ino) -> R<&mut (Option<InodeRecord>, bool)> {
+        if !self.inodes.contains_key(&ino) {
+            let rec = self.meta.get_inode(ino)?;
+            self.inodes.insert(ino, (rec, false));
+        }
+        Ok(self.inodes.get_mut(&ino).expect("just inserted"))
+    }
+
+    /// The inode, if it exists.
+    pub fn inode(&mut self, ino: Ino) -> R<Option<&InodeRecord>> {
+        Ok(self.load(ino)?.0.as_ref())
+    }
+
+    /// The inode, to change (ENOENT if absent).
+    pub fn inode_mut(&mut self, ino: Ino) -> R<&mut InodeRecord> {
+        let slot = self.load(ino)?;
+        match slot.0.as_mut() {
+            Some(rec) => {
+                slot.1 = true;
+                Ok(rec)
+            }
+            None => Err(Fail::new(Errno::ENOENT, format!("inode {ino} does not exist"))),
+        }
+    }
+
+    /// A directory that must exist (ENOENT) and be one (ENOTDIR).
+    pub fn dir(&mut self, ino: Ino) -> R<&InodeRecord> {
+        match self.inode(ino)? {
+            None => Err(Fail::new(Errno::ENOENT, format!("directory {ino} does not exist"))),
+            Some(r) if r.kind != FileKind::Dir => Err(Fail::new(Errno::ENOTDIR, format!("{ino} is not a directory"))),
+            Some(r) => Ok(r),
+        }
+    }
+
+    pub fn put_inode(&mut self, ino: Ino, rec: InodeRecord) {
+        self.inodes.insert(ino, (Some(rec), true));
+    }
+
+    /// Delete an inode and its extended attributes; returns what it was.
+    pub fn remove_inode(&mut self, ino: Ino) -> R<Option<InodeRecord>> {
+        let old = self.load(ino)?.0.take();
+        self.inodes.insert(ino, (None, true));
+        let mut keys = Vec::new();
+        self.meta.scan(&key::xattr_prefix(ino), None, |k, _| {
+            keys.push(k.to_vec());
+            Ok(true)
+        })?;
+        for k in keys {
+            self.batch.delete(k);
+        }
+        Ok(old)
+    }
+
+    pub fn entry(&mut self, dir: Ino, name: &str) -> R<Option<EntryRecord>> {
+        if let Some(e) = self.entries.get(&(dir, name.to_string())) {
+            return Ok(*e);
+        }
+        let e = self.meta.get_entry(dir, name)?;
+        self.entries.insert((dir, name.to_string()), e);
+        Ok(e)
+    }
+
+    pub fn put_entry(&mut self, dir: Ino, name: &str, e: EntryRecord) {
+        self.batch.put(key::entry(dir, name), encode(&e));
+        self.entries.insert((dir, name.to_string()), Some(e));
+    }
+
+    pub fn delete_entry(&mut self, dir: Ino, name: &str) {
+        self.batch.delete(key::entry(dir, name));
+        self.entries.insert((dir, name.to_string()), None);
+    }
+
+    pub fn put_xattr(&mut self, ino: Ino, name: &str, value: &[u8]) {
+        self.batch.put(key::xattr(ino, name), value);
+    }
+
+    pub fn delete_xattr(&mut self, ino: Ino, name: &str) {
+        self.batch.delete(key::xattr(ino, name));
+    }
+
+    pub fn put_intent(&mut self, op_id: u64, intent: Intent, now_secs: i64) {
+        self.batch.put(key::intent(op_id), encode(&IntentRecord { created: now_secs, intent }));
+    }
+
+    pub fn delete_intent(&mut self, op_id: u64) {
+        self.batch.delete(key::intent(op_id));
+    }
+
+    pub fn put_applied(&mut self, op_id: u64, reply: &Reply, now_secs: i64) {
+        self.batch.put(key::applied(op_id), encode(&AppliedRecord { created: now_secs, reply: reply.clone() }));
+    }
+
+    pub fn put_gc(&mut self, ino: Ino, rec: &GcRecord) {
+        self.batch.put(key::gc(ino), encode(rec));
+    }
+
+    pub fn delete_gc(&mut self, ino: Ino) {
+        self.batch.delete(key::gc(ino));
+    }
+
+    /// Write everything as one batch.
+    pub fn commit(mut self) -> R<()> {
+        for (ino, (rec, dirty)) in self.inodes.drain() {
+            if !dirty {
+                continue;
+            }
+            match rec {
+                Some(r) => self.batch.put(key::inode(ino), encode(&r)),
+                None => self.batch.delete(key::inode(ino)),
+            }
+        }
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.meta.write(std::mem::take(&mut self.batch))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rec(kind: FileKind) -> InodeRecord {
+        let t = Timestamp { secs: 5, nsecs: 6 };
+        InodeRecord {
+            kind,
+            perm: 0o755,
+            uid: 1,
+            gid: 2,
+            size: 3,
+            nlink: 1,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            layout: Some(Layout { stripe_size: 4096, servers: vec![ServerId(0), ServerId(2)] }),
+            dir_default: None,
+            parent: None,
+            target: Some("x".into()),
+        }
+    }
+
+    #[test]
+    fn keys_have_the_documented_shape() {
+        assert_eq!(key::inode(Ino(0x0102)), [b'i', 0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(key::entry(Ino(1), "ab"), [b'e', 0, 0, 0, 0, 0, 0, 0, 1, b'a', b'b']);
+        assert_eq!(&key::xattr(Ino(1), "user.a")[..9], &key::xattr_prefix(Ino(1)));
+        assert_eq!(key::number(&key::intent(0xdead_beef)), Some(0xdead_beef));
+        assert_eq!(key::number(b"short"), None);
+        assert_eq!(key::prefix_end(&[b'e', 0, 0xff]), Some(vec![b'e', 1]));
+        assert_eq!(key::prefix_end(&[0xff, 0xff]), None);
+    }
+
+    proptest! {
+        #[test]
+        fn entry_keys_sort_by_directory_then_name(a in any::<u64>(), b in any::<u64>(), n in "[a-z]{0,8}", m in "[a-z]{0,8}") {
+            let (ka, kb) = (key::entry(Ino(a), &n), key::entry(Ino(b), &m));
+            let want = (a, n.as_bytes()).cmp(&(b, m.as_bytes()));
+            prop_assert_eq!(ka.cmp(&kb), want);
+            prop_assert!(ka.starts_with(&key::entry_prefix(Ino(a))));
+        }
+
+        #[test]
+        fn decoding_garbage_is_an_error_not_a_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = decode::<InodeRecord>(&"x", &bytes);
+            let _ = decode::<IntentRecord>(&"x", &bytes);
+        }
+    }
+
+    #[test]
+    fn records_round_trip() {
+        let r = rec(FileKind::File);
+        assert_eq!(decode::<InodeRecord>(&"r", &encode(&r)).unwrap(), r);
+        let i = IntentRecord { created: 9, intent: Intent::Unlink { ino: Ino(7) } };
+        assert_eq!(decode::<IntentRecord>(&"i", &encode(&i)).unwrap(), i);
+        let mut bad = encode(&r);
+        bad[0] = 9;
+        assert_eq!(decode::<InodeRecord>(&"r", &bad).unwrap_err().errno, Errno::EIO);
+    }
+
+    #[test]
+    fn txn_batches_and_scans() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = MetaStore::open(&dir.path().join("meta")).unwrap();
+        let mut t = m.txn();
+        t.put_inode(Ino(10), rec(FileKind::Dir));
+        for name in ["b", "a", "c"] {
+            t.put_entry(Ino(10), name, EntryRecord { ino: Ino(20), kind: FileKind::File });
+        }
+        t.put_entry(Ino(11), "z", EntryRecord { ino: Ino(21), kind: FileKind::File });
+        t.put_xattr(Ino(10), "user.k", b"v");
+        t.inode_mut(Ino(10)).unwrap().nlink = 7;
+        assert_eq!(t.entry(Ino(10), "a").unwrap().unwrap().ino, Ino(20));
+        t.commit().unwrap();
+        assert_eq!(m.get_inode(Ino(10)).unwrap().unwrap().nlink, 7);
+        let (names, more) = m.list_entries(Ino(10), None, 10).unwrap();
+        assert_eq!(names.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(!more);
+        let (names, more) = m.list_entries(Ino(10), Some("a"), 1).unwrap();
+        assert_eq!(names[0].name, "b");
+        assert!(more);
+        assert!(m.has_entries(Ino(11)).unwrap());
+        assert!(!m.has_entries(Ino(12)).unwrap());
+        assert_eq!(m.list_xattrs(Ino(10)).unwrap(), ["user.k"]);
+        let mut t = m.txn();
+        t.remove_inode(Ino(10)).unwrap();
+        t.commit().unwrap();
+        assert!(m.get_inode(Ino(10)).unwrap().is_none());
+        assert!(m.list_xattrs(Ino(10)).unwrap().is_empty());
+        assert_eq!(m.count(key::ENTRY).unwrap(), 4);
+    }
+}

@@ -1,0 +1,4 @@
+//! Local persistence: the metadata store (RocksDB) and the data objects (plain files).
+
+pub mod data;
+pub mod meta;
