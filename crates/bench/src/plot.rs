@@ -3,7 +3,7 @@
 //! and an RGB raster with a built-in 5×7 font and a stored-deflate PNG encoder).
 
 use crate::driver::SweepKey;
-use crate::report::{fmt_bytes, fmt_rate, Report};
+use crate::report::{fmt_bytes, Report};
 use anyhow::{bail, Context, Result};
 use std::fmt::Write;
 use std::path::Path;
@@ -116,6 +116,21 @@ trait Canvas {
     fn text(&mut self, x: f64, y: f64, s: &str, size: f64, anchor: Anchor, vertical: bool);
 }
 
+/// 800000 → "800k", 1500000 → "1.5M", 0.5 → "0.5".
+fn fmt_tick(v: f64) -> String {
+    let trim = |x: f64| {
+        let s = format!("{x:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
+    if v >= 1e6 {
+        format!("{}M", trim(v / 1e6))
+    } else if v >= 1e3 {
+        format!("{}k", trim(v / 1e3))
+    } else {
+        trim(v)
+    }
+}
+
 /// A step of 1, 2 or 5 × 10^k giving about `n` ticks up to `max`.
 fn nice_step(max: f64, n: f64) -> f64 {
     let raw = (max / n).max(1e-9);
@@ -151,7 +166,7 @@ fn draw(chart: &Chart, c: &mut dyn Canvas) {
     let mut y = 0.0;
     while y <= ymax + step * 0.01 {
         c.line(LEFT, py(y), LEFT + pw, py(y), grey, 1.0);
-        c.text(LEFT - 8.0, py(y) + 4.0, &fmt_rate(y), 12.0, Anchor::End, false);
+        c.text(LEFT - 8.0, py(y) + 4.0, &fmt_tick(y), 12.0, Anchor::End, false);
         y += step;
     }
     for (x, label) in &chart.x_ticks {
@@ -327,7 +342,7 @@ impl Canvas for Raster {
         self.disc(x, y, r, color);
     }
     fn text(&mut self, x: f64, y: f64, s: &str, size: f64, anchor: Anchor, vertical: bool) {
-        let scale = if size >= 15.0 { 2 } else { 1 } as i64 + if size >= 12.0 { 1 } else { 0 };
+        let scale: i64 = if size >= 12.0 { 2 } else { 1 };
         let adv = 6 * scale;
         let total = s.chars().count() as i64 * adv - scale;
         let shift = match anchor {
@@ -453,5 +468,6 @@ mod tests {
         // CRC of IEND is the well-known constant.
         assert_eq!(&p[p.len() - 4..], &[0xAE, 0x42, 0x60, 0x82]);
         assert_eq!(nice_step(950.0, 5.0), 200.0);
+        assert_eq!((fmt_tick(800_000.0), fmt_tick(1_500_000.0), fmt_tick(0.0), fmt_tick(250.0)), ("800k".into(), "1.5M".into(), "0".into(), "250".into()));
     }
 }

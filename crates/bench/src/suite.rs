@@ -230,6 +230,8 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
         eprintln!("shoal bench suite: {n}");
     }
     let load_start = loadavg();
+    // Probed now: the FUSE mount made for the suite is gone at the end.
+    let probed = Machine::probe(&targets);
     let result = run_cases(config.as_ref(), timeout, &a, &scale, &cases, &targets, human).await;
     if let Some(m) = mount {
         unmount(m).await;
@@ -258,7 +260,7 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
     } else {
         a.doc.clone().or_else(|| Path::new("docs").is_dir().then(|| PathBuf::from("docs/benchmarks.md")))
     };
-    let machine = Machine { load_start, ..Machine::probe(&targets) };
+    let machine = Machine { load_start, load_end: loadavg(), date: utc_now(), ..probed };
     if let Some(path) = &doc {
         let old = std::fs::read_to_string(path).unwrap_or_default();
         let md = markdown(&results, &checks, &machine, &targets, &scale, &a, config.as_deref(), total, &notes, &old);
@@ -475,6 +477,8 @@ fn loadavg() -> String {
 }
 
 fn fs_type(p: &Path) -> String {
+    // The target folder may not exist yet: ask its nearest existing ancestor.
+    let p = p.ancestors().find(|a| a.exists()).unwrap_or(p);
     let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else { return "?".into() };
     // SAFETY: statfs writes into the zeroed struct we pass and reads the NUL-terminated path.
     let mut s: libc::statfs = unsafe { std::mem::zeroed() };
@@ -657,22 +661,27 @@ fn markdown(
     for c in results {
         let _ = writeln!(s, "## {}\n", c.case);
         let _ = writeln!(s, "{} ({:.0} s for all runs)\n", c.description, c.seconds);
-        let _ = writeln!(s, "| phase | target | median | min – max | xlocal | xtmpfs | p50 latency | p99 latency | requests/op | load max/min | max/mean |");
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "| phase | target | median | min – max | xlocal | xtmpfs | p50 latency | p99 latency | CPU/op clients | CPU/op machine | requests/op | load max/min | max/mean |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &c.report.summary {
-            let lat = |f: &dyn Fn(&report::Latency) -> f64| {
+            let med = |f: &dyn Fn(&report::PhaseReport) -> Option<f64>| {
                 let mut v: Vec<f64> = c
                     .report
                     .runs
                     .iter()
                     .filter(|x| x.target == r.target)
-                    .flat_map(|x| x.phases.iter().filter(|p| p.label == r.phase).map(|p| f(&p.latency)))
+                    .flat_map(|x| x.phases.iter().filter(|p| p.label == r.phase).filter_map(f))
                     .collect();
-                fmt_us(median(&mut v))
+                if v.is_empty() {
+                    "–".to_string()
+                } else {
+                    fmt_us(median(&mut v))
+                }
             };
+            let lat = |f: &dyn Fn(&report::Latency) -> f64| med(&|p| Some(f(&p.latency)));
             let _ = writeln!(
                 s,
-                "| {} | {} | {} {} | {} – {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} {} | {} – {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.phase,
                 r.target,
                 fmt_rate(r.median),
@@ -683,6 +692,8 @@ fn markdown(
                 opt(r.vs_tmpfs),
                 lat(&|l| l.p50_us),
                 lat(&|l| l.p99_us),
+                med(&|p| Some(p.cpu_us_per_op().0)),
+                med(&|p| p.cpu_us_per_op().1),
                 opt(r.client_requests_per_op.map(|x| x + r.peer_requests_per_op.unwrap_or(0.0))),
                 opt(r.requests_max_min),
                 opt(r.requests_max_mean),

@@ -76,6 +76,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Die quietly on a closed pipe (`shoal ls | head`), as other Unix tools do, instead of
+    // panicking in println!.
+    // SAFETY: restoring the default disposition of a signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let ctx = cmd::Ctx { config: cli.config.clone(), timeout: std::time::Duration::from_secs(cli.timeout.max(1)) };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
