@@ -5,4 +5,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shoal/target}"
 # libclang-dev, clang: bindgen for the RocksDB bindings
 # fuse3, libfuse3-dev: the FUSE mount
 # libacl1-dev: needed by pjdfstest
-export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev"
+# rsync, sqlite3, git, make: programs the mount tests run on a real mount
+export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make"
