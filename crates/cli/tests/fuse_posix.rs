@@ -752,3 +752,28 @@ fn daemon_mode_umount_and_signals() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach the cluster"), "{out:?}");
     assert!(start.elapsed() < Duration::from_secs(30));
 }
+
+#[test]
+fn library_mount_in_process() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start(2);
+    let dir = tempfile::tempdir().unwrap();
+    let opts = shoal_fuse::MountOptions { attr_timeout: Duration::ZERO, threads: 2, ..Default::default() };
+    let m = shoal_fuse::spawn(&c.config, dir.path(), opts).unwrap();
+    assert!(shoal_fuse::is_mounted(dir.path()));
+    fs::write(dir.path().join("f"), b"in process").unwrap();
+    assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"in process");
+    m.unmount().unwrap();
+    assert!(!shoal_fuse::is_mounted(dir.path()));
+    assert_eq!(c.shoal(&["cat", "/f"]).1, "in process");
+    // Dropping a mount with a file still open does not hang: the connection is aborted.
+    let m = shoal_fuse::spawn(&c.config, dir.path(), shoal_fuse::MountOptions::default()).unwrap();
+    let open = File::open(dir.path().join("f")).unwrap();
+    let start = std::time::Instant::now();
+    drop(m);
+    assert!(start.elapsed() < Duration::from_secs(15));
+    let mut s = String::new();
+    assert!((&open).read_to_string(&mut s).is_err(), "the aborted connection fails the open file");
+}

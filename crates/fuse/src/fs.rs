@@ -84,6 +84,9 @@ pub(crate) fn parse_special(target: &str) -> Option<Special> {
 /// Bound on the remembered symlink kinds (cleared when passed).
 const SPECIALS_MAX: usize = 1 << 20;
 
+/// The attribute holding file capabilities.
+const CAPS_XATTR: &str = "security.capability";
+
 /// Entries asked of a server per readdir page.
 const READDIR_PAGE: u32 = 1024;
 
@@ -134,6 +137,10 @@ pub(crate) struct Shared {
     /// Size and mtime last given to the kernel, per inode: an open that finds them
     /// changed (another client wrote) makes the kernel drop its cached attributes.
     told: Mutex<HashMap<u64, (u64, i64, u32)>>,
+    /// Inodes known to have no `security.capability` attribute, and since when. The kernel
+    /// asks for it before every write (to drop capabilities on write); this answers from
+    /// memory for `attr_timeout`, as for other attributes.
+    no_caps: Mutex<HashMap<u64, std::time::Instant>>,
     /// Set once the session exists: lets the mount invalidate the kernel's caches.
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
     next_fh: AtomicU64,
@@ -183,6 +190,7 @@ impl Shared {
             dirs: Mutex::new(HashMap::new()),
             specials: Mutex::new(HashMap::new()),
             told: Mutex::new(HashMap::new()),
+            no_caps: Mutex::new(HashMap::new()),
             notifier: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             hidden_seq: AtomicU64::new(1),
@@ -508,7 +516,7 @@ impl Shared {
             return false;
         }
         let Ok(old) = self.root.getattr_fresh(ino).await else { return false };
-        let setid = (libc::S_ISUID | libc::S_ISGID) as u32;
+        let setid = libc::S_ISUID | libc::S_ISGID;
         new & !setid == old.perm & !setid && new & !old.perm == 0 && new != old.perm
     }
 
@@ -735,7 +743,26 @@ impl Shared {
         if name.starts_with("system.posix_acl_") {
             return Err(raw(libc::ENODATA));
         }
-        self.user(who).getxattr(Ino(ino), &name).await.map_err(e)
+        let caps = name == CAPS_XATTR;
+        if caps {
+            let fresh = self.no_caps.lock().get(&ino).is_some_and(|t| t.elapsed() < self.opts.attr_timeout);
+            if fresh {
+                return Err(raw(libc::ENODATA));
+            }
+        }
+        let r = self.user(who).getxattr(Ino(ino), &name).await;
+        if caps && r.as_ref().is_err_and(|err| err.errno.0 == libc::ENODATA) && !self.opts.attr_timeout.is_zero() {
+            let mut m = self.no_caps.lock();
+            if m.len() >= SPECIALS_MAX {
+                m.clear();
+            }
+            m.insert(ino, std::time::Instant::now());
+        }
+        r.map_err(e)
+    }
+
+    fn xattr_changed(&self, ino: u64) {
+        self.no_caps.lock().remove(&ino);
     }
 
     async fn listxattr(&self, who: Who, ino: u64) -> Res<Vec<u8>> {
@@ -1213,6 +1240,7 @@ impl Filesystem for ShoalFs {
         self.spawn(move |sh| async move {
             let create = flags & libc::XATTR_CREATE != 0;
             let replace = flags & libc::XATTR_REPLACE != 0;
+            sh.xattr_changed(ino.0);
             match sh.user(who).setxattr(Ino(ino.0), &name, &value, create, replace).await {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
@@ -1247,6 +1275,7 @@ impl Filesystem for ShoalFs {
         }
         let who = Who::of(req);
         self.spawn(move |sh| async move {
+            sh.xattr_changed(ino.0);
             match sh.user(who).removexattr(Ino(ino.0), &name).await {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),

@@ -153,23 +153,47 @@ impl Prepared {
     }
 }
 
-/// The FUSE connection number of the mount at `mountpoint` (its minor device number),
-/// which names it under /sys/fs/fuse/connections. Read from /proc/self/mountinfo: a stat
-/// of the mount point would wait for the file system itself.
-fn connection_of(mountpoint: &Path) -> Option<u32> {
+/// The device number (major, minor) of the mount at `mountpoint`, from
+/// /proc/self/mountinfo (a stat of the mount point would wait for the file system itself).
+/// The minor number is the FUSE connection number under /sys/fs/fuse/connections.
+fn device_of(mountpoint: &Path) -> Option<(u32, u32)> {
     let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     info.lines().rev().find_map(|l| {
         let fields: Vec<&str> = l.split(' ').collect();
         if fields.get(4).map(|m| unescape(m)).as_deref() != mountpoint.to_str() {
             return None;
         }
-        fields.get(2)?.split_once(':')?.1.parse().ok()
+        let (major, minor) = fields.get(2)?.split_once(':')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
     })
 }
 
-/// Abort a FUSE connection: every waiting request fails with ENOTCONN at once.
+/// The kernel starts a FUSE mount with a 128 KiB read-ahead window whatever the file
+/// system asks; raise it to `bytes` (needs root; sequential reads of striped files then
+/// keep several servers busy).
+fn set_read_ahead(dev: Option<(u32, u32)>, bytes: u32) {
+    let Some((major, minor)) = dev else { return };
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    match std::fs::write(&path, format!("{}", (bytes / 1024).max(4))) {
+        Ok(()) => tracing::debug!("read-ahead set to {} KiB", bytes / 1024),
+        Err(e) => tracing::info!("cannot set the read-ahead window through {path}: {e}"),
+    }
+}
+
+/// Abort a FUSE connection: every waiting request fails with ENOTCONN at once. Needs the
+/// fusectl file system on /sys/fs/fuse/connections (mounted here if it is not, as root).
 fn abort_connection(conn: u32) {
-    let path = format!("/sys/fs/fuse/connections/{conn}/abort");
+    const CTL: &str = "/sys/fs/fuse/connections";
+    let dir = format!("{CTL}/{conn}");
+    if !Path::new(&dir).exists() {
+        let (src, target, fstype) = (c"fusectl", c"/sys/fs/fuse/connections", c"fusectl");
+        // SAFETY: valid NUL-terminated strings; no data argument.
+        let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+        if r != 0 {
+            tracing::warn!("cannot mount fusectl on {CTL}: {}", std::io::Error::last_os_error());
+        }
+    }
+    let path = format!("{dir}/abort");
     if let Err(e) = std::fs::write(&path, b"1") {
         tracing::warn!("cannot abort the FUSE connection through {path}: {e}");
     }
@@ -190,7 +214,9 @@ pub fn serve(client_config: &Path, mountpoint: &Path, opts: MountOptions, ready:
     let session = prepared.session()?;
     let _ = prepared.shared.notifier.set(session.notifier());
     let mp = prepared.mountpoint.clone();
-    let conn = connection_of(&mp);
+    let dev = device_of(&mp);
+    set_read_ahead(dev, prepared.shared.opts.max_readahead);
+    let conn = dev.map(|d| d.1);
     tracing::info!("mounted {} on {}", client_config.display(), mp.display());
 
     // Signals: first one unmounts, the next aborts the connection.
@@ -244,6 +270,7 @@ pub struct Mounted {
     mountpoint: PathBuf,
     background: Option<fuser::BackgroundSession>,
     prepared: Option<Prepared>,
+    conn: Option<u32>,
 }
 
 /// Mount in the background: returns once the file system answers.
@@ -251,8 +278,15 @@ pub fn spawn(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Res
     let prepared = prepare(client_config, mountpoint, opts)?;
     let session = prepared.session()?;
     let _ = prepared.shared.notifier.set(session.notifier());
+    let dev = device_of(&prepared.mountpoint);
+    set_read_ahead(dev, prepared.shared.opts.max_readahead);
     let background = session.spawn().context("cannot start the session thread")?;
-    Ok(Mounted { mountpoint: prepared.mountpoint.clone(), background: Some(background), prepared: Some(prepared) })
+    Ok(Mounted {
+        mountpoint: prepared.mountpoint.clone(),
+        background: Some(background),
+        prepared: Some(prepared),
+        conn: dev.map(|d| d.1),
+    })
 }
 
 impl Mounted {
@@ -261,7 +295,9 @@ impl Mounted {
         &self.mountpoint
     }
 
-    /// Unmount (lazily, if busy) and wait until the session has ended.
+    /// Unmount and wait until the session has ended. If files are still open, the mount is
+    /// detached at once and they keep working for up to 5 s; then the connection is
+    /// aborted (they fail with ENOTCONN).
     pub fn unmount(mut self) -> Result<()> {
         self.stop()
     }
@@ -269,6 +305,16 @@ impl Mounted {
     fn stop(&mut self) -> Result<()> {
         let Some(bg) = self.background.take() else { return Ok(()) };
         let r = unmount(&self.mountpoint, false).or_else(|_| unmount(&self.mountpoint, true));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !bg.guard.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !bg.guard.is_finished() {
+            match self.conn {
+                Some(c) => abort_connection(c),
+                None => tracing::warn!("cannot abort the FUSE connection of {}", self.mountpoint.display()),
+            }
+        }
         let joined = bg.join();
         if let Some(p) = self.prepared.take() {
             p.finish();

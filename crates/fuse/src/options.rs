@@ -46,7 +46,8 @@ pub struct MountOptions {
     pub fuse_threads: usize,
     /// Largest write the kernel sends in one request (`max_write=BYTES`). Default 1 MiB.
     pub max_write: u32,
-    /// Read-ahead window (`max_readahead=BYTES`). Default 1 MiB.
+    /// Read-ahead window (`max_readahead=BYTES`). Default 4 MiB (set through the mount's
+    /// backing device in /sys/class/bdi, which needs root; otherwise the kernel's 128 KiB).
     pub max_readahead: u32,
     /// Most asynchronous requests (read-ahead, write-back) the kernel keeps in flight
     /// (`max_background=N`). Default 64.
@@ -82,7 +83,7 @@ impl Default for MountOptions {
             threads: (2 * cores).max(4),
             fuse_threads: 2,
             max_write: 1 << 20,
-            max_readahead: 1 << 20,
+            max_readahead: 4 << 20,
             max_background: 64,
             sync_close: true,
             fsname: None,
