@@ -37,6 +37,9 @@ pub struct ServerDelta {
     pub peer_requests_sent: u64,
     pub bytes_received: u64,
     pub bytes_sent: u64,
+    /// CPU time the server process used, in nanoseconds.
+    #[serde(default)]
+    pub cpu_ns: u64,
     /// Requests by operation (status and hello left out).
     pub ops: BTreeMap<String, u64>,
     /// False if the server did not answer one of the snapshots (its figures are zero).
@@ -80,6 +83,7 @@ pub fn diff(before: &Snapshot, after: &Snapshot) -> Vec<ServerDelta> {
             peer_requests_sent: a.peer_requests_sent.saturating_sub(b.peer_requests_sent),
             bytes_received: a.bytes_received.saturating_sub(b.bytes_received),
             bytes_sent: a.bytes_sent.saturating_sub(b.bytes_sent),
+            cpu_ns: a.cpu_ns.saturating_sub(b.cpu_ns),
             ops,
             answered: true,
         });
@@ -98,6 +102,9 @@ pub struct ServerSummary {
     pub peer_requests_per_op: f64,
     pub bytes_received_per_op: f64,
     pub bytes_sent_per_op: f64,
+    /// CPU microseconds all servers together used per operation.
+    #[serde(default)]
+    pub cpu_us_per_op: f64,
     /// Requests per phase operation, by server operation name (`create`, `lookup`, …).
     pub ops_per_op: BTreeMap<String, f64>,
     /// Load balance over the servers that answered, load = requests handled (client +
@@ -138,6 +145,7 @@ pub fn summarize(per_server: Vec<ServerDelta>, phase_ops: u64) -> ServerSummary 
         client_requests_per_op: sum(&|d| d.client_requests) / ops,
         peer_requests_per_op: sum(&|d| d.peer_requests) / ops,
         bytes_received_per_op: sum(&|d| d.bytes_received) / ops,
+        cpu_us_per_op: sum(&|d| d.cpu_ns) / ops / 1e3,
         bytes_sent_per_op: sum(&|d| d.bytes_sent) / ops,
         ops_per_op,
         requests_max_min,

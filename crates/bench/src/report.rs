@@ -306,13 +306,13 @@ pub fn run_table(run: &TargetRun) -> String {
     if io {
         let _ = writeln!(
             s,
-            "  {:<11} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>13}",
-            "phase", "MiB/s", "IOPS", "time(s)", "open", "close", "lat p50", "p99", "max", "verified", "cpu/op cl/all"
+            "  {:<11} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>17}",
+            "phase", "MiB/s", "IOPS", "time(s)", "open", "close", "lat p50", "p99", "max", "verified", "cpu/op cl/srv/all"
         );
         for p in &run.phases {
             let _ = writeln!(
                 s,
-                "  {:<11} {:>9} {:>9} {:>8.3} {:>7.3} {:>7.3} {:>9} {:>9} {:>9} {:>8} {:>13}",
+                "  {:<11} {:>9} {:>9} {:>8.3} {:>7.3} {:>7.3} {:>9} {:>9} {:>9} {:>8} {:>17}",
                 p.label,
                 fmt_rate(p.mib_s),
                 fmt_rate(p.ops_s),
@@ -329,13 +329,13 @@ pub fn run_table(run: &TargetRun) -> String {
     } else {
         let _ = writeln!(
             s,
-            "  {:<11} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>13}",
-            "phase", "ops/s", "time(s)", "lat p50", "p90", "p99", "max", "verified", "cpu/op cl/all"
+            "  {:<11} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>17}",
+            "phase", "ops/s", "time(s)", "lat p50", "p90", "p99", "max", "verified", "cpu/op cl/srv/all"
         );
         for p in &run.phases {
             let _ = writeln!(
                 s,
-                "  {:<11} {:>10} {:>8.3} {:>9} {:>9} {:>9} {:>9} {:>8} {:>13}",
+                "  {:<11} {:>10} {:>8.3} {:>9} {:>9} {:>9} {:>9} {:>8} {:>17}",
                 p.label,
                 fmt_rate(p.ops_s),
                 p.wall_s,
@@ -361,13 +361,11 @@ pub fn run_table(run: &TargetRun) -> String {
     s
 }
 
-/// "client µs / machine µs" of CPU per operation.
+/// "client µs / servers µs / machine µs" of CPU per operation ("-" where not measured).
 fn cpu_cell(p: &PhaseReport) -> String {
     let (c, m) = p.cpu_us_per_op();
-    match m {
-        Some(m) => format!("{}/{}", fmt_us(c), fmt_us(m)),
-        None => fmt_us(c),
-    }
+    let srv = p.servers.as_ref().map_or("-".to_string(), |s| fmt_us(s.cpu_us_per_op));
+    format!("{}/{}/{}", fmt_us(c), srv, m.map_or("-".to_string(), fmt_us))
 }
 
 fn verified_cell(p: &PhaseReport) -> String {

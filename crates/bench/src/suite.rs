@@ -661,8 +661,8 @@ fn markdown(
     for c in results {
         let _ = writeln!(s, "## {}\n", c.case);
         let _ = writeln!(s, "{} ({:.0} s for all runs)\n", c.description, c.seconds);
-        let _ = writeln!(s, "| phase | target | median | min – max | xlocal | xtmpfs | p50 latency | p99 latency | CPU/op clients | CPU/op machine | requests/op | load max/min | max/mean |");
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "| phase | target | median | min – max | xlocal | xtmpfs | p50 latency | p99 latency | CPU/op clients | CPU/op servers | CPU/op machine | requests/op | load max/min | max/mean |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &c.report.summary {
             let med = |f: &dyn Fn(&report::PhaseReport) -> Option<f64>| {
                 let mut v: Vec<f64> = c
@@ -681,7 +681,7 @@ fn markdown(
             let lat = |f: &dyn Fn(&report::Latency) -> f64| med(&|p| Some(f(&p.latency)));
             let _ = writeln!(
                 s,
-                "| {} | {} | {} {} | {} – {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} {} | {} – {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.phase,
                 r.target,
                 fmt_rate(r.median),
@@ -693,6 +693,7 @@ fn markdown(
                 lat(&|l| l.p50_us),
                 lat(&|l| l.p99_us),
                 med(&|p| Some(p.cpu_us_per_op().0)),
+                med(&|p| p.servers.as_ref().map(|s| s.cpu_us_per_op)),
                 med(&|p| p.cpu_us_per_op().1),
                 opt(r.client_requests_per_op.map(|x| x + r.peer_requests_per_op.unwrap_or(0.0))),
                 opt(r.requests_max_min),

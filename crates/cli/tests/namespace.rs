@@ -204,3 +204,72 @@ async fn small_file_create_stat_unlink_are_one_request_to_one_server() {
         }
     }
 }
+
+/// Deleting files deletes their data objects on every server, in batches: one
+/// `PeerDeleteObjects` per server for many files, not one per file and server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlinked_files_lose_their_objects_everywhere_in_batches() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    fs.mkdir("/gc", 0o755).await.unwrap();
+    let files = 200usize;
+    // 4 KiB stripes over all servers and 16 KiB per file: one object on each server.
+    let layout = shoal_client::LayoutSpec { stripe_size: Some(4096), stripe_count: Some(u32::MAX), ..Default::default() };
+    futures::stream::iter(0..files)
+        .map(|i| {
+            let (fs, layout) = (fs.clone(), layout.clone());
+            async move {
+                let f = fs.create(&format!("/gc/f{i}"), 0o644, Some(layout)).await.unwrap();
+                f.write_at(0, &[7u8; 16384]).await.unwrap();
+                f.close().await.unwrap();
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let objects = |fs: shoal_client::Client| async move {
+        let mut n = Vec::new();
+        for (_, st) in fs.status_all().await {
+            n.push(st.unwrap().data_objects);
+        }
+        n
+    };
+    let before = common::op_count(&fs, "peer_delete_objects").await.iter().sum::<u64>();
+    futures::stream::iter(0..files)
+        .map(|i| {
+            let fs = fs.clone();
+            async move { fs.unlink(&format!("/gc/f{i}")).await.unwrap() }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    // The objects go in the background; the servers count them at most every few seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left = objects(fs.clone()).await;
+        if left.iter().all(|&n| n == 0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "objects left on the servers: {left:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let sent = common::op_count(&fs, "peer_delete_objects").await.iter().sum::<u64>() - before;
+    // One per file and remote server would be 3 x 200 = 600.
+    assert!(sent > 0 && sent < (3 * files as u64) / 2, "{sent} PeerDeleteObjects requests for {files} files");
+}
+
+/// Consecutive subdirectories (the per-rank directories of a job) go to different servers,
+/// so that work in them spreads over the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consecutive_directories_are_spread_over_the_servers() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    fs.mkdir("/job", 0o755).await.unwrap();
+    let mut homes = HashSet::new();
+    for rank in 0..4 {
+        let path = format!("/job/rank{rank}");
+        fs.mkdir(&path, 0o755).await.unwrap();
+        homes.insert(fs.map().home_of(fs.stat(&path).await.unwrap().ino));
+    }
+    assert_eq!(homes.len(), 4, "4 directories made one after the other landed on {homes:?}");
+}

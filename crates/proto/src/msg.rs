@@ -197,6 +197,10 @@ pub struct Counters {
     pub bytes_received: u64,
     pub bytes_sent: u64,
     pub errors: u64,
+    /// CPU time (user + system) the server process has used, in nanoseconds: with the
+    /// request counts, what one operation costs the servers regardless of what else runs
+    /// on the machine.
+    pub cpu_ns: u64,
     /// Per-operation counts, by [`Op::name`].
     pub ops: Vec<(String, u64)>,
 }
@@ -282,8 +286,9 @@ pub enum Op {
     PeerRenameIn { dst_dir: Ino, dst_name: String, entry: DirEntry, noreplace: bool, op_id: u64 },
     /// Set a moved directory's parent pointer.
     PeerSetParent { ino: Ino, parent: Ino },
-    /// Delete this server's data object(s) of `ino`. Idempotent.
-    PeerDeleteObjects { ino: Ino },
+    /// Delete these data objects (file, object index) held by this server: the objects of
+    /// deleted files, many files per request. Idempotent.
+    PeerDeleteObjects { objects: Vec<(Ino, u32)> },
     /// Cut this server's object `index` of `ino` to `len` bytes. Idempotent.
     PeerTruncateObject { ino: Ino, index: u32, len: u64 },
 }

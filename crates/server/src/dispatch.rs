@@ -91,7 +91,7 @@ async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Bytes)> 
             namespace::peer_rename_in(st, cred, dst_dir, dst_name, entry, noreplace, op_id).await?
         }
         Op::PeerSetParent { ino, parent } => peer::set_parent(st, ino, parent).await?,
-        Op::PeerDeleteObjects { ino } => peer::delete_objects(st, ino).await?,
+        Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
         Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
     };
     Ok(ok(r))

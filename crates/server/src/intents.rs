@@ -23,7 +23,8 @@ use crate::ops::{delete_intent, namespace};
 use crate::state::State;
 use crate::store::meta::{GcRecord, Intent, IntentRecord};
 use shoal_proto::msg::{DirEntry, Op, Reply};
-use shoal_proto::{Errno, Ino};
+use shoal_proto::{Errno, Ino, ServerId};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,31 +48,87 @@ pub fn pin_pending(st: &State, intents: &[(u64, IntentRecord)]) {
     }
 }
 
-/// Delete a deleted file's data objects in the background; the `g` record goes when every
-/// server holding one has confirmed.
-pub fn spawn_gc(st: &Arc<State>, ino: Ino, rec: GcRecord) {
-    let st = st.clone();
-    tokio::spawn(async move {
-        if let Err(e) = run_gc(&st, ino, &rec).await {
-            tracing::info!("deleting objects of {ino} left for recovery: {e}");
-        }
-    });
-}
+/// Most objects one deletion round asks of one server (keeps each request well inside the
+/// frame limit: 12 bytes per object).
+const GC_BATCH_OBJECTS: usize = 16_384;
+/// How long the gc task lets deletions gather before a round.
+const GC_GATHER: Duration = Duration::from_millis(50);
 
-async fn run_gc(st: &Arc<State>, ino: Ino, rec: &GcRecord) -> R<()> {
-    for server in rec.servers() {
-        if server == st.id {
-            st.blocking(move |st| st.data.delete_all(ino)).await?;
-        } else {
-            st.peer(server, Op::PeerDeleteObjects { ino }).await.map_err(|e| Fail::peer(server, e))?;
+/// The gc task: delete the data objects of deleted files as `State::queue_gc` hands them
+/// over. Whatever accumulated while a round ran goes in the next round, so under a burst of
+/// unlinks each server gets one `PeerDeleteObjects` for many files instead of one per file.
+/// A failed round leaves the `g` records to the recovery loop.
+pub async fn gc_loop(st: Arc<State>) {
+    loop {
+        st.wait_for_gc().await;
+        // Let a burst of unlinks gather: deleting objects is background work, and one round
+        // for many files costs about what a round for one file costs.
+        tokio::time::sleep(GC_GATHER).await;
+        let files = st.take_gc_batch();
+        if let Err(e) = delete_files_objects(&st, files).await {
+            tracing::info!("deleting objects of unlinked files left for recovery: {e}");
         }
     }
-    st.blocking(move |st| {
-        let mut t = st.meta.txn();
-        t.delete_gc(ino);
-        t.commit()
-    })
-    .await
+}
+
+/// Delete the objects of `files` (one request per server holding any, all servers at
+/// once), then the `g` records of the files whose every server confirmed. The first error
+/// is returned after the confirmed records are gone.
+async fn delete_files_objects(st: &Arc<State>, mut files: Vec<(Ino, GcRecord)>) -> R<()> {
+    let mut first_err = None;
+    while !files.is_empty() {
+        // Take files until the round holds GC_BATCH_OBJECTS objects (at least one file).
+        let mut objects = 0;
+        let mut take = 0;
+        while take < files.len() && (take == 0 || objects + files[take].1.layout.servers.len() <= GC_BATCH_OBJECTS) {
+            objects += files[take].1.layout.servers.len();
+            take += 1;
+        }
+        let round: Vec<(Ino, GcRecord)> = files.drain(..take).collect();
+        if let Err(e) = delete_round(st, round).await {
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+async fn delete_round(st: &Arc<State>, files: Vec<(Ino, GcRecord)>) -> R<()> {
+    let mut per_server: BTreeMap<ServerId, Vec<(Ino, u32)>> = BTreeMap::new();
+    for (ino, rec) in &files {
+        for (index, server) in rec.layout.servers.iter().enumerate() {
+            per_server.entry(*server).or_default().push((*ino, index as u32));
+        }
+    }
+    let results = futures::future::join_all(per_server.into_iter().map(|(server, objects)| async move {
+        let r = if server == st.id {
+            st.blocking(move |st| st.data.delete_objects(&objects)).await
+        } else {
+            st.peer(server, Op::PeerDeleteObjects { objects }).await.map(|_| ()).map_err(|e| Fail::peer(server, e))
+        };
+        (server, r)
+    }))
+    .await;
+    let mut failed = Vec::new();
+    let mut first_err = None;
+    for (server, r) in results {
+        if let Err(e) = r {
+            failed.push(server);
+            first_err.get_or_insert(e);
+        }
+    }
+    let done: Vec<Ino> =
+        files.iter().filter(|(_, rec)| rec.layout.servers.iter().all(|s| !failed.contains(s))).map(|(ino, _)| *ino).collect();
+    if !done.is_empty() {
+        st.store(move |st| {
+            let mut t = st.meta.txn();
+            for ino in done {
+                t.delete_gc(ino);
+            }
+            t.commit()
+        })
+        .await?;
+    }
+    first_err.map_or(Ok(()), Err)
 }
 
 /// Run the recovery loop until the task is aborted. Also prunes old "applied" markers now
@@ -132,13 +189,9 @@ pub async fn recover_once(st: &Arc<State>, all: bool) {
         }
     };
     let now = shoal_proto::msg::Timestamp::now().secs;
-    for (ino, rec) in gcs {
-        if !all && now - rec.created < GC_GRACE_SECS {
-            continue;
-        }
-        if let Err(e) = run_gc(st, ino, &rec).await {
-            tracing::debug!("recovery: objects of {ino} not deleted yet: {e}");
-        }
+    let due: Vec<(Ino, GcRecord)> = gcs.into_iter().filter(|(_, rec)| all || now - rec.created >= GC_GRACE_SECS).collect();
+    if let Err(e) = delete_files_objects(st, due).await {
+        tracing::debug!("recovery: objects of some deleted files not deleted yet: {e}");
     }
 }
 

@@ -87,13 +87,12 @@ impl Server {
         })?;
         let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
         let id = ServerId(opts.id);
-        let index_bound = map.servers.len() as u32;
         let dd = data_dir.clone();
         let (meta, data) = tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore)> {
             std::fs::create_dir_all(&dd).with_context(|| format!("cannot create data directory {}", dd.display()))?;
             let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
             check_format(&meta, id, &dd)?;
-            let data = DataStore::open(&dd.join("objects"), index_bound)
+            let data = DataStore::open(&dd.join("objects"))
                 .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
             // Writes acknowledged before a restart were only in the page cache; make them
             // durable now, since the dirty-object list that fsync relies on starts empty.
@@ -175,12 +174,15 @@ impl Server {
 
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
         let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
+        let gc = tokio::spawn(intents::gc_loop(st.clone()));
         net::accept_loop(st.clone(), listener, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
         wal.abort();
         recovery.abort();
+        gc.abort();
         let _ = wal.await;
         let _ = recovery.await;
+        let _ = gc.await;
         if let Err(e) = st.blocking(|st| st.meta.sync_wal()).await {
             tracing::warn!("final WAL sync: {e}");
         }

@@ -119,7 +119,7 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
 
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let reader = read_requests(st.clone(), &mut rd, tx, addr, from_peer);
-    let writer = write_replies(wr, rx, addr);
+    let writer = write_replies(st.clone(), wr, rx, addr);
     tokio::join!(reader, writer);
 }
 
@@ -192,15 +192,32 @@ async fn read_requests(
     }
 }
 
-async fn write_replies(mut wr: BufWriter<OwnedWriteHalf>, mut rx: mpsc::UnboundedReceiver<Outgoing>, addr: SocketAddr) {
+/// Write one reply, after handing the metadata commits it may depend on to the OS (the
+/// group commit of `MetaStore`: a no-op when nothing is pending, one WAL write for a whole
+/// burst of replies otherwise). A WAL that cannot be written closes the connection rather
+/// than acknowledge what would not survive a crash.
+async fn write_reply(st: &State, wr: &mut BufWriter<OwnedWriteHalf>, f: Frame, addr: SocketAddr) -> bool {
+    if let Err(e) = st.meta.flush_wal_to_os() {
+        tracing::error!("connection from {addr}: cannot write the metadata log, closing: {e}");
+        return false;
+    }
+    f.write_to(wr).await.is_ok()
+}
+
+async fn write_replies(
+    st: Arc<State>,
+    mut wr: BufWriter<OwnedWriteHalf>,
+    mut rx: mpsc::UnboundedReceiver<Outgoing>,
+    addr: SocketAddr,
+) {
     while let Some((f, permits)) = rx.recv().await {
-        let mut ok = f.write_to(&mut wr).await.is_ok();
+        let mut ok = write_reply(&st, &mut wr, f, addr).await;
         drop(permits);
         // Write whatever else is ready, then flush once.
         while ok {
             match rx.try_recv() {
                 Ok((f, permits)) => {
-                    ok = f.write_to(&mut wr).await.is_ok();
+                    ok = write_reply(&st, &mut wr, f, addr).await;
                     drop(permits);
                 }
                 Err(_) => break,

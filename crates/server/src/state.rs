@@ -4,7 +4,7 @@ use crate::counters::Counters;
 use crate::error::{fail, Fail, R};
 use crate::locks::Locks;
 use crate::store::data::DataStore;
-use crate::store::meta::{InodeRecord, MetaStore};
+use crate::store::meta::{GcRecord, InodeRecord, MetaStore};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::rendezvous::mix64;
@@ -14,6 +14,7 @@ use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 use shoal_rpc::Pool;
 use std::collections::HashSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +42,12 @@ pub struct State {
     pub counters: Counters,
     pub started: Instant,
     pub contents: Mutex<Option<(Instant, Contents)>>,
+    /// Deleted files whose objects the gc task is to delete (their `g` records are already
+    /// committed; see `intents::gc_loop`), and its wake-up.
+    gc_queue: Mutex<Vec<(Ino, GcRecord)>>,
+    gc_wake: tokio::sync::Notify,
+    /// Round-robin counter of `next_dir_home`.
+    dir_turn: AtomicU64,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -82,10 +89,47 @@ impl State {
             counters: Counters::new(),
             started: Instant::now(),
             contents: Mutex::new(None),
+            gc_queue: Mutex::new(Vec::new()),
+            gc_wake: tokio::sync::Notify::new(),
+            dir_turn: AtomicU64::new(0),
         }
     }
 
-    /// Run blocking work (RocksDB, file I/O) off the async threads.
+    /// Hand a deleted file's objects to the gc task (after the commit that wrote its `g`
+    /// record). Deletions are batched: one request per server for many files.
+    pub fn queue_gc(&self, ino: Ino, rec: GcRecord) {
+        self.gc_queue.lock().push((ino, rec));
+        self.gc_wake.notify_one();
+    }
+
+    /// Wait until deletions are queued.
+    pub async fn wait_for_gc(&self) {
+        while self.gc_queue.lock().is_empty() {
+            self.gc_wake.notified().await;
+        }
+    }
+
+    /// Take every queued deletion.
+    pub fn take_gc_batch(&self) -> Vec<(Ino, GcRecord)> {
+        std::mem::take(&mut *self.gc_queue.lock())
+    }
+
+    /// Run a metadata step in place, on the async thread that handles the request.
+    ///
+    /// Why not `spawn_blocking`: a metadata step touches RocksDB's memtable and appends to
+    /// its WAL buffer (see `MetaStore`: the WAL reaches the OS once per burst of replies,
+    /// not per commit), a few microseconds of work. Handing it to the blocking pool cost
+    /// two thread wake-ups per request and halved create and stat rates in `shoal bench md`
+    /// (measured: 15k → 31k creates/s with 16 in flight, 4 servers on 2 cores). Work that
+    /// waits on files (data objects, fsync, full scans) still goes through [`State::blocking`].
+    pub async fn store<T, F>(self: &Arc<Self>, f: F) -> R<T>
+    where
+        F: FnOnce(&State) -> R<T>,
+    {
+        f(self)
+    }
+
+    /// Run blocking work (file I/O, fsync, full scans of the store) off the async threads.
     pub async fn blocking<T, F>(self: &Arc<Self>, f: F) -> R<T>
     where
         T: Send + 'static,
@@ -130,24 +174,41 @@ impl State {
         }
     }
 
-    /// A fresh inode number: nonzero, not the root, unused here and, if `homed_here`, one
-    /// whose home is this server (files sit with their entry). Blocking.
-    pub fn alloc_ino(&self, homed_here: bool) -> R<Ino> {
+    /// A fresh inode number homed on `home`: nonzero, not the root, unused here. Files get
+    /// one homed here (they sit with their entry); directories one homed on the server
+    /// [`State::next_dir_home`] picks. Random candidates are drawn until one ranks `home`
+    /// first (about as many draws as there are servers).
+    pub fn alloc_ino(&self, home: ServerId) -> R<Ino> {
         for _ in 0..100_000 {
             let n: u64 = rand::random();
             if n <= ROOT_INO.0 {
                 continue;
             }
             let ino = Ino(n);
-            if homed_here && !self.is_home(ino) {
+            if self.home(ino) != home {
                 continue;
             }
-            if self.meta.get_inode(ino)?.is_some() {
+            if home == self.id && self.meta.get_inode(ino)?.is_some() {
                 continue;
             }
             return Ok(ino);
         }
-        fail(Errno::EIO, format!("no inode number homed on {} found (is it marked out in the map?)", self.id))
+        fail(Errno::EIO, format!("no inode number homed on {home} found (is it marked out in the map?)"))
+    }
+
+    /// The server a new subdirectory of `parent` goes to: the placeable servers in map order,
+    /// round-robin from a start that depends on the parent. Consecutive directories (the
+    /// per-rank directories of a job, a tree being unpacked) land on different servers, so
+    /// their entries and creates spread evenly; random placement put two ranks' directories
+    /// on the same server a quarter of the time with 4 servers. Weights are not used here:
+    /// they steer data, and a directory's own metadata is small.
+    pub fn next_dir_home(&self, parent: Ino) -> ServerId {
+        let ring: Vec<ServerId> = self.map.placeable().map(|s| s.server_id()).collect();
+        if ring.is_empty() {
+            return self.id;
+        }
+        let turn = self.dir_turn.fetch_add(1, Ordering::Relaxed);
+        ring[(mix64(parent.0).wrapping_add(turn) % ring.len() as u64) as usize]
     }
 
     /// Attributes as replies carry them. For a file whose objects all live here, the
@@ -180,6 +241,12 @@ impl State {
                 other => Ok(other),
             };
         }
+        // What this step follows from must survive our death before another server acts on
+        // it (see MetaStore::flush_wal_to_os).
+        if let Err(e) = self.meta.flush_wal_to_os() {
+            tracing::error!("cannot write the metadata log before a step on server {server}: {e}");
+            return Err(Errno::EIO);
+        }
         self.counters.peer_sent();
         self.pool.call(server, cred, op, Bytes::new()).await.map(|(r, _)| r)
     }
@@ -188,7 +255,7 @@ impl State {
     pub async fn getattr(self: &Arc<Self>, ino: Ino) -> R<Attr> {
         if self.is_home(ino) {
             return self
-                .blocking(move |st| match st.meta.get_inode(ino)? {
+                .store(move |st| match st.meta.get_inode(ino)? {
                     Some(r) => Ok(r.to_attr(ino, 0)),
                     None => fail(Errno::ENOENT, format!("inode {ino} does not exist")),
                 })

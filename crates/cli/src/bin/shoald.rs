@@ -29,6 +29,12 @@ struct Args {
     /// Address to listen on, host:port (default: the map entry's addr).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+
+    /// Threads that serve requests: 0 = one per CPU; 1 = a single thread (no hand-offs
+    /// between threads: best when several servers share a machine, as `shoal cluster up`
+    /// arranges). File I/O runs on a separate pool either way.
+    #[arg(long, value_name = "N", default_value_t = 0, env = "SHOALD_THREADS")]
+    threads: usize,
 }
 
 fn main() -> ExitCode {
@@ -42,7 +48,17 @@ fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("shoald").build() {
+    let mut builder = match args.threads {
+        1 => tokio::runtime::Builder::new_current_thread(),
+        n => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if n > 1 {
+                b.worker_threads(n);
+            }
+            b
+        }
+    };
+    let runtime = match builder.enable_all().thread_name("shoald").build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("shoald: cannot start the async runtime: {e}");

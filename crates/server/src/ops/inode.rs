@@ -27,7 +27,7 @@ fn load(st: &State, ino: Ino) -> R<InodeRecord> {
 
 pub async fn getattr(st: &Arc<State>, ino: Ino) -> R<Reply> {
     st.require_home(ino)?;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let rec = load(st, ino)?;
         Ok(Reply::Attr(st.attr_of(ino, &rec, true)))
     })
@@ -123,7 +123,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
     let _g = st.locks.lock(&[ino]).await;
     let s2 = set.clone();
     let (old, new) = st
-        .blocking(move |st| {
+        .store(move |st| {
             let rec = load(st, ino)?;
             let new = apply_setattr(&cred, &rec, &s2, now())?;
             Ok((rec, new))
@@ -136,7 +136,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
             cut_objects(st, ino, layout, size).await?;
         }
     }
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         txn.put_inode(ino, new.clone());
         txn.commit()?;
@@ -156,7 +156,7 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
     resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None)
         .map_err(|e| Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)"))?;
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let rec = txn.inode_mut(ino)?;
         if rec.kind != FileKind::Dir {
@@ -176,7 +176,7 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
 
 pub async fn readlink(st: &Arc<State>, ino: Ino) -> R<Reply> {
     st.require_home(ino)?;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let rec = load(st, ino)?;
         match (rec.kind, rec.target) {
             (FileKind::Symlink, Some(t)) => Ok(Reply::Link(t)),
@@ -192,7 +192,7 @@ pub async fn access(st: &Arc<State>, cred: Cred, ino: Ino, mask: u32) -> R<Reply
     if mask & !7 != 0 {
         return fail(Errno::EINVAL, format!("access mask {mask:#o} has unknown bits"));
     }
-    st.blocking(move |st| {
+    st.store(move |st| {
         let rec = load(st, ino)?;
         if mask != 0 {
             perm::check(&cred, &rec.owner(), mask).map_err(|e| denied(e, ino))?;
@@ -208,7 +208,7 @@ pub async fn access(st: &Arc<State>, cred: Cred, ino: Ino, mask: u32) -> R<Reply
 pub async fn extend_size(st: &Arc<State>, cred: Cred, ino: Ino, size: u64) -> R<Reply> {
     st.require_home(ino)?;
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let rec = txn.inode_mut(ino)?;
         match rec.kind {
@@ -264,7 +264,7 @@ pub async fn set_xattr(
         return fail(Errno::EINVAL, "XATTR_CREATE and XATTR_REPLACE together");
     }
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let rec = txn.inode(ino)?.ok_or_else(|| no_inode(ino))?;
         perm::xattr_access(&cred, &rec.owner(), &name, true).map_err(|e| xattr_denied(e, &name))?;
@@ -289,7 +289,7 @@ pub async fn set_xattr(
 pub async fn get_xattr(st: &Arc<State>, cred: Cred, ino: Ino, name: String) -> R<Reply> {
     st.require_home(ino)?;
     xattr_name_ok(&name)?;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let rec = load(st, ino)?;
         perm::xattr_access(&cred, &rec.owner(), &name, false).map_err(|e| xattr_denied(e, &name))?;
         match st.meta.get_xattr(ino, &name)? {
@@ -302,7 +302,7 @@ pub async fn get_xattr(st: &Arc<State>, cred: Cred, ino: Ino, name: String) -> R
 
 pub async fn list_xattr(st: &Arc<State>, cred: Cred, ino: Ino) -> R<Reply> {
     st.require_home(ino)?;
-    st.blocking(move |st| {
+    st.store(move |st| {
         load(st, ino)?;
         let names = st.meta.list_xattrs(ino)?.into_iter().filter(|n| perm::xattr_visible(&cred, n)).collect();
         Ok(Reply::XattrNames(names))
@@ -314,7 +314,7 @@ pub async fn remove_xattr(st: &Arc<State>, cred: Cred, ino: Ino, name: String) -
     st.require_home(ino)?;
     xattr_name_ok(&name)?;
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let rec = txn.inode(ino)?.ok_or_else(|| no_inode(ino))?;
         perm::xattr_access(&cred, &rec.owner(), &name, true).map_err(|e| xattr_denied(e, &name))?;

@@ -133,7 +133,7 @@ pub struct After {
 impl After {
     pub async fn run(self, st: &Arc<State>) {
         for (ino, g) in self.gc {
-            crate::intents::spawn_gc(st, ino, g);
+            st.queue_gc(ino, g);
         }
         for (op_id, ino) in self.unlinks {
             if let Some(_a) = st.activate(op_id) {
@@ -154,7 +154,7 @@ impl After {
 
 /// Delete an intent (after its remote step failed for good, or was undone).
 pub async fn delete_intent(st: &Arc<State>, op_id: u64) -> R<()> {
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut t = st.meta.txn();
         t.delete_intent(op_id);
         t.commit()

@@ -86,7 +86,7 @@ fn may_change(cred: &Cred, dir: Ino, rec: &InodeRecord) -> R<()> {
 pub async fn lookup(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Reply> {
     st.require_home(dir)?;
     name_ok(&name)?;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let d = txn.dir(dir)?;
         perm::check(&cred, &d.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
@@ -104,7 +104,7 @@ pub async fn lookup(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
 pub async fn readdir(st: &Arc<State>, cred: Cred, dir: Ino, after: Option<String>, limit: u32) -> R<Reply> {
     st.require_home(dir)?;
     let limit = if limit == 0 { READDIR_MAX } else { limit.min(READDIR_MAX) } as usize;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let d = txn.dir(dir)?;
         perm::check(&cred, &d.owner(), R_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
@@ -136,7 +136,7 @@ pub async fn create(
     let made = {
         let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
         let name = name.clone();
-        st.blocking(move |st| {
+        st.store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
             let parent = txn.dir(dir)?.clone();
@@ -152,7 +152,7 @@ pub async fn create(
                 return Ok(Made::Existing(e, rec));
             }
             may_change(&cred, dir, &parent)?;
-            let ino = st.alloc_ino(true)?;
+            let ino = st.alloc_ino(st.id)?;
             let layout = shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
                 .map_err(|e| Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)"))?;
             let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
@@ -188,7 +188,7 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
         return fail(Errno::ENOENT, "symlink target is empty or contains NUL");
     }
     let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let now = now();
         let parent = txn.dir(dir)?.clone();
@@ -196,7 +196,7 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
         if txn.entry(dir, &name)?.is_some() {
             return Err(exists(dir, &name));
         }
-        let ino = st.alloc_ino(true)?;
+        let ino = st.alloc_ino(st.id)?;
         let (gid, _) = inherit(&cred, &parent, 0o777, FileKind::Symlink);
         let mut rec = new_inode(FileKind::Symlink, 0o777, cred.uid, gid, now);
         rec.size = target.len() as u64;
@@ -221,7 +221,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
     let g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
     let n2 = name.clone();
     let (ino, rec, local) = st
-        .blocking(move |st| {
+        .store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
             let parent = txn.dir(dir)?.clone();
@@ -229,7 +229,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
             if txn.entry(dir, &n2)?.is_some() {
                 return Err(exists(dir, &n2));
             }
-            let ino = st.alloc_ino(false)?;
+            let ino = st.alloc_ino(st.next_dir_home(dir))?;
             let (gid, perm) = inherit(&cred, &parent, perm, FileKind::Dir);
             let mut rec = new_inode(FileKind::Dir, perm, cred.uid, gid, now);
             rec.parent = Some(dir);
@@ -259,7 +259,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
             let committed = {
                 let _g = st.locks.lock(&[dir]).await;
                 let n2 = name.clone();
-                st.blocking(move |st| {
+                st.store(move |st| {
                     let mut txn = st.meta.txn();
                     let now = now();
                     // The parent may have been removed while the object was being made.
@@ -318,7 +318,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
     if st.is_home(ino) {
         let _g = st.locks.lock_names(&[dir, ino], &[(dir, &name)], 0).await?;
         return st
-            .blocking(move |st| {
+            .store(move |st| {
                 let mut txn = st.meta.txn();
                 let now = now();
                 let parent = txn.dir(dir)?.clone();
@@ -356,7 +356,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
     {
         let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
         let n2 = name.clone();
-        st.blocking(move |st| {
+        st.store(move |st| {
             let mut txn = st.meta.txn();
             let parent = txn.dir(dir)?.clone();
             may_change(&cred, dir, &parent)?;
@@ -400,7 +400,7 @@ pub async fn finish_link(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino:
     let committed = {
         let _g = st.locks.lock_names(&[dir], &[(dir, name)], op_id).await?;
         let name = name.to_string();
-        st.blocking(move |st| {
+        st.store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
             let usable = matches!(txn.inode(dir)?, Some(r) if r.kind == FileKind::Dir);
@@ -459,7 +459,7 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
         let step = {
             let _g = st.locks.lock_names(&inos, &[(dir, &name)], 0).await?;
             let (n2, cred, known) = (name.clone(), cred.clone(), known.clone());
-            st.blocking(move |st| {
+            st.store(move |st| {
                 let mut txn = st.meta.txn();
                 let now = now();
                 let d = txn.dir(dir)?.owner();
@@ -499,7 +499,7 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
         match step {
             Step::Done(Unlinked::Local(gc, ino)) => {
                 if let Some(g) = gc {
-                    crate::intents::spawn_gc(st, ino, g);
+                    st.queue_gc(ino, g);
                 }
                 return Ok(Reply::Ok);
             }
@@ -564,7 +564,7 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
         let g = st.locks.lock_names(&inos, &[(dir, &name)], 0).await?;
         let (n2, c2, k2) = (name.clone(), cred.clone(), known.clone());
         let step = st
-            .blocking(move |st| {
+            .store(move |st| {
                 let (cred, known) = (c2, k2);
                 let mut txn = st.meta.txn();
                 let now = now();
@@ -643,7 +643,7 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
 pub async fn finish_rmdir(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino) -> R<()> {
     let _g = st.locks.lock_names(&[dir], &[(dir, name)], op_id).await?;
     let name = name.to_string();
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let now = now();
         if txn.entry(dir, &name)?.is_some_and(|e| e.ino == ino) {
@@ -810,7 +810,7 @@ async fn rename_local(
         for _ in 0..ATTEMPTS {
             let (s1, d1) = (src_name.clone(), dst_name.clone());
             let (se, te) = st
-                .blocking(move |st| Ok((st.meta.get_entry(src_dir, &s1)?, st.meta.get_entry(dst_dir, &d1)?)))
+                .store(move |st| Ok((st.meta.get_entry(src_dir, &s1)?, st.meta.get_entry(dst_dir, &d1)?)))
                 .await?;
             let se = se.ok_or_else(|| no_entry(src_dir, &src_name))?;
             if (src_dir == dst_dir && src_name == dst_name) || te.is_some_and(|t| t.ino == se.ino) {
@@ -832,7 +832,7 @@ async fn rename_local(
             let (s1, d1, c1, k1) = (src_name.clone(), dst_name.clone(), cred.clone(), known.clone());
             let (snap_s, snap_t) = (se.ino, te.map(|t| t.ino));
             let step = st
-                .blocking(move |st| -> R<Ren<After>> {
+                .store(move |st| -> R<Ren<After>> {
                     let (src_name, dst_name, cred, known) = (s1, d1, c1, k1);
                     let mut txn = st.meta.txn();
                     let now = now();
@@ -931,7 +931,7 @@ async fn rename_local(
                     // names pinned; its Rmdir intent is deleted by the rename's commit.
                     let rop = derive_op(op_id, 5);
                     let (d1, pinned_dst) = (dst_name.clone(), dst_name.clone());
-                    st.blocking(move |st| {
+                    st.store(move |st| {
                         let mut txn = st.meta.txn();
                         txn.put_intent(rop, Intent::Rmdir { dir: dst_dir, name: d1, ino: tino }, now().secs);
                         txn.commit()
@@ -996,7 +996,7 @@ async fn rename_cross(
             return Err(busy());
         }
         let s1 = src_name.clone();
-        let se = st.blocking(move |st| st.meta.get_entry(src_dir, &s1)).await?;
+        let se = st.store(move |st| st.meta.get_entry(src_dir, &s1)).await?;
         let se = se.ok_or_else(|| no_entry(src_dir, &src_name))?;
         if se.kind == FileKind::Dir {
             check_not_ancestor(st, se.ino, dst_dir).await?;
@@ -1009,7 +1009,7 @@ async fn rename_cross(
         let (s1, d1, c1, k1) = (src_name.clone(), dst_name.clone(), cred.clone(), known.clone());
         let snap = se.ino;
         let step = st
-            .blocking(move |st| {
+            .store(move |st| {
                 let (src_name, dst_name, cred, known) = (s1, d1, c1, k1);
                 let mut txn = st.meta.txn();
                 let sd = txn.dir(src_dir)?.owner();
@@ -1095,7 +1095,7 @@ pub async fn finish_rename_source(
     let after = {
         let _g = st.locks.lock_names(&inos, &[(src_dir, src_name)], op_id).await?;
         let name = src_name.to_string();
-        st.blocking(move |st| {
+        st.store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
             let mut after = After::default();
@@ -1135,7 +1135,7 @@ pub async fn peer_rename_in(
 ) -> R<Reply> {
     st.require_home(dst_dir)?;
     name_ok(&dst_name)?;
-    if let Some(a) = st.blocking(move |st| st.meta.get_applied(op_id)).await? {
+    if let Some(a) = st.store(move |st| st.meta.get_applied(op_id)).await? {
         return Ok(a.reply);
     }
     let se = EntryRecord { ino: entry.ino, kind: entry.kind };
@@ -1145,14 +1145,14 @@ pub async fn peer_rename_in(
     let result = async {
         for _ in 0..ATTEMPTS {
             let d1 = dst_name.clone();
-            let snap = st.blocking(move |st| st.meta.get_entry(dst_dir, &d1)).await?.map(|e| e.ino);
+            let snap = st.store(move |st| st.meta.get_entry(dst_dir, &d1)).await?.map(|e| e.ino);
             let mut inos = vec![dst_dir];
             inos.extend(snap.filter(|&i| st.is_home(i)));
             let owner = rmdir_done.map_or(0, |(_, rop)| rop);
             let g = st.locks.lock_names_within(&inos, &[(dst_dir, &dst_name)], owner, RENAME_IN_PIN_WAIT).await?;
             let (d1, c1, k1) = (dst_name.clone(), cred.clone(), known.clone());
             let step = st
-                .blocking(move |st| -> R<Ren<(Reply, After)>> {
+                .store(move |st| -> R<Ren<(Reply, After)>> {
                     let (dst_name, cred, known) = (d1, c1, k1);
                     if let Some(a) = st.meta.get_applied(op_id)? {
                         return Ok(Step::Done((a.reply, After::default())).into());
@@ -1207,7 +1207,7 @@ pub async fn peer_rename_in(
                 Ren::RmdirTarget(tino) => {
                     let rop = derive_op(op_id, 5);
                     let d1 = dst_name.clone();
-                    st.blocking(move |st| {
+                    st.store(move |st| {
                         let mut txn = st.meta.txn();
                         txn.put_intent(rop, Intent::Rmdir { dir: dst_dir, name: d1, ino: tino }, now().secs);
                         txn.commit()

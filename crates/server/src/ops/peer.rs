@@ -19,7 +19,7 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
         return fail(Errno::EINVAL, format!("PeerMkdirObject for {ino}, which is not a directory"));
     }
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         if let Some(a) = st.meta.get_applied(op_id)? {
             return Ok(a.reply);
         }
@@ -41,7 +41,7 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
 pub async fn rmdir_object(st: &Arc<State>, ino: Ino) -> R<Reply> {
     st.require_home(ino)?;
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         match txn.inode(ino)? {
             None => return Ok(Reply::Ok),
@@ -64,7 +64,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64) -> R<
     st.require_home(ino)?;
     let _g = st.locks.lock(&[ino]).await;
     let (reply, gc) = st
-        .blocking(move |st| {
+        .store(move |st| {
             if let Some(a) = st.meta.get_applied(op_id)? {
                 return Ok((a.reply, None));
             }
@@ -97,7 +97,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64) -> R<
         })
         .await?;
     if let Some(g) = gc {
-        crate::intents::spawn_gc(st, ino, g);
+        st.queue_gc(ino, g);
     }
     Ok(reply)
 }
@@ -105,7 +105,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64) -> R<
 pub async fn set_parent(st: &Arc<State>, ino: Ino, parent: Ino) -> R<Reply> {
     st.require_home(ino)?;
     let _g = st.locks.lock(&[ino]).await;
-    st.blocking(move |st| {
+    st.store(move |st| {
         let mut txn = st.meta.txn();
         let r = txn.inode_mut(ino)?;
         if r.kind != FileKind::Dir {
@@ -121,8 +121,8 @@ pub async fn set_parent(st: &Arc<State>, ino: Ino, parent: Ino) -> R<Reply> {
     .await
 }
 
-pub async fn delete_objects(st: &Arc<State>, ino: Ino) -> R<Reply> {
-    st.blocking(move |st| st.data.delete_all(ino).map(|_| Reply::Ok)).await
+pub async fn delete_objects(st: &Arc<State>, objects: Vec<(Ino, u32)>) -> R<Reply> {
+    st.blocking(move |st| st.data.delete_objects(&objects).map(|_| Reply::Ok)).await
 }
 
 pub async fn truncate_object(st: &Arc<State>, ino: Ino, index: u32, len: u64) -> R<Reply> {

@@ -12,7 +12,7 @@ use crate::error::{Fail, R};
 use parking_lot::Mutex;
 use shoal_proto::Errno;
 use shoal_proto::Ino;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -32,22 +32,18 @@ struct FdCache {
 
 pub struct DataStore {
     root: PathBuf,
-    /// Object indices are below this (the number of servers in the map: a layout never has
-    /// more objects than servers). Used to find a file's objects without listing a directory.
-    index_bound: u32,
     fds: Mutex<FdCache>,
     dirty: Mutex<HashMap<u64, Vec<u32>>>,
 }
 
 impl DataStore {
     /// Open the object directory `root`, creating it and its 256 buckets.
-    pub fn open(root: &Path, index_bound: u32) -> std::io::Result<DataStore> {
+    pub fn open(root: &Path) -> std::io::Result<DataStore> {
         for b in 0..256 {
             std::fs::create_dir_all(root.join(format!("{b:02x}")))?;
         }
         Ok(DataStore {
             root: root.to_path_buf(),
-            index_bound: index_bound.max(1),
             fds: Mutex::new(FdCache { map: HashMap::new(), tick: 0 }),
             dirty: Mutex::new(HashMap::new()),
         })
@@ -157,30 +153,18 @@ impl DataStore {
         Ok(())
     }
 
-    /// Delete every object of `ino` held here. Idempotent.
-    pub fn delete_all(&self, ino: Ino) -> R<()> {
-        let mut c = self.fds.lock();
-        c.map.retain(|(i, _), _| *i != ino.0);
-        self.dirty.lock().remove(&ino.0);
-        let unlink = |p: PathBuf| -> R<()> {
+    /// Delete the given objects (file, object index) held here; missing ones are fine
+    /// (idempotent). Open descriptors and pending syncs of those files are dropped.
+    pub fn delete_objects(&self, objects: &[(Ino, u32)]) -> R<()> {
+        let files: HashSet<u64> = objects.iter().map(|(ino, _)| ino.0).collect();
+        self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
+        self.dirty.lock().retain(|i, _| !files.contains(i));
+        for &(ino, index) in objects {
+            let p = self.path(ino, index);
             match std::fs::remove_file(&p) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(Fail::io(format_args!("delete object {}", p.display()), &e)),
-            }
-        };
-        if self.index_bound <= 64 {
-            for index in 0..self.index_bound {
-                unlink(self.path(ino, index))?;
-            }
-        } else {
-            let prefix = format!("{:016x}.", ino.0);
-            let dir = self.bucket(ino);
-            let rd = std::fs::read_dir(&dir).map_err(|e| Fail::io(format_args!("list {}", dir.display()), &e))?;
-            for ent in rd.flatten() {
-                if ent.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
-                    unlink(ent.path())?;
-                }
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Fail::io(format_args!("delete object {}", p.display()), &e)),
             }
         }
         Ok(())
@@ -237,7 +221,7 @@ mod tests {
     #[test]
     fn objects_read_write_truncate_delete() {
         let dir = tempfile::tempdir().unwrap();
-        let d = DataStore::open(dir.path(), 4).unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
         let ino = Ino(0xabcd_0012);
         assert!(d.read(ino, 0, 0, 10).unwrap().is_empty());
         d.write(ino, 1, 5, b"hello").unwrap();
@@ -251,16 +235,16 @@ mod tests {
         assert_eq!(d.read(ino, 1, 0, 100).unwrap(), b"\0\0\0\0\0he");
         d.truncate(ino, 3, 0).unwrap(); // missing: fine
         assert_eq!(d.count(), 1);
-        d.delete_all(ino).unwrap();
+        d.delete_objects(&[(ino, 0), (ino, 1), (ino, 2)]).unwrap();
         assert!(d.read(ino, 1, 0, 100).unwrap().is_empty());
         assert_eq!(d.count(), 0);
-        d.delete_all(ino).unwrap();
+        d.delete_objects(&[(ino, 1)]).unwrap();
     }
 
     #[test]
     fn cache_eviction_keeps_working() {
         let dir = tempfile::tempdir().unwrap();
-        let d = DataStore::open(dir.path(), 1).unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
         for i in 0..(FD_CACHE as u64 + 300) {
             d.write(Ino(i + 2), 0, 0, &i.to_le_bytes()).unwrap();
         }

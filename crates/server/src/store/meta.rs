@@ -15,19 +15,29 @@
 //! | `m` "format" / `m` "server" | on-disk format version / owning server id |
 //!
 //! Values are one format byte followed by bincode, so that a future format can be told
-//! apart. Writes are **not** synced individually: RocksDB hands the WAL record to the OS
-//! before `write` returns (survives `kill -9`), and [`MetaStore::sync_wal`] makes it durable
-//! against power loss (every second, and on `Fsync`). All functions here block: call them
-//! from `spawn_blocking`.
+//! apart.
+//!
+//! **When a write is safe.** Writes are neither synced nor handed to the OS one by one:
+//! RocksDB runs with `manual_wal_flush`, so a commit lands in the memtable and in RocksDB's
+//! WAL buffer. [`MetaStore::flush_wal_to_os`] hands everything committed so far to the OS
+//! in one `write` (then it survives `kill -9`); the connection layer calls it before it
+//! sends any reply, and [`State::peer_as`](crate::state::State) before any request to
+//! another server, so nothing is acknowledged or acted on elsewhere before it would survive
+//! the death of this process. One flush covers every commit of a burst of pipelined
+//! requests (group commit). [`MetaStore::sync_wal`] makes it durable against power loss
+//! (every second, and on `Fsync`). Functions here block only briefly (memtable and block
+//! cache) except the scans and syncs, which callers run through `State::blocking`.
 
 use crate::error::{Fail, R};
 use bincode::Options as _;
-use rocksdb::{Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
+use rocksdb::{BlockBasedOptions, Cache, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use shoal_proto::msg::{Attr, DirEntry, FileKind, Layout, LayoutSpec, Reply, Timestamp};
-use shoal_proto::{Errno, Ino, ServerId};
+use shoal_proto::{Errno, Ino};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Version of the on-disk format written under `m` "format".
 pub const FORMAT_VERSION: u32 = 1;
@@ -276,20 +286,19 @@ pub struct GcRecord {
     pub layout: Layout,
 }
 
-impl GcRecord {
-    /// The distinct servers holding objects.
-    pub fn servers(&self) -> Vec<ServerId> {
-        let mut s = self.layout.servers.clone();
-        s.sort_unstable();
-        s.dedup();
-        s
-    }
-}
+/// Block cache of the metadata store: inodes and entries of a few million files.
+const META_BLOCK_CACHE_BYTES: usize = 256 << 20;
 
 /// The RocksDB database.
 pub struct MetaStore {
     db: DB,
     wopts: WriteOptions,
+    /// Commits so far, and how many of them are known to have reached the OS: a flush is
+    /// only needed when the second lags the first.
+    committed: AtomicU64,
+    flushed: AtomicU64,
+    /// One flusher at a time; the others find their commits covered when they get it.
+    flush_lock: Mutex<()>,
 }
 
 impl MetaStore {
@@ -300,12 +309,24 @@ impl MetaStore {
         opts.set_keep_log_file_num(4);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
+        // Group commit: see the module comment and flush_wal_to_os.
+        opts.set_manual_wal_flush(true);
+        // Most lookups on the create path miss (a new name, a fresh inode number): bloom
+        // filters answer those without walking the memtable's skip list or reading SST
+        // blocks. Measured with perf under `shoal bench md`: memtable Gets were a third of
+        // the store's time.
+        opts.set_memtable_whole_key_filtering(true);
+        opts.set_memtable_prefix_bloom_ratio(0.05);
+        let mut table = BlockBasedOptions::default();
+        table.set_bloom_filter(10.0, false);
+        table.set_whole_key_filtering(true);
+        table.set_block_cache(&Cache::new_lru_cache(META_BLOCK_CACHE_BYTES));
+        opts.set_block_based_table_factory(&table);
         let db = DB::open(&opts, path).map_err(|e| format!("cannot open metadata store {}: {e}", path.display()))?;
         let mut wopts = WriteOptions::default();
-        // The WAL reaches the OS before a write returns (kill -9 safe); power-loss
-        // durability comes from sync_wal (every second and on fsync).
+        // Power-loss durability comes from sync_wal (every second and on fsync).
         wopts.set_sync(false);
-        Ok(MetaStore { db, wopts })
+        Ok(MetaStore { db, wopts, committed: AtomicU64::new(0), flushed: AtomicU64::new(0), flush_lock: Mutex::new(()) })
     }
 
     pub fn get_raw(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
@@ -470,12 +491,35 @@ impl MetaStore {
     }
 
     pub fn write(&self, batch: WriteBatch) -> R<()> {
-        Ok(self.db.write_opt(batch, &self.wopts)?)
+        self.db.write_opt(batch, &self.wopts)?;
+        self.committed.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Hand every commit made so far to the OS (one `write` of the WAL buffer, no sync):
+    /// from then on it survives `kill -9` of this process. Cheap when nothing is pending.
+    pub fn flush_wal_to_os(&self) -> R<()> {
+        let target = self.committed.load(Ordering::Acquire);
+        if self.flushed.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        let _g = self.flush_lock.lock();
+        if self.flushed.load(Ordering::Acquire) >= target {
+            return Ok(());
+        }
+        // Everything counted here finished its write before the flush starts.
+        let upto = self.committed.load(Ordering::Acquire);
+        self.db.flush_wal(false)?;
+        self.flushed.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Make every write so far durable against power loss.
     pub fn sync_wal(&self) -> R<()> {
-        Ok(self.db.flush_wal(true)?)
+        let upto = self.committed.load(Ordering::Acquire);
+        self.db.flush_wal(true)?;
+        self.flushed.fetch_max(upto, Ordering::AcqRel);
+        Ok(())
     }
 
     /// A read-modify-write transaction over this store.
@@ -632,7 +676,7 @@ mod tests {
             atime: t,
             mtime: t,
             ctime: t,
-            layout: Some(Layout { stripe_size: 4096, servers: vec![ServerId(0), ServerId(2)] }),
+            layout: Some(Layout { stripe_size: 4096, servers: vec![shoal_proto::ServerId(0), shoal_proto::ServerId(2)] }),
             dir_default: None,
             parent: None,
             target: Some("x".into()),
