@@ -117,8 +117,17 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // One line: the context chain joined, cause last.
-            let msg = format!("{e:#}").replace('\n', " ");
+            // One line: the context chain joined, cause last. The CLI's own context already
+            // names the operation and path ("cannot stat /x"), so a client error adds only
+            // its cause, not its own "stat /x" again.
+            let msg = match e.downcast_ref::<shoal_client::Error>() {
+                Some(ce) if e.chain().count() > 1 => {
+                    let outer: Vec<String> = e.chain().take_while(|c| c.downcast_ref::<shoal_client::Error>().is_none()).map(|c| c.to_string()).collect();
+                    format!("{}: {}", outer.join(": "), ce.cause())
+                }
+                _ => format!("{e:#}"),
+            }
+            .replace('\n', " ");
             eprintln!("shoal: {msg}");
             if let Some(code) = e.downcast_ref::<cmd::UsageError>() {
                 let _ = code;

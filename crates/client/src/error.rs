@@ -36,6 +36,16 @@ impl Error {
         self
     }
 
+    /// The error without the operation it names first ("stat /x: No such file…" →
+    /// "No such file…"; "stat /x: server s2 (…) unreachable: …" → "server s2 (…)
+    /// unreachable: …"): for callers whose own message already says what was being done.
+    pub fn cause(&self) -> String {
+        match self.context.split_once(": ") {
+            Some((_, rest)) => format!("{rest}: {}", self.errno),
+            None => self.errno.to_string(),
+        }
+    }
+
     /// The errno carried by an I/O error that came out of this library (or any I/O error):
     /// the wrapped [`Error`]'s errno if there is one, else the OS error code, else EIO.
     pub fn errno_of_io(err: &std::io::Error) -> Errno {
@@ -84,6 +94,9 @@ mod tests {
         let e = e.within("server s2 (127.0.0.1:7402) unreachable").within("mkdir /a/b");
         assert_eq!(e.context, "mkdir /a/b: server s2 (127.0.0.1:7402) unreachable");
         assert_eq!(e.to_string(), "mkdir /a/b: server s2 (127.0.0.1:7402) unreachable: No such file or directory");
+        assert_eq!(e.cause(), "server s2 (127.0.0.1:7402) unreachable: No such file or directory");
+        assert_eq!(Error::new(Errno::ENOENT, "stat /x").cause(), "No such file or directory");
+        assert_eq!(Error::bare(Errno::EIO).cause(), "Input/output error");
     }
 
     #[test]
