@@ -120,14 +120,7 @@ fn main() -> ExitCode {
             // One line: the context chain joined, cause last. The CLI's own context already
             // names the operation and path ("cannot stat /x"), so a client error adds only
             // its cause, not its own "stat /x" again.
-            let msg = match e.downcast_ref::<shoal_client::Error>() {
-                Some(ce) if e.chain().count() > 1 => {
-                    let outer: Vec<String> = e.chain().take_while(|c| c.downcast_ref::<shoal_client::Error>().is_none()).map(|c| c.to_string()).collect();
-                    format!("{}: {}", outer.join(": "), ce.cause())
-                }
-                _ => format!("{e:#}"),
-            }
-            .replace('\n', " ");
+            let msg = one_line(&e);
             eprintln!("shoal: {msg}");
             if let Some(code) = e.downcast_ref::<cmd::UsageError>() {
                 let _ = code;
@@ -135,5 +128,21 @@ fn main() -> ExitCode {
             }
             ExitCode::from(1)
         }
+    }
+}
+
+/// An error as one line: the context chain joined, cause last. When a client error's own
+/// context starts with the operation and the path the CLI's context already names
+/// ("cannot stat /x" around "stat /x: No such file…"), that part is said once.
+fn one_line(e: &anyhow::Error) -> String {
+    let full = format!("{e:#}").replace('\n', " ");
+    let Some(ce) = e.downcast_ref::<shoal_client::Error>() else { return full };
+    let outer: Vec<String> =
+        e.chain().take_while(|c| c.downcast_ref::<shoal_client::Error>().is_none()).map(|c| c.to_string()).collect();
+    let outer = outer.join(": ");
+    let first = ce.context.split(": ").next().unwrap_or("");
+    match first.split_once(' ') {
+        Some((_, target)) if !outer.is_empty() && outer.contains(target) => format!("{outer}: {}", ce.cause()).replace('\n', " "),
+        _ => full,
     }
 }

@@ -40,6 +40,9 @@ fn file_commands_work_and_report_errors_with_the_path() {
     fails(&c, &["mkdir", "/nope/deeper"], "/nope/deeper");
     fails(&c, &["ls", "/missing"], "/missing");
     fails(&c, &["stat", "/missing"], "No such file or directory");
+    // The path is said once.
+    let (_, _, err) = c.shoal(&["stat", "/missing"]);
+    assert_eq!(err.trim_end(), "shoal: cannot stat /missing: No such file or directory");
 
     // cp local -> shoal (recursive), shoal -> shoal, shoal -> local
     ok(&c, &["cp", "-r", &l("tree"), "shoal://t"]);
