@@ -148,9 +148,10 @@ fn expect_ok(reply: Reply) -> Result<()> {
 }
 
 /// Whether `cred` may access a file with `attr` for `mask` (R_OK=4, W_OK=2, X_OK=1), by
-/// the rules the servers apply. Only used to skip an `Access` request when the answer is
-/// certainly yes; a no is always confirmed by the server.
-pub(crate) fn may_access(attr: &Attr, cred: &shoal_proto::msg::Cred, mask: u32) -> bool {
+/// the rules the servers apply. For skipping an `Access` request when the answer is
+/// certainly yes (this client's `access`, the FUSE mount); a no must be confirmed by the
+/// server (it may know supplementary groups or ACL-like rules this check does not).
+pub fn may_access(attr: &Attr, cred: &shoal_proto::msg::Cred, mask: u32) -> bool {
     let mask = mask & 7;
     if cred.uid == 0 {
         return mask & 1 == 0 || attr.perm & 0o111 != 0 || attr.kind == FileKind::Dir;
@@ -871,6 +872,9 @@ mod tests {
         assert!(may_access(&file(0o000, 1, 1), &me, 0));
         assert!(may_access(&file(0o000, 1, 1), &Cred::root(), 6));
         assert!(!may_access(&file(0o600, 1, 1), &Cred::root(), 1));
+        assert!(may_access(&file(0o100, 1, 1), &Cred::root(), 1), "root may execute when anyone may");
+        let member = Cred { uid: 11, gid: 99, groups: vec![20] };
+        assert!(may_access(&file(0o640, 10, 20), &member, 4) && !may_access(&file(0o640, 10, 20), &member, 2));
     }
 
     #[test]

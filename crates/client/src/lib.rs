@@ -68,7 +68,7 @@ pub mod pathname;
 mod path_ops;
 
 pub use blocking::{BlockingClient, BlockingFile};
-pub use client::{Client, StatFs};
+pub use client::{may_access, Client, StatFs};
 pub use error::{Error, Result};
 pub use file::{File, MAX_PIECE};
 pub use options::{ClientOptions, OpenFlags};
