@@ -95,6 +95,9 @@ pub(crate) fn parse_special(target: &str) -> Option<Special> {
 /// Bound on the remembered symlink kinds (cleared when passed).
 const SPECIALS_MAX: usize = 1 << 20;
 
+/// Bound on the remembered names (see `Shared::names`).
+const NAMES_MAX: usize = 1 << 16;
+
 /// The attribute holding file capabilities.
 const CAPS_XATTR: &str = "security.capability";
 
@@ -155,6 +158,11 @@ pub(crate) struct Shared {
     /// Directory attributes, so that the kernel's permission checks after a change made
     /// through this mount cost no request (see `dircache.rs`).
     dir_attrs: DirCache,
+    /// The inode each name refers to as this mount last told the kernel (from lookups and
+    /// the replies that make names), and when. Within `entry_timeout` — as long as the
+    /// kernel itself trusts the name — an unlink or rename over a name known to be no
+    /// open file needs no lookup to find out whether it must protect an open file.
+    names: Mutex<HashMap<(u64, String), (u64, Instant)>>,
     /// Set once the session exists: lets the mount invalidate the kernel's caches.
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
     next_fh: AtomicU64,
@@ -207,6 +215,7 @@ impl Shared {
             told: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
             dir_attrs,
+            names: Mutex::new(HashMap::new()),
             notifier: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             hidden_seq: AtomicU64::new(1),
@@ -396,6 +405,12 @@ impl Shared {
         if self.nodes.lock().is_empty() {
             return None;
         }
+        // The kernel removes the name as it knows it: the inode this mount told it, which
+        // it trusts for entry_timeout. Not open here: nothing to protect.
+        let known = self.names.lock().get(&(dir.0, name.to_string())).copied();
+        if known.is_some_and(|(ino, at)| at.elapsed() < self.opts.entry_timeout && self.node(ino).is_none()) {
+            return None;
+        }
         let a = self.root.lookup(dir, name).await.ok()?;
         if a.kind != FileKind::File || a.nlink > 1 {
             return None;
@@ -410,6 +425,24 @@ impl Shared {
                 None
             }
         }
+    }
+
+    /// The kernel was told that `dir/name` is `ino`.
+    fn named(&self, dir: u64, name: &str, ino: u64) {
+        let mut m = self.names.lock();
+        if m.len() >= NAMES_MAX {
+            let ttl = self.opts.entry_timeout;
+            m.retain(|_, (_, at)| at.elapsed() < ttl);
+            if m.len() >= NAMES_MAX / 2 {
+                m.clear();
+            }
+        }
+        m.insert((dir, name.to_string()), (ino, Instant::now()));
+    }
+
+    /// `dir/name` was removed or replaced (or may have been).
+    fn unnamed(&self, dir: u64, name: &str) {
+        self.names.lock().remove(&(dir, name.to_string()));
     }
 
     async fn commit_hidden(&self, dir: Ino, protected: Option<(Arc<Node>, String)>, removed: bool) {
@@ -617,6 +650,7 @@ impl Shared {
         match user.create_at(Ino(parent), &name, mode & 0o7777, true, None).await {
             Ok(a) => {
                 self.dir_attrs.changed(parent, 0);
+                self.named(parent, &name, a.ino.0);
                 // A new file has no extended attributes: the kernel's capability check
                 // before each write is answered from memory.
                 self.no_caps_known(a.ino.0);
@@ -629,6 +663,7 @@ impl Shared {
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
                 // Made by someone else since the kernel looked: open it like any file.
                 let a = user.lookup(Ino(parent), &name).await.map_err(e)?;
+                self.named(parent, &name, a.ino.0);
                 match a.kind {
                     FileKind::File => {}
                     FileKind::Dir => return Err(raw(libc::EISDIR)),
@@ -988,6 +1023,7 @@ impl Filesystem for ShoalFs {
             match sh.user(who).lookup(Ino(parent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
+                    sh.named(parent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) if err.errno.0 == libc::ENOENT && !sh.opts.negative_timeout.is_zero() => {
@@ -1100,7 +1136,10 @@ impl Filesystem for ShoalFs {
                 },
             };
             match r {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => {
+                    sh.named(parent.0, &name, a.ino.0);
+                    sh.reply_entry(reply, &a).await
+                }
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -1118,6 +1157,7 @@ impl Filesystem for ShoalFs {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 1);
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
+                    sh.named(parent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) => reply.error(e(err)),
@@ -1135,6 +1175,7 @@ impl Filesystem for ShoalFs {
             let dir = Ino(parent.0);
             let protected = sh.protect(dir, &name).await;
             let r = sh.user(who).unlink_at(dir, &name).await;
+            sh.unnamed(parent.0, &name);
             if r.is_ok() {
                 sh.dir_attrs.changed(parent.0, 0);
             }
@@ -1157,6 +1198,7 @@ impl Filesystem for ShoalFs {
                 Ok(()) => {
                     sh.dir_attrs.changed(parent.0, -1);
                     sh.dir_attrs.removed(parent.0, &name);
+                    sh.unnamed(parent.0, &name);
                     reply.ok()
                 }
                 Err(err) => reply.error(e(err)),
@@ -1179,6 +1221,7 @@ impl Filesystem for ShoalFs {
             match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 0);
+                    sh.named(parent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) => reply.error(e(err)),
@@ -1217,6 +1260,8 @@ impl Filesystem for ShoalFs {
             // counts, parent): start afresh, whatever the outcome (a failure across servers
             // may have done part of it).
             sh.dir_attrs.clear();
+            sh.unnamed(parent.0, &name);
+            sh.unnamed(newparent.0, &newname);
             sh.commit_hidden(dst, protected, r.is_ok()).await;
             match r {
                 Ok(()) => reply.ok(),
@@ -1235,6 +1280,7 @@ impl Filesystem for ShoalFs {
             match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(newparent.0, 0);
+                    sh.named(newparent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) => reply.error(e(err)),
