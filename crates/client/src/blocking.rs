@@ -145,6 +145,13 @@ impl BlockingClient {
         Ok(BlockingFile { rt: self.rt.clone(), file: f })
     }
 
+    /// Blocking twin of [`Client::open_with_attr`] (no request is made).
+    pub fn open_with_attr(&self, attr: Attr, flags: OpenFlags) -> Result<BlockingFile> {
+        // Inside the runtime, so the handle can publish a pending size if dropped unclosed.
+        let f = self.rt.block_on(async { self.client.open_with_attr(attr, flags) })?;
+        Ok(BlockingFile { rt: self.rt.clone(), file: f })
+    }
+
     twins! {
         // ---- inode level ----
         fn lookup(&self, dir: Ino, name: &str) -> Result<Attr>;

@@ -579,6 +579,23 @@ impl Client {
         r.await.map_err(|e: Error| e.within(format_args!("open {ino}")))
     }
 
+    /// A handle on the file that `attr` describes, made without a request: for attributes
+    /// that just came from a server, such as the reply to [`Client::create_at`] (a FUSE
+    /// mount opens the file it created this way, so a create costs one request instead of
+    /// two). Nothing is checked (the caller has checked access), nothing is truncated or
+    /// created: only the access mode and `append` of `flags` are used. The handle's size
+    /// starts at `attr.size`, so cached attributes would break close-to-open consistency;
+    /// use [`Client::open_ino`] for those.
+    pub fn open_with_attr(&self, attr: Attr, flags: OpenFlags) -> Result<File> {
+        let ino = attr.ino;
+        match attr.kind {
+            FileKind::Dir if flags.writes() => Err(Error::bare(Errno::EISDIR)),
+            FileKind::Symlink => Err(Error::bare(Errno::ELOOP)),
+            _ => File::open(self.clone(), attr, &flags),
+        }
+        .map_err(|e: Error| e.within(format_args!("open {ino}")))
+    }
+
     /// Checks and truncation common to every open. `created`: the attributes come from a
     /// create request, which may have made the file just now; its owner is not checked
     /// (an owner could grant itself the access anyway, and a new file opens whatever its

@@ -1,6 +1,15 @@
-//! The FUSE file system: every kernel request becomes a task on a tokio runtime that makes
-//! the matching Shoal client call as the requesting uid/gid and answers the kernel from
-//! the task, so slow requests never hold up others.
+//! The FUSE file system: every kernel request becomes a future that makes the matching
+//! Shoal client call as the requesting uid/gid and answers the kernel when it is done. It
+//! starts on the thread that read the request (which answers at once what needs no server,
+//! and sends what does); a future that waits for a server goes on as a task on the tokio
+//! runtime, so slow requests never hold up others (see `ShoalFs::spawn`).
+//!
+//! **Requests per operation** (counted by the servers; `docs/mount.md` has the table):
+//! a create is the kernel's lookup of the new name plus the create (the file is opened
+//! from the create's reply); an unlink is the kernel's lookup (unless its entry is cached)
+//! plus the unlink. The kernel's permission checks on a directory after a change made here
+//! are answered from the mount's own copy of the directory's attributes (`dircache.rs`);
+//! a flush with nothing to publish and the release of a file that wrote nothing cost none.
 //!
 //! **Open files.** All descriptors of one inode on this mount share one client
 //! [`File`] (opened read-write as root; each open is checked against the caller's
@@ -21,6 +30,7 @@
 //! inode's own. The native client and `shoal ls` see the symlink.
 
 use crate::convert::{self, errno, file_attr, raw};
+use crate::dircache::DirCache;
 use crate::options::MountOptions;
 use bytes::Bytes;
 use fuser::{
@@ -37,7 +47,8 @@ use std::future::Future;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Prefix of the hidden names that keep unlinked-but-open files alive.
 pub(crate) const HIDDEN_PREFIX: &str = ".shoal-unlinked-";
@@ -83,6 +94,9 @@ pub(crate) fn parse_special(target: &str) -> Option<Special> {
 
 /// Bound on the remembered symlink kinds (cleared when passed).
 const SPECIALS_MAX: usize = 1 << 20;
+
+/// Bound on the remembered names (see `Shared::names`).
+const NAMES_MAX: usize = 1 << 16;
 
 /// The attribute holding file capabilities.
 const CAPS_XATTR: &str = "security.capability";
@@ -141,6 +155,14 @@ pub(crate) struct Shared {
     /// asks for it before every write (to drop capabilities on write); this answers from
     /// memory for `attr_timeout`, as for other attributes.
     no_caps: Mutex<HashMap<u64, std::time::Instant>>,
+    /// Directory attributes, so that the kernel's permission checks after a change made
+    /// through this mount cost no request (see `dircache.rs`).
+    dir_attrs: DirCache,
+    /// The inode each name refers to as this mount last told the kernel (from lookups and
+    /// the replies that make names), and when. Within `entry_timeout` — as long as the
+    /// kernel itself trusts the name — an unlink or rename over a name known to be no
+    /// open file needs no lookup to find out whether it must protect an open file.
+    names: Mutex<HashMap<(u64, String), (u64, Instant)>>,
     /// Set once the session exists: lets the mount invalidate the kernel's caches.
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
     next_fh: AtomicU64,
@@ -182,6 +204,7 @@ fn e(err: Error) -> fuser::Errno {
 
 impl Shared {
     pub(crate) fn new(root: Client, opts: MountOptions) -> Arc<Shared> {
+        let dir_attrs = DirCache::new(opts.attr_timeout);
         Arc::new(Shared {
             root,
             opts,
@@ -191,6 +214,8 @@ impl Shared {
             specials: Mutex::new(HashMap::new()),
             told: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
+            dir_attrs,
+            names: Mutex::new(HashMap::new()),
             notifier: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
             hidden_seq: AtomicU64::new(1),
@@ -307,6 +332,37 @@ impl Shared {
         Ok(n)
     }
 
+    /// The shared handle of a file this mount has just created, made from the attributes
+    /// in the create reply (fresh from the server), so the open costs no request.
+    fn acquire_created(&self, a: &Attr) -> Result<Arc<Node>, Error> {
+        let mut map = self.nodes.lock();
+        if let Some(n) = map.get(&a.ino.0) {
+            n.opens.fetch_add(1, Ordering::AcqRel);
+            return Ok(n.clone());
+        }
+        let file = self.root.open_with_attr(a.clone(), OpenFlags::read_write())?;
+        let n = Arc::new(Node {
+            file,
+            opens: AtomicUsize::new(1),
+            hidden: Mutex::new(Vec::new()),
+            size_hint: AtomicU64::new(a.size),
+        });
+        map.insert(a.ino.0, n.clone());
+        Ok(n)
+    }
+
+    /// Remember that `ino` has no `security.capability` attribute (as of now).
+    fn no_caps_known(&self, ino: u64) {
+        if self.opts.attr_timeout.is_zero() {
+            return;
+        }
+        let mut m = self.no_caps.lock();
+        if m.len() >= SPECIALS_MAX {
+            m.clear();
+        }
+        m.insert(ino, std::time::Instant::now());
+    }
+
     /// Undo one `acquire` (an open that failed after it).
     async fn drop_open(&self, node: &Arc<Node>, ino: Ino) {
         if let Some(hidden) = self.release_node(node, ino) {
@@ -334,6 +390,7 @@ impl Shared {
         let file = node.file.clone();
         let r = if self.opts.sync_close { file.close().await } else { file.flush().await };
         for (dir, name) in hidden {
+            self.dir_attrs.changed(dir.0, 0);
             if let Err(err) = self.root.unlink_at(dir, &name).await {
                 tracing::warn!("removing the hidden name {name:?} of a closed unlinked file: {err}");
             }
@@ -348,12 +405,19 @@ impl Shared {
         if self.nodes.lock().is_empty() {
             return None;
         }
+        // The kernel removes the name as it knows it: the inode this mount told it, which
+        // it trusts for entry_timeout. Not open here: nothing to protect.
+        let known = self.names.lock().get(&(dir.0, name.to_string())).copied();
+        if known.is_some_and(|(ino, at)| at.elapsed() < self.opts.entry_timeout && self.node(ino).is_none()) {
+            return None;
+        }
         let a = self.root.lookup(dir, name).await.ok()?;
         if a.kind != FileKind::File || a.nlink > 1 {
             return None;
         }
         let node = self.node(a.ino.0)?;
         let hidden = format!("{HIDDEN_PREFIX}{:x}-{}", a.ino.0, self.hidden_seq.fetch_add(1, Ordering::Relaxed));
+        self.dir_attrs.changed(dir.0, 0);
         match self.root.link_at(a.ino, dir, &hidden).await {
             Ok(_) => Some((node, hidden)),
             Err(err) => {
@@ -361,6 +425,24 @@ impl Shared {
                 None
             }
         }
+    }
+
+    /// The kernel was told that `dir/name` is `ino`.
+    fn named(&self, dir: u64, name: &str, ino: u64) {
+        let mut m = self.names.lock();
+        if m.len() >= NAMES_MAX {
+            let ttl = self.opts.entry_timeout;
+            m.retain(|_, (_, at)| at.elapsed() < ttl);
+            if m.len() >= NAMES_MAX / 2 {
+                m.clear();
+            }
+        }
+        m.insert((dir, name.to_string()), (ino, Instant::now()));
+    }
+
+    /// `dir/name` was removed or replaced (or may have been).
+    fn unnamed(&self, dir: u64, name: &str) {
+        self.names.lock().remove(&(dir, name.to_string()));
     }
 
     async fn commit_hidden(&self, dir: Ino, protected: Option<(Arc<Node>, String)>, removed: bool) {
@@ -374,6 +456,7 @@ impl Shared {
             }
         }
         // The removal failed, or the file was closed meanwhile: the hidden name goes now.
+        self.dir_attrs.changed(dir.0, 0);
         if let Err(err) = self.root.unlink_at(dir, &hidden).await {
             tracing::warn!("removing hidden name {hidden:?}: {err}");
         }
@@ -423,7 +506,7 @@ impl Shared {
 
     async fn reply_entry(&self, reply: ReplyEntry, a: &Attr) {
         let f = self.present(a.clone()).await;
-        reply.entry_with_ttls(&self.opts.entry_timeout, &self.opts.attr_timeout, &f, Generation(0));
+        reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &f, Generation(0));
     }
 
     // ---- the operations, as async functions returning results ----
@@ -553,15 +636,26 @@ impl Shared {
         }
         let fh = self.new_fh();
         self.fhs.lock().insert(fh, Fh { node });
-        Ok((fh, self.fopen_flags()))
+        let mut ff = self.fopen_flags();
+        if acc == libc::O_RDONLY {
+            // Closing a descriptor that cannot write has nothing to publish (the kernel
+            // keeps the locks and drops them itself), so the kernel need not send FLUSH.
+            ff |= FopenFlags::FOPEN_NOFLUSH;
+        }
+        Ok((fh, ff))
     }
 
     async fn create(&self, who: Who, parent: u64, name: String, mode: u32, flags: i32) -> Res<(Attr, u64, FopenFlags)> {
         let user = self.user(who);
         match user.create_at(Ino(parent), &name, mode & 0o7777, true, None).await {
             Ok(a) => {
+                self.dir_attrs.changed(parent, 0);
+                self.named(parent, &name, a.ino.0);
+                // A new file has no extended attributes: the kernel's capability check
+                // before each write is answered from memory.
+                self.no_caps_known(a.ino.0);
                 // A new file opens whatever its mode (open(2) with O_CREAT).
-                let node = self.acquire(a.ino).await.map_err(e)?;
+                let node = self.acquire_created(&a).map_err(e)?;
                 let fh = self.new_fh();
                 self.fhs.lock().insert(fh, Fh { node });
                 Ok((a, fh, self.fopen_flags()))
@@ -569,6 +663,7 @@ impl Shared {
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
                 // Made by someone else since the kernel looked: open it like any file.
                 let a = user.lookup(Ino(parent), &name).await.map_err(e)?;
+                self.named(parent, &name, a.ino.0);
                 match a.kind {
                     FileKind::File => {}
                     FileKind::Dir => return Err(raw(libc::EISDIR)),
@@ -669,7 +764,9 @@ impl Shared {
     async fn opendir(&self, who: Who, ino: u64) -> Res<u64> {
         let cred = convert::cred(who.uid, who.gid, who.pid);
         let user = self.root.with_cred(cred.clone());
+        let asked = Instant::now();
         let a = user.getattr_fresh(Ino(ino)).await.map_err(e)?;
+        self.dir_attrs.fetched(&a, asked, None);
         if a.kind != FileKind::Dir {
             return Err(raw(libc::ENOTDIR));
         }
@@ -751,12 +848,8 @@ impl Shared {
             }
         }
         let r = self.user(who).getxattr(Ino(ino), &name).await;
-        if caps && r.as_ref().is_err_and(|err| err.errno.0 == libc::ENODATA) && !self.opts.attr_timeout.is_zero() {
-            let mut m = self.no_caps.lock();
-            if m.len() >= SPECIALS_MAX {
-                m.clear();
-            }
-            m.insert(ino, std::time::Instant::now());
+        if caps && r.as_ref().is_err_and(|err| err.errno.0 == libc::ENODATA) {
+            self.no_caps_known(ino);
         }
         r.map_err(e)
     }
@@ -785,7 +878,48 @@ fn xattr_reply(reply: ReplyXattr, size: u32, data: Res<Vec<u8>>) {
     }
 }
 
-/// The `fuser` file system: hands each request to a task on `rt`.
+/// A request's future, boxed so that moving it (into a task) copies a pointer.
+type Task = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A request's future after its first poll, until something it waits for wakes it.
+struct Parked {
+    state: Mutex<ParkState>,
+    rt: tokio::runtime::Handle,
+}
+
+enum ParkState {
+    /// Being polled for the first time.
+    Polling,
+    /// Woken during that poll.
+    Woken,
+    /// Waiting; the first wake-up hands it to the runtime.
+    Parked(Task),
+    /// Handed to the runtime (its task's own waker is used from then on).
+    Gone,
+}
+
+impl futures::task::ArcWake for Parked {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        let fut = {
+            let mut st = arc_self.state.lock();
+            match std::mem::replace(&mut *st, ParkState::Gone) {
+                ParkState::Parked(fut) => fut,
+                ParkState::Polling => {
+                    *st = ParkState::Woken;
+                    return;
+                }
+                other => {
+                    *st = other;
+                    return;
+                }
+            }
+        };
+        // Usually on the runtime thread that read the reply: the task runs there next.
+        arc_self.rt.spawn(fut);
+    }
+}
+
+/// The `fuser` file system: runs each request as a future (see `ShoalFs::spawn`).
 pub(crate) struct ShoalFs {
     rt: tokio::runtime::Handle,
     sh: Arc<Shared>,
@@ -796,6 +930,14 @@ impl ShoalFs {
         ShoalFs { rt, sh }
     }
 
+    /// Run a request: its future is first polled right here, on the thread that read the
+    /// request from the kernel. Most requests either finish in that poll (answered from
+    /// memory: a flush with no size to publish, a cached directory's attributes) or send
+    /// their request to a server in it (the client writes to the socket on this thread) and
+    /// then wait for the reply. A waiting future is parked; whoever wakes it — the runtime
+    /// thread that reads the server's reply — hands it to the runtime, where it goes on
+    /// and answers the kernel. A request therefore costs one wake-up of a runtime thread
+    /// (the reply), not three (hand-off, send, reply), and no request waits for another.
     fn spawn<F, Fut>(&self, f: F)
     where
         F: FnOnce(Arc<Shared>) -> Fut,
@@ -803,11 +945,35 @@ impl ShoalFs {
     {
         self.sh.inflight.fetch_add(1, Ordering::AcqRel);
         let guard = InFlight(self.sh.clone());
-        let fut = f(self.sh.clone());
-        self.rt.spawn(async move {
+        let inner = f(self.sh.clone());
+        let mut fut: Task = Box::pin(async move {
             let _guard = guard;
-            fut.await;
+            inner.await;
         });
+        let parked = Arc::new(Parked { state: Mutex::new(ParkState::Polling), rt: self.rt.clone() });
+        let waker = futures::task::waker(parked.clone());
+        let polled = {
+            // Inside the runtime's context: the client may start timers or connections.
+            let _rt = self.rt.enter();
+            let mut cx = Context::from_waker(&waker);
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(&mut cx)))
+        };
+        match polled {
+            Ok(Poll::Ready(())) => {}
+            Ok(Poll::Pending) => {
+                let mut st = parked.state.lock();
+                match std::mem::replace(&mut *st, ParkState::Gone) {
+                    // Woken while being polled: it can go on at once.
+                    ParkState::Woken => {
+                        drop(st);
+                        self.rt.spawn(fut);
+                    }
+                    _ => *st = ParkState::Parked(fut),
+                }
+            }
+            // As a panicking task would: the dropped reply answers EIO.
+            Err(_) => tracing::error!("a request handler panicked"),
+        }
     }
 
     fn read_only(&self) -> bool {
@@ -853,13 +1019,18 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         self.spawn(move |sh| async move {
+            let asked = Instant::now();
             match sh.user(who).lookup(Ino(parent.0), &name).await {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => {
+                    sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
+                    sh.named(parent.0, &name, a.ino.0);
+                    sh.reply_entry(reply, &a).await
+                }
                 Err(err) if err.errno.0 == libc::ENOENT && !sh.opts.negative_timeout.is_zero() => {
                     // A negative entry: node id 0, remembered for negative_timeout.
                     let mut none = file_attr(&sh.root_stub());
                     none.ino = INodeNo(0);
-                    reply.entry_with_ttls(&sh.opts.negative_timeout, &Duration::ZERO, &none, Generation(0));
+                    reply.entry_with_ttls(&Duration::ZERO, &sh.opts.negative_timeout, &none, Generation(0));
                 }
                 Err(err) => reply.error(e(err)),
             }
@@ -867,10 +1038,20 @@ impl Filesystem for ShoalFs {
     }
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        // A directory's attributes are usually asked for by the kernel's permission check
+        // after a change made here; answered on this thread, with what is left of their
+        // lifetime (a directory is never special, never an open file: nothing to merge).
+        if let Some((a, left)) = self.sh.dir_attrs.get(ino.0) {
+            return reply.attr(&left, &file_attr(&a));
+        }
         let who = Who::of(req);
         self.spawn(move |sh| async move {
+            let asked = Instant::now();
             match sh.getattr(who, ino.0).await {
-                Ok(a) => reply.attr(&sh.ttl_attr(), &sh.present(a).await),
+                Ok(a) => {
+                    sh.dir_attrs.fetched(&a, asked, None);
+                    reply.attr(&sh.ttl_attr(), &sh.present(a).await)
+                }
                 Err(err) => reply.error(err),
             }
         });
@@ -899,7 +1080,10 @@ impl Filesystem for ShoalFs {
         }
         let who = Who::of(req);
         self.spawn(move |sh| async move {
-            match sh.setattr(who, ino.0, mode, uid, gid, size, atime, mtime, fh).await {
+            let r = sh.setattr(who, ino.0, mode, uid, gid, size, atime, mtime, fh).await;
+            // A directory's attributes changed: the next getattr asks the server.
+            sh.dir_attrs.forget(ino.0);
+            match r {
                 Ok(a) => reply.attr(&sh.ttl_attr(), &sh.present(a).await),
                 Err(err) => reply.error(err),
             }
@@ -928,11 +1112,16 @@ impl Filesystem for ShoalFs {
             let perm = mode & 0o7777;
             let r = match special_target(mode, rdev) {
                 None if mode & libc::S_IFMT == libc::S_IFREG || mode & libc::S_IFMT == 0 => {
-                    user.create_at(dir, &name, perm, true, None).await
+                    let r = user.create_at(dir, &name, perm, true, None).await;
+                    if r.is_ok() {
+                        sh.dir_attrs.changed(parent.0, 0);
+                    }
+                    r
                 }
                 None => return reply.error(raw(libc::EINVAL)),
                 Some(target) => match user.symlink_at(dir, &name, &target).await {
                     Ok(a) => {
+                        sh.dir_attrs.changed(parent.0, 0);
                         sh.remember_special(a.ino.0, parse_special(&target));
                         let set = SetAttrs { perm: Some(perm), ..Default::default() };
                         match user.setattr(a.ino, set).await {
@@ -947,7 +1136,10 @@ impl Filesystem for ShoalFs {
                 },
             };
             match r {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => {
+                    sh.named(parent.0, &name, a.ino.0);
+                    sh.reply_entry(reply, &a).await
+                }
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -960,8 +1152,14 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         self.spawn(move |sh| async move {
+            let asked = Instant::now();
             match sh.user(who).mkdir_at(Ino(parent.0), &name, mode & 0o7777).await {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => {
+                    sh.dir_attrs.changed(parent.0, 1);
+                    sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
+                    sh.named(parent.0, &name, a.ino.0);
+                    sh.reply_entry(reply, &a).await
+                }
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -977,6 +1175,10 @@ impl Filesystem for ShoalFs {
             let dir = Ino(parent.0);
             let protected = sh.protect(dir, &name).await;
             let r = sh.user(who).unlink_at(dir, &name).await;
+            sh.unnamed(parent.0, &name);
+            if r.is_ok() {
+                sh.dir_attrs.changed(parent.0, 0);
+            }
             sh.commit_hidden(dir, protected, r.is_ok()).await;
             match r {
                 Ok(()) => reply.ok(),
@@ -993,7 +1195,12 @@ impl Filesystem for ShoalFs {
         let who = Who::of(req);
         self.spawn(move |sh| async move {
             match sh.user(who).rmdir_at(Ino(parent.0), &name).await {
-                Ok(()) => reply.ok(),
+                Ok(()) => {
+                    sh.dir_attrs.changed(parent.0, -1);
+                    sh.dir_attrs.removed(parent.0, &name);
+                    sh.unnamed(parent.0, &name);
+                    reply.ok()
+                }
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -1012,7 +1219,11 @@ impl Filesystem for ShoalFs {
         let who = Who::of(req);
         self.spawn(move |sh| async move {
             match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => {
+                    sh.dir_attrs.changed(parent.0, 0);
+                    sh.named(parent.0, &name, a.ino.0);
+                    sh.reply_entry(reply, &a).await
+                }
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -1045,6 +1256,12 @@ impl Filesystem for ShoalFs {
             let (src, dst) = (Ino(parent.0), Ino(newparent.0));
             let protected = if rf.noreplace || rf.exchange { None } else { sh.protect(dst, &newname).await };
             let r = sh.user(who).rename_at(src, &name, dst, &newname, rf).await;
+            // Both directories changed, and a moved or replaced directory with them (link
+            // counts, parent): start afresh, whatever the outcome (a failure across servers
+            // may have done part of it).
+            sh.dir_attrs.clear();
+            sh.unnamed(parent.0, &name);
+            sh.unnamed(newparent.0, &newname);
             sh.commit_hidden(dst, protected, r.is_ok()).await;
             match r {
                 Ok(()) => reply.ok(),
@@ -1061,7 +1278,11 @@ impl Filesystem for ShoalFs {
         let who = Who::of(req);
         self.spawn(move |sh| async move {
             match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => {
+                    sh.dir_attrs.changed(newparent.0, 0);
+                    sh.named(newparent.0, &name, a.ino.0);
+                    sh.reply_entry(reply, &a).await
+                }
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -1241,7 +1462,9 @@ impl Filesystem for ShoalFs {
             let create = flags & libc::XATTR_CREATE != 0;
             let replace = flags & libc::XATTR_REPLACE != 0;
             sh.xattr_changed(ino.0);
-            match sh.user(who).setxattr(Ino(ino.0), &name, &value, create, replace).await {
+            let r = sh.user(who).setxattr(Ino(ino.0), &name, &value, create, replace).await;
+            sh.dir_attrs.forget(ino.0);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
             }
@@ -1276,7 +1499,9 @@ impl Filesystem for ShoalFs {
         let who = Who::of(req);
         self.spawn(move |sh| async move {
             sh.xattr_changed(ino.0);
-            match sh.user(who).removexattr(Ino(ino.0), &name).await {
+            let r = sh.user(who).removexattr(Ino(ino.0), &name).await;
+            sh.dir_attrs.forget(ino.0);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
             }
@@ -1316,7 +1541,9 @@ impl Filesystem for ShoalFs {
             match sh.create(who, parent.0, name, mode, flags).await {
                 Ok((a, fh, ff)) => {
                     let f = sh.present(a).await;
-                    reply.created(&sh.opts.entry_timeout, &f, Generation(0), FileHandle(fh), ff)
+                    // One lifetime for the name and the attributes: the shorter one.
+                    let ttl = sh.opts.entry_timeout.min(sh.opts.attr_timeout);
+                    reply.created(&ttl, &f, Generation(0), FileHandle(fh), ff)
                 }
                 Err(err) => reply.error(err),
             }

@@ -17,6 +17,7 @@
 //! ```
 
 mod convert;
+mod dircache;
 mod fs;
 mod options;
 

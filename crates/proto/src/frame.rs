@@ -179,12 +179,17 @@ impl Frame {
         Ok(Some(Frame { kind: h.kind, request_id: h.request_id, body: all, data }))
     }
 
-    /// Write the frame (header and body in one buffer, data straight from its own buffer).
-    pub async fn write_to<W: AsyncWrite + Unpin>(&self, w: &mut W) -> Result<(), FrameError> {
+    /// The header and the body in one buffer: what goes on the wire before `data`.
+    pub fn head(&self) -> Vec<u8> {
         let mut head = Vec::with_capacity(HEADER_LEN + self.body.len());
         head.extend_from_slice(&self.header());
         head.extend_from_slice(&self.body);
-        w.write_all(&head).await?;
+        head
+    }
+
+    /// Write the frame (header and body in one buffer, data straight from its own buffer).
+    pub async fn write_to<W: AsyncWrite + Unpin>(&self, w: &mut W) -> Result<(), FrameError> {
+        w.write_all(&self.head()).await?;
         if !self.data.is_empty() {
             w.write_all(&self.data).await?;
         }
@@ -222,6 +227,15 @@ mod tests {
         assert_eq!(f.request_id, 42);
         assert_eq!(&f.data[..], b"xyz");
         assert!(matches!(f.request_body().unwrap().op, Op::Lookup { .. }));
+    }
+
+    #[test]
+    fn head_then_data_is_the_encoding() {
+        let req = Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let f = Frame::request(42, &req, Bytes::from_static(b"xyz")).unwrap();
+        let mut v = f.head();
+        v.extend_from_slice(&f.data);
+        assert_eq!(v, sample());
     }
 
     #[test]

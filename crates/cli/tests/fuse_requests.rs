@@ -1,0 +1,193 @@
+//! What FUSE operations cost in server requests, counted by the servers themselves (as
+//! `namespace::small_file_create_stat_unlink_are_one_request_to_one_server` does for the
+//! native client). Counts, never timings: the mounts trust what they cached for 10 minutes,
+//! so no cache expires during the test and every count is exact.
+
+mod common;
+mod fuse_common;
+
+use common::Cluster;
+use fuse_common::{skip_without_fuse, Mount};
+use std::collections::BTreeMap;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::time::{Duration, Instant};
+
+/// Nothing the kernel or the mount caches expires while the test runs.
+const LONG: &[&str] = &["attr_timeout=600", "entry_timeout=600"];
+
+/// Requests served so far, by operation, summed over the servers (without `status` and
+/// `hello`, which counting itself sends).
+fn ops(c: &Cluster) -> BTreeMap<String, u64> {
+    let client = c.uncached_client();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut all = BTreeMap::new();
+    for (_, st) in rt.block_on(client.status_all()) {
+        for (op, n) in st.unwrap().counters.ops {
+            if op != "status" && op != "hello" {
+                *all.entry(op).or_insert(0) += n;
+            }
+        }
+    }
+    all
+}
+
+/// Requests by operation that `f` caused, per call (`f` makes `n` calls).
+fn per_call(c: &Cluster, n: u64, f: impl FnOnce()) -> BTreeMap<String, f64> {
+    let before = ops(c);
+    f();
+    diff(&before, &ops(c), n)
+}
+
+fn diff(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, n: u64) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .filter_map(|(op, a)| {
+            let d = a - before.get(op).copied().unwrap_or(0);
+            (d > 0).then(|| (op.clone(), d as f64 / n as f64))
+        })
+        .collect()
+}
+
+fn expect(pairs: &[(&str, f64)]) -> BTreeMap<String, f64> {
+    pairs.iter().map(|(op, n)| (op.to_string(), *n)).collect()
+}
+
+/// Wait until the servers have served `total` requests of `op` (the kernel sends RELEASE,
+/// where a written file is synced, after close has returned).
+fn wait_for(c: &Cluster, op: &str, total: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ops(c).get(op).copied().unwrap_or(0) < total {
+        assert!(Instant::now() < deadline, "the servers never saw {total} {op} requests");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn create_stat_unlink_and_small_writes_cost_the_fewest_requests() {
+    if skip_without_fuse() {
+        return;
+    }
+    const N: u64 = 20;
+    let c = Cluster::start(4);
+    let a = Mount::new(&c, LONG);
+    fs::create_dir(a.p("md")).unwrap();
+    let name = |i: u64| format!("md/f{i}");
+
+    // Create (open O_CREAT|O_WRONLY, close): the kernel's lookup of the new name, and the
+    // create, which also opens. The permission checks on the directory the kernel makes
+    // before each create (it forgets the directory's attributes after every change) are
+    // answered by the mount; flush and release of a file that wrote nothing cost nothing.
+    let created = per_call(&c, N, || {
+        for i in 0..N {
+            drop(OpenOptions::new().write(true).create(true).open(a.p(&name(i))).unwrap());
+        }
+    });
+    assert_eq!(created, expect(&[("lookup", 1.0), ("create", 1.0)]), "create");
+
+    // Stat on another mount, which has never seen the names: one lookup each (it carries
+    // the attributes). Its walk into the directory is made first.
+    let b = Mount::new(&c, LONG);
+    assert!(b.p("md").is_dir());
+    let stat = per_call(&c, N, || {
+        for i in 0..N / 2 {
+            fs::symlink_metadata(b.p(&name(i))).unwrap();
+        }
+        for i in 0..N / 2 {
+            fs::symlink_metadata(b.p(&name(i))).unwrap();
+        }
+    });
+    assert_eq!(stat, expect(&[("lookup", 0.5)]), "stat of N/2 names, twice each");
+
+    // Unlink where the name is known (entry cached): the unlink alone, also while a file
+    // is open on the mount (the mount knows the names are not that file's, so it need not
+    // look them up to protect it).
+    let keep = OpenOptions::new().write(true).create(true).open(b.p("md/keep")).unwrap();
+    let unlink_known = per_call(&c, N / 2, || {
+        for i in 0..N / 2 {
+            fs::remove_file(b.p(&name(i))).unwrap();
+        }
+    });
+    assert_eq!(unlink_known, expect(&[("unlink", 1.0)]), "unlink of cached names");
+    // Unlink of names this mount never looked up: the kernel's lookup, then the unlink.
+    let unlink_new = per_call(&c, N / 2, || {
+        for i in N / 2..N {
+            fs::remove_file(b.p(&name(i))).unwrap();
+        }
+    });
+    assert_eq!(unlink_new, expect(&[("lookup", 1.0), ("unlink", 1.0)]), "unlink");
+    drop(keep);
+
+    // A small write into a new file: lookup and create, one write (it carries the new
+    // size to the inode's server: nothing to publish at close), and the fsync of the last
+    // close (sync_close, on by default; sent at release, after close returned). The
+    // kernel's check for file capabilities before the write is answered by the mount (a
+    // new file has no extended attributes).
+    let before = ops(&c);
+    for i in 0..N {
+        let mut f = OpenOptions::new().write(true).create(true).open(a.p(&format!("md/w{i}"))).unwrap();
+        f.write_all(b"a small write").unwrap();
+    }
+    wait_for(&c, "fsync", before.get("fsync").copied().unwrap_or(0) + N);
+    let small = diff(&before, &ops(&c), N);
+    assert_eq!(small, expect(&[("lookup", 1.0), ("create", 1.0), ("write", 1.0), ("fsync", 1.0)]), "small write");
+
+    // Rewriting an existing file: the open asks for fresh attributes (close-to-open: what
+    // other clients wrote and closed is seen), then the write and the fsync at close.
+    let before = ops(&c);
+    for i in 0..N {
+        let f = OpenOptions::new().write(true).open(a.p(&format!("md/w{i}"))).unwrap();
+        f.write_all_at(b"again", 3).unwrap();
+    }
+    wait_for(&c, "fsync", before.get("fsync").copied().unwrap_or(0) + N);
+    let rewrite = diff(&before, &ops(&c), N);
+    assert_eq!(rewrite, expect(&[("getattr", 1.0), ("write", 1.0), ("fsync", 1.0)]), "rewrite");
+    assert_eq!(fs::read(a.p("md/w0")).unwrap(), b"a sagainwrite");
+
+    // Reading a file back on another mount: lookup, the open's getattr, one read; no
+    // flush at close (nothing to publish from a read-only descriptor) and no fsync.
+    let read = per_call(&c, N, || {
+        for i in 0..N {
+            assert_eq!(fs::read(b.p(&format!("md/w{i}"))).unwrap(), b"a sagainwrite");
+        }
+    });
+    assert_eq!(read, expect(&[("lookup", 1.0), ("getattr", 1.0), ("read", 1.0)]), "read");
+}
+
+#[test]
+fn directory_times_follow_changes_made_through_the_mount() {
+    if skip_without_fuse() {
+        return;
+    }
+    // The mount answers the kernel's questions about a directory it changed from its own
+    // copy of the directory's attributes: they must show the change as a server would.
+    let c = Cluster::start(2);
+    let m = Mount::new(&c, LONG);
+    fs::create_dir(m.p("d")).unwrap();
+    let t0 = fs::metadata(m.p("d")).unwrap();
+    assert_eq!(t0.nlink(), 2);
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(m.p("d/f"), b"x").unwrap();
+    let t1 = fs::metadata(m.p("d")).unwrap();
+    assert!(t1.modified().unwrap() > t0.modified().unwrap(), "create changes the directory's mtime");
+    assert!(t1.ctime_nsec() != t0.ctime_nsec() || t1.ctime() != t0.ctime(), "and its ctime");
+    fs::create_dir(m.p("d/sub")).unwrap();
+    assert_eq!(fs::metadata(m.p("d")).unwrap().nlink(), 3, "a subdirectory adds a link");
+    std::thread::sleep(Duration::from_millis(20));
+    fs::remove_file(m.p("d/f")).unwrap();
+    let t2 = fs::metadata(m.p("d")).unwrap();
+    assert!(t2.modified().unwrap() > t1.modified().unwrap(), "unlink changes the directory's mtime");
+    fs::remove_dir(m.p("d/sub")).unwrap();
+    assert_eq!(fs::metadata(m.p("d")).unwrap().nlink(), 2, "and removing it takes the link away");
+    // chmod and rename are not followed: the attributes come from the server again.
+    fs::set_permissions(m.p("d"), std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    assert_eq!(fs::metadata(m.p("d")).unwrap().mode() & 0o7777, 0o700);
+    fs::create_dir(m.p("e")).unwrap();
+    fs::rename(m.p("e"), m.p("d/e")).unwrap();
+    assert_eq!(fs::metadata(m.p("d")).unwrap().nlink(), 3);
+    // What the server says agrees, once the mount is asked afresh (another mount).
+    let fresh = Mount::new(&c, &[]);
+    let s = fs::metadata(fresh.p("d")).unwrap();
+    assert_eq!((s.nlink(), s.mode() & 0o7777), (3, 0o700));
+}
