@@ -634,15 +634,37 @@ impl Shared {
                 let _ = n.inval_inode(INodeNo(ino), -1, 0);
             }
         }
+        let ff = self.open_flags_for(&node.file, flags);
         let fh = self.new_fh();
         self.fhs.lock().insert(fh, Fh { node });
+        Ok((fh, ff))
+    }
+
+    /// What the kernel is told about a new descriptor of `file` opened with `flags`.
+    ///
+    /// The kernel sends FLUSH at every `close`; the mount uses it to publish a size that
+    /// writes to servers other than the inode's left pending (close-to-open). It can be
+    /// skipped (`FOPEN_NOFLUSH`) when closing the descriptor has nothing to publish:
+    /// * read-only descriptors (the kernel keeps the locks and drops them itself);
+    /// * write-only descriptors of a file whose data all lives on the inode's server
+    ///   (the default layout): every write carries the new size to the inode there, and a
+    ///   write-only descriptor cannot be mapped, so there are no pages of its own to write
+    ///   back. (Read-write descriptors keep FLUSH: their shared mappings are written back
+    ///   at close.) With the write-back cache the kernel ignores the flag and flushes.
+    fn open_flags_for(&self, file: &File, flags: i32) -> FopenFlags {
         let mut ff = self.fopen_flags();
-        if acc == libc::O_RDONLY {
-            // Closing a descriptor that cannot write has nothing to publish (the kernel
-            // keeps the locks and drops them itself), so the kernel need not send FLUSH.
+        let skip = match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => true,
+            libc::O_WRONLY => {
+                let home = self.root.home_of(file.ino());
+                file.layout().servers.iter().all(|s| *s == home)
+            }
+            _ => false,
+        };
+        if skip {
             ff |= FopenFlags::FOPEN_NOFLUSH;
         }
-        Ok((fh, ff))
+        ff
     }
 
     async fn create(&self, who: Who, parent: u64, name: String, mode: u32, flags: i32) -> Res<(Attr, u64, FopenFlags)> {
@@ -656,9 +678,10 @@ impl Shared {
                 self.no_caps_known(a.ino.0);
                 // A new file opens whatever its mode (open(2) with O_CREAT).
                 let node = self.acquire_created(&a).map_err(e)?;
+                let ff = self.open_flags_for(&node.file, flags);
                 let fh = self.new_fh();
                 self.fhs.lock().insert(fh, Fh { node });
-                Ok((a, fh, self.fopen_flags()))
+                Ok((a, fh, ff))
             }
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
                 // Made by someone else since the kernel looked: open it like any file.
