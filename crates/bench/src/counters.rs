@@ -168,6 +168,7 @@ mod tests {
             bytes_received: rx,
             bytes_sent: rx / 2,
             errors: 0,
+            cpu_ns: 0,
             ops: ops.iter().map(|(n, v)| (n.to_string(), *v)).collect(),
         }
     }
