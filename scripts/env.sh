@@ -6,4 +6,5 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shoal/target}"
 # fuse3, libfuse3-dev: the FUSE mount
 # libacl1-dev: needed by pjdfstest
 # rsync, sqlite3, git, make: programs the mount tests run on a real mount
-export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make"
+# openmpi-bin: mpirun, for the tests of `shoal bench io|md` under mpirun (no MPI library is linked)
+export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make openmpi-bin"

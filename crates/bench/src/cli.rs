@@ -1,6 +1,7 @@
 //! The `shoal bench` command line: `io`, `md`, `suite`, and the hidden `worker`.
 
-use crate::driver::{run_bench, Bench, SweepKey, WorkerCmd};
+use crate::driver::{run_bench, Bench, Launch, SweepKey, WorkerCmd};
+use crate::mpi::{self, MpiEnv};
 use crate::plot;
 use crate::report::{self, Report};
 use crate::spec::*;
@@ -39,6 +40,7 @@ pub enum BenchCmd {
     /// native client, a FUSE mount, a local directory and tmpfs; rewrites docs/benchmarks.md.
     Suite(suite::SuiteArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
+    /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
     Worker,
 }
@@ -47,6 +49,7 @@ const IO_EXAMPLES: &str = "Examples:
   shoal bench io -F -t 1M -b 256M -e                      # native client, file per process, fsync at close
   shoal bench io -T native,local,tmpfs --compare -t 47008 -b 47008 -s 2000   # IO500 ior-hard pattern, ratios
   shoal bench io -F -T native --sweep transfer=64K,256K,1M,4M --plot bw.svg
+  mpirun -np 8 shoal bench io -F -t 1M -b 256M -e -R      # one benchmark process per MPI rank
 Targets: native[:CONFIG], fuse:MOUNTPOINT, local[:DIR], tmpfs[:DIR], posix:DIR; a suffix @K runs K
 operations in flight per process (async calls on native, threads on POSIX targets).";
 
@@ -54,7 +57,10 @@ const MD_EXAMPLES: &str = "Examples:
   shoal bench md -N 10000                                 # mdtest easy: a directory per process, empty files
   shoal bench md -N 10000 -T native,native@16,tmpfs --compare
   shoal bench md --shared-dir --size 3901 -N 2000 --verify # mdtest hard: shared directory, 3901-byte files
-  shoal bench md -N 2000 --sweep procs=1,2,4 --plot md.svg";
+  shoal bench md -N 2000 --sweep procs=1,2,4 --plot md.svg
+  mpirun -np 8 shoal bench md -N 10000                    # one benchmark process per MPI rank
+Under mpirun (more than one rank) every rank is one benchmark process and rank 0 reports:
+see --rendezvous and docs/benchmarks.md.";
 
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
@@ -70,9 +76,10 @@ pub struct CommonArgs {
     /// Repetitions of the whole workload on every target (default 1, or 3 with --compare).
     #[arg(long)]
     pub reps: Option<usize>,
-    /// Processes (ranks) the benchmark starts.
-    #[arg(short = 'n', long = "procs", default_value_t = 2)]
-    pub procs: u64,
+    /// Processes (ranks) the benchmark starts [default: 2]. Under mpirun with more than one
+    /// rank, the ranks are the processes: leave it out or give the MPI size.
+    #[arg(short = 'n', long = "procs")]
+    pub procs: Option<u64>,
     /// Operations in flight per process (targets without @K): async calls on native, threads on POSIX.
     #[arg(long = "in-flight", default_value_t = 1, value_name = "K")]
     pub in_flight: usize,
@@ -100,6 +107,21 @@ pub struct CommonArgs {
     /// Seed of the data pattern and of the random order.
     #[arg(long, default_value_t = 0x5348_4F41_4C00)]
     pub seed: u64,
+    /// Under mpirun: the file through which rank 0 tells the other ranks where to connect
+    /// (every rank must see it: a shared file system when ranks run on several hosts). Rank 0
+    /// writes it and removes it once all ranks have arrived. Default:
+    /// .shoal-bench-rendezvous.JOBID in the directory of the cluster configuration (native
+    /// targets), else in the first target's directory.
+    #[arg(long, value_name = "FILE")]
+    pub rendezvous: Option<PathBuf>,
+    /// Under mpirun: where rank 0 listens for the other ranks: IP or HOST, optionally :PORT.
+    /// Default: this host's address on its default route (127.0.0.1 without one), a free port.
+    #[arg(long, value_name = "ADDR")]
+    pub rendezvous_addr: Option<String>,
+    /// Under mpirun: seconds rank 0 waits for every other rank to connect, and the other
+    /// ranks wait for rank 0's rendezvous file; a rank missing after that fails the run.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub rendezvous_timeout: u64,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -193,7 +215,6 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
     match cmd {
         BenchCmd::Worker => tokio::task::spawn_blocking(crate::worker::worker_main_blocking).await?,
         BenchCmd::Io(a) => {
-            refuse_mpi()?;
             let io = IoSpec {
                 transfer: a.transfer,
                 block: a.block,
@@ -230,7 +251,6 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
             run_workload(config, timeout, &a.common, name, Workload::Io(io), phases).await
         }
         BenchCmd::Md(a) => {
-            refuse_mpi()?;
             let md = MdSpec { files: a.files, shared_dir: a.shared_dir, size: a.size, shift: a.shift, verify: a.verify };
             let names: Vec<String> = if a.phases.is_empty() {
                 let mut v = vec!["create", "stat"];
@@ -264,22 +284,27 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
             let name = format!("md{}", if a.shared_dir { " (shared directory)" } else { " (directory per process)" });
             run_workload(config, timeout, &a.common, name, Workload::Md(md), phases).await
         }
-        BenchCmd::Suite(a) => suite::run_suite(config, timeout, a).await,
+        BenchCmd::Suite(a) => {
+            refuse_mpi_suite()?;
+            suite::run_suite(config, timeout, a).await
+        }
     }
 }
 
-/// Under mpirun every rank would start its own benchmark: not supported yet (see
-/// docs/benchmarks.md), so say so instead of running N uncoordinated benchmarks.
-fn refuse_mpi() -> Result<()> {
-    let size = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"].iter().find_map(|v| std::env::var(v).ok());
-    let rank = ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"].iter().find_map(|v| std::env::var(v).ok());
-    if let (Some(size), Some(_)) = (size.as_deref(), rank) {
-        if size != "1" {
-            return Err(usage(format!(
-                "running under mpirun with {size} ranks: shoal bench starts its own worker processes and has no MPI \
-                 barrier yet; run it once (mpirun -np 1, or without mpirun) with -n PROCS (see docs/benchmarks.md)"
-            )));
-        }
+/// This process's MPI job when it has more than one rank (a job of one rank runs the
+/// benchmark as without mpirun: it starts its own workers).
+fn mpi_job() -> Result<Option<MpiEnv>> {
+    Ok(MpiEnv::detect().map_err(|e| usage(format!("{e:#}")))?.filter(|e| e.size > 1))
+}
+
+/// The suite runs many benchmarks with different process counts: not as MPI ranks.
+fn refuse_mpi_suite() -> Result<()> {
+    if let Some(e) = mpi_job()? {
+        return Err(usage(format!(
+            "shoal bench suite starts its own worker processes; under mpirun with {} ranks use shoal bench io|md, \
+             or run the suite once (mpirun -np 1, or without mpirun)",
+            e.size
+        )));
     }
     Ok(())
 }
@@ -312,16 +337,98 @@ async fn run_workload(
     workload: Workload,
     phases: Vec<Phase>,
 ) -> Result<()> {
-    if c.procs == 0 {
+    if c.procs == Some(0) {
         return Err(usage("--procs must be at least 1"));
     }
     let targets = targets_of(c, config.as_ref())?;
+    let sweep = match &c.sweep {
+        Some(s) => Some(parse_sweep(s)?),
+        None => None,
+    };
+    // Under mpirun: every rank checks the command line the same way, then the ranks other
+    // than 0 become workers of rank 0 and print nothing.
+    let mpi = mpi_job()?;
+    let procs = match (&mpi, c.procs) {
+        (Some(e), Some(n)) if n != e.size => {
+            return Err(usage(format!("-n {n} under mpirun with {} ranks: the ranks are the processes; leave -n out or give {}", e.size, e.size)))
+        }
+        (Some(_), _) if matches!(sweep, Some((SweepKey::Procs, _))) => {
+            return Err(usage("cannot sweep the number of processes under mpirun: it is the number of ranks"))
+        }
+        (Some(e), _) => e.size,
+        (None, n) => n.unwrap_or(2),
+    };
+    let launch = match &mpi {
+        None => Launch::Spawn(WorkerCmd::current_exe()?),
+        Some(e) => {
+            let file = match &c.rendezvous {
+                Some(f) => f.clone(),
+                None => mpi::default_rendezvous_file(&targets, e.job.as_deref()).map_err(|x| usage(format!("{x:#}")))?,
+            };
+            let wait = Duration::from_secs(c.rendezvous_timeout.max(1));
+            if e.rank != 0 {
+                let e = e.clone();
+                return tokio::task::spawn_blocking(move || mpi::serve_rank(&e, &file, wait)).await?;
+            }
+            let ranks = mpi::gather(e, &file, c.rendezvous_addr.as_deref(), wait).await?;
+            Launch::Mpi(std::sync::Arc::new(tokio::sync::Mutex::new(ranks)))
+        }
+    };
+    let work = run_ranks(c, name, workload, phases, procs, targets, sweep, launch.clone(), config, timeout);
+    let result = match &launch {
+        Launch::Spawn(_) => work.await,
+        Launch::Mpi(_) => stopped_by_sigterm(work).await,
+    };
+    if let Launch::Mpi(ranks) = launch {
+        let mut ranks = ranks.lock().await;
+        if result.is_ok() {
+            // `exit` to every rank; they end with status 0.
+            let r = std::mem::replace(&mut *ranks, crate::link::Ranks::for_mpi(0));
+            r.shutdown().await;
+        } else {
+            ranks.abort().await;
+        }
+    }
+    result
+}
+
+/// Rank 0 under mpirun: when one rank fails, the launcher sends SIGTERM to the others and
+/// SIGKILL about a second later. Rank 0 has usually seen the failure too (the rank's
+/// connection closed) and is about to report it: give it that moment instead of dying
+/// silently, then stop with an error saying a signal ended the run.
+async fn stopped_by_sigterm(work: impl std::future::Future<Output = Result<()>>) -> Result<()> {
+    let mut work = std::pin::pin!(work);
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        return work.await;
+    };
+    tokio::select! {
+        r = &mut work => r,
+        _ = term.recv() => match tokio::time::timeout(Duration::from_millis(700), &mut work).await {
+            Ok(r) => r,
+            Err(_) => bail!("stopped by SIGTERM (mpirun stops every rank when one fails or when it is interrupted)"),
+        },
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_ranks(
+    c: &CommonArgs,
+    name: String,
+    workload: Workload,
+    phases: Vec<Phase>,
+    procs: u64,
+    targets: Vec<TargetSpec>,
+    sweep: Option<(SweepKey, Vec<u64>)>,
+    launch: Launch,
+    config: Option<PathBuf>,
+    timeout: Duration,
+) -> Result<()> {
     let bench = Bench {
         name,
         targets,
         workload,
         phases,
-        procs: c.procs,
+        procs,
         in_flight: c.in_flight.max(1),
         reps: c.reps.unwrap_or(if c.compare { 3 } else { 1 }),
         seed: c.seed,
@@ -330,11 +437,10 @@ async fn run_workload(
         cluster_config: config.clone(),
         progress: !c.quiet,
         keep: c.keep,
-        worker: WorkerCmd::current_exe()?,
+        launch,
     };
     let human = !c.json;
-    if let Some(sweep) = &c.sweep {
-        let (key, values) = parse_sweep(sweep)?;
+    if let Some((key, values)) = sweep {
         let mut points: Vec<(u64, Report)> = Vec::new();
         for v in values {
             let b = key.apply(&bench, v).map_err(|e| usage(e.to_string()))?;
@@ -378,6 +484,11 @@ async fn run_workload(
 async fn run_and_print(b: &Bench, human: bool) -> Result<Report> {
     if human {
         println!("{}", report::describe(&b.workload, b.procs, b.in_flight));
+        if let Launch::Mpi(ranks) = &b.launch {
+            if let Some(m) = &ranks.lock().await.mpi {
+                println!("{}", m.describe());
+            }
+        }
     }
     let r = run_bench(b, |run| {
         if human {

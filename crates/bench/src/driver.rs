@@ -1,22 +1,22 @@
-//! The parent side: prepares the run directory on a target, starts one worker process per
-//! rank (this executable again, `shoal bench worker`), runs the phases in lock step (every
-//! worker starts a phase at the same instant; a phase lasts until the slowest worker is
-//! done, as in IOR), reads the servers' counters around each phase, and cleans up.
+//! The parent side (rank 0 under mpirun): prepares the run directory on a target, starts
+//! one worker per rank (a process running this executable again, `shoal bench worker`; or,
+//! under mpirun, uses the ranks already connected, see [`mpi`](crate::mpi)), runs the phases
+//! in lock step (every worker starts a phase at the same instant; a phase lasts until the
+//! slowest worker is done, as in IOR), reads the servers' counters around each phase, and
+//! cleans up. The transport to the workers is behind [`Ranks`].
 
 use crate::clock::mono_ns;
 use crate::counters;
+use crate::link::{self, Ranks};
 use crate::report::{self, PhaseReport, Report, TargetRun};
 use crate::spec::*;
 use crate::worker::{GoMessage, PhaseResult};
 use anyhow::{anyhow, bail, Context, Result};
 use shoal_client::{Client, ClientOptions};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::mpsc;
 
 /// How to start a worker process: `program args…`, which must run
 /// [`worker_main`](crate::worker::worker_main).
@@ -31,6 +31,25 @@ impl WorkerCmd {
     pub fn current_exe() -> Result<WorkerCmd> {
         let program = std::env::current_exe().context("cannot find this executable to start the workers")?;
         Ok(WorkerCmd { program, args: vec!["bench".into(), "worker".into()] })
+    }
+}
+
+/// Where the workers come from.
+#[derive(Clone)]
+pub enum Launch {
+    /// A process per rank per run, started by the driver.
+    Spawn(WorkerCmd),
+    /// The ranks of an mpirun job, connected once for the whole invocation (rank 0's own
+    /// worker is a thread of this process).
+    Mpi(Arc<tokio::sync::Mutex<Ranks>>),
+}
+
+impl std::fmt::Debug for Launch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Launch::Spawn(c) => f.debug_tuple("Spawn").field(c).finish(),
+            Launch::Mpi(_) => f.write_str("Mpi"),
+        }
     }
 }
 
@@ -55,7 +74,7 @@ pub struct Bench {
     pub progress: bool,
     /// Leave the files in place at the end.
     pub keep: bool,
-    pub worker: WorkerCmd,
+    pub launch: Launch,
 }
 
 static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -106,6 +125,10 @@ pub async fn run_bench(b: &Bench, mut on_run: impl FnMut(&TargetRun)) -> Result<
         }
     }
     let summary = report::summarize(&runs);
+    let mpi = match &b.launch {
+        Launch::Mpi(ranks) => ranks.lock().await.mpi.clone(),
+        Launch::Spawn(_) => None,
+    };
     Ok(Report {
         name: b.name.clone(),
         workload: b.workload.clone(),
@@ -114,6 +137,7 @@ pub async fn run_bench(b: &Bench, mut on_run: impl FnMut(&TargetRun)) -> Result<
         reps: b.reps.max(1),
         runs,
         summary,
+        mpi,
     })
 }
 
@@ -173,87 +197,6 @@ impl Place<'_> {
     }
 }
 
-struct Workers {
-    children: Vec<Child>,
-    stdins: Vec<ChildStdin>,
-    lines: mpsc::UnboundedReceiver<(usize, Option<String>)>,
-}
-
-impl Workers {
-    async fn start(cmd: &WorkerCmd, jobs: Vec<Job>) -> Result<Workers> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut children = Vec::new();
-        let mut stdins = Vec::new();
-        for (rank, job) in jobs.into_iter().enumerate() {
-            let mut child = Command::new(&cmd.program)
-                .args(&cmd.args)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("cannot start worker {}", cmd.program.display()))?;
-            let mut stdin = child.stdin.take().expect("piped");
-            let stdout = child.stdout.take().expect("piped");
-            let line = serde_json::to_string(&job)? + "\n";
-            stdin.write_all(line.as_bytes()).await.context("cannot send the job to a worker")?;
-            stdin.flush().await?;
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut lines = tokio::io::BufReader::new(stdout).lines();
-                while let Ok(Some(l)) = lines.next_line().await {
-                    if tx.send((rank, Some(l))).is_err() {
-                        return;
-                    }
-                }
-                let _ = tx.send((rank, None));
-            });
-            children.push(child);
-            stdins.push(stdin);
-        }
-        Ok(Workers { children, stdins, lines: rx })
-    }
-
-    /// The next line from any worker; an error line or an exit is an error.
-    async fn next(&mut self) -> Result<(usize, String)> {
-        match self.lines.recv().await {
-            Some((rank, Some(l))) => {
-                if let Some(msg) = l.strip_prefix("error ") {
-                    bail!("worker {rank}: {msg}");
-                }
-                Ok((rank, l))
-            }
-            Some((rank, None)) => {
-                let status = self.children[rank].wait().await.ok();
-                bail!("worker {rank} exited{}", status.map(|s| format!(" ({s})")).unwrap_or_default())
-            }
-            None => bail!("every worker has gone"),
-        }
-    }
-
-    async fn send_all(&mut self, line: &str) -> Result<()> {
-        for (rank, s) in self.stdins.iter_mut().enumerate() {
-            s.write_all(line.as_bytes()).await.with_context(|| format!("worker {rank} does not listen"))?;
-            s.write_all(b"\n").await?;
-            s.flush().await?;
-        }
-        Ok(())
-    }
-
-    async fn quit(mut self) {
-        let _ = self.send_all("quit").await;
-        drop(self.stdins);
-        for mut c in self.children {
-            match tokio::time::timeout(Duration::from_secs(10), c.wait()).await {
-                Ok(_) => {}
-                Err(_) => {
-                    let _ = c.kill().await;
-                }
-            }
-        }
-    }
-}
-
 fn progress_bar(enabled: bool, len: u64, prefix: String) -> indicatif::ProgressBar {
     if !enabled {
         return indicatif::ProgressBar::hidden();
@@ -297,6 +240,11 @@ pub async fn run_once(b: &Bench, target: &TargetSpec, rep: usize) -> Result<Targ
         }
     };
     let result = run_in(b, target, rep, in_flight, &place, control.as_ref()).await;
+    if let (Err(e), Launch::Mpi(_)) = (&result, &b.launch) {
+        // Under mpirun the launcher stops rank 0 soon after a rank fails: say what failed
+        // now rather than after a long clean-up, which could be cut short anyway.
+        return Err(anyhow!("{e:#} (the run directory {} is left in place)", place.run_dir_string()));
+    }
     if !b.keep {
         let cleaned = place.remove().await;
         if result.is_ok() {
@@ -333,16 +281,54 @@ async fn run_in(
             cache_ttl_ms: b.cache_ttl_ms,
         })
         .collect();
-    let mut workers = Workers::start(&b.worker, jobs).await?;
+    let phases = match &b.launch {
+        Launch::Spawn(cmd) => {
+            let mut ranks = Ranks::spawn(cmd, &jobs).await?;
+            let r = lock_step(b, target, &mut ranks, control).await;
+            if r.is_ok() {
+                ranks.end_jobs().await?;
+                ranks.shutdown().await;
+            }
+            // On an error, dropping `ranks` kills the workers.
+            r?
+        }
+        Launch::Mpi(pool) => {
+            let mut ranks = pool.lock().await;
+            if ranks.len() as u64 != b.procs {
+                bail!("{} processes asked for, but the MPI job has {} ranks", b.procs, ranks.len());
+            }
+            let r = async {
+                ranks.start_jobs(&jobs).await?;
+                let phases = lock_step(b, target, &mut ranks, control).await?;
+                ranks.end_jobs().await?;
+                Ok::<_, anyhow::Error>(phases)
+            }
+            .await;
+            if r.is_err() {
+                // Stop every rank before the run directory is cleaned up.
+                ranks.abort().await;
+            }
+            r?
+        }
+    };
+    Ok(TargetRun { target: target.label(), location: target.location(), rep, phases })
+}
+
+/// The phases of one run, in lock step, on workers that have their jobs.
+async fn lock_step(b: &Bench, target: &TargetSpec, ranks: &mut Ranks, control: Option<&Client>) -> Result<Vec<PhaseReport>> {
+    let n = b.procs as usize;
     let mut ready = 0;
-    while ready < b.procs {
-        let (rank, line) = workers.next().await?;
+    while ready < n {
+        let (rank, line) = ranks.next().await?;
         if line == "ready" {
             ready += 1;
         } else {
-            bail!("worker {rank} said {line:?} before it was ready");
+            bail!("{} said {line:?} before it was ready", ranks.name(rank));
         }
     }
+    // How far ahead a start is announced: time for every rank to get its `go`, and more
+    // with distant ranks (their round trip, under mpirun).
+    let rtt_ns = ranks.mpi.as_ref().map(|m| m.rtt_us.iter().cloned().fold(0.0, f64::max) * 1000.0).unwrap_or(0.0) as u64;
     let mut phases = Vec::new();
     for phase in &b.phases {
         let caches_dropped = phase.drop_caches.then(drop_caches);
@@ -352,14 +338,17 @@ async fn run_in(
         };
         let total = b.phase_ops(phase.kind);
         let pb = progress_bar(b.progress, total, format!("{} {}", target.label(), phase.label));
-        let start_at = mono_ns() + 30_000_000 + 5_000_000 * b.procs;
+        // On the driver's clock; each rank gets it on its own (the same on one machine).
+        let start_at = mono_ns() + 30_000_000 + 5_000_000 * b.procs + 2 * rtt_ns;
         let busy0 = crate::clock::machine_busy_ns();
-        let go = GoMessage { phase: phase.clone(), start_at_ns: start_at };
-        workers.send_all(&format!("go {}", serde_json::to_string(&go)?)).await?;
-        let mut results: Vec<Option<PhaseResult>> = vec![None; b.procs as usize];
-        let mut counts = vec![0u64; b.procs as usize];
+        for rank in 0..n {
+            let go = GoMessage { phase: phase.clone(), start_at_ns: link::shift(start_at, ranks.offset(rank)) };
+            ranks.send(rank, &format!("go {}", serde_json::to_string(&go)?)).await?;
+        }
+        let mut results: Vec<Option<PhaseResult>> = vec![None; n];
+        let mut counts = vec![0u64; n];
         while results.iter().any(|r| r.is_none()) {
-            let next = tokio::time::timeout(STALL_LIMIT, workers.next()).await.unwrap_or_else(|_| {
+            let next = tokio::time::timeout(STALL_LIMIT, ranks.next()).await.unwrap_or_else(|_| {
                 Err(anyhow!("no worker made progress for {} s", STALL_LIMIT.as_secs()))
             });
             let (rank, line) = match next {
@@ -369,16 +358,19 @@ async fn run_in(
                     return Err(e.context(format!("phase {}", phase.label)));
                 }
             };
-            if let Some(n) = line.strip_prefix("progress ") {
-                counts[rank] = n.trim().parse().unwrap_or(counts[rank]);
+            if let Some(c) = line.strip_prefix("progress ") {
+                counts[rank] = c.trim().parse().unwrap_or(counts[rank]);
                 pb.set_position(counts.iter().sum());
             } else if let Some(json) = line.strip_prefix("done ") {
-                let r: PhaseResult = serde_json::from_str(json).with_context(|| format!("worker {rank} sent a bad result"))?;
+                let mut r: PhaseResult = serde_json::from_str(json).with_context(|| format!("{} sent a bad result", ranks.name(rank)))?;
+                // Back onto the driver's clock.
+                r.start_ns = link::shift(r.start_ns, -ranks.offset(rank));
+                r.end_ns = link::shift(r.end_ns, -ranks.offset(rank));
                 counts[rank] = r.ops;
                 pb.set_position(counts.iter().sum());
                 results[rank] = Some(r);
             } else {
-                bail!("worker {rank} said {line:?}");
+                bail!("{} said {line:?}", ranks.name(rank));
             }
         }
         let busy1 = crate::clock::machine_busy_ns();
@@ -398,8 +390,7 @@ async fn run_in(
         }
         phases.push(rep_phase);
     }
-    workers.quit().await;
-    Ok(TargetRun { target: target.label(), location: target.location(), rep, phases })
+    Ok(phases)
 }
 
 /// The parameter a sweep varies.

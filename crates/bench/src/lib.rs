@@ -5,6 +5,8 @@
 //! * [`spec`]: targets and workloads (IOR and mdtest parameters), sent to workers as JSON.
 //! * [`worker`]: one benchmark process (a rank); `shoal bench worker` runs it.
 //! * [`driver`]: the parent: starts the workers, runs phases in lock step, reads counters.
+//! * [`link`]: the transports between the driver and the workers (pipes, TCP, in-process).
+//! * [`mpi`]: under `mpirun`, every rank is a worker: rendezvous, clock offsets.
 //! * [`counters`]: differences of the servers' counters and the FPFS load figures.
 //! * [`report`], [`plot`]: tables, JSON, SVG/PNG charts. [`suite`]: the standard set.
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
@@ -14,6 +16,8 @@ pub mod clock;
 pub mod counters;
 pub mod driver;
 pub mod hist;
+pub mod link;
+pub mod mpi;
 pub mod pattern;
 pub mod plot;
 pub mod report;

@@ -154,6 +154,9 @@ pub struct Report {
     pub reps: usize,
     pub runs: Vec<TargetRun>,
     pub summary: Vec<SummaryRow>,
+    /// Under mpirun: the ranks, where they ran and how their clocks were aligned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi: Option<crate::link::MpiInfo>,
 }
 
 pub fn median(v: &mut [f64]) -> f64 {

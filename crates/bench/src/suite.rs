@@ -2,7 +2,7 @@
 //! target, alternating, three times; then the targets of issue #4 checked against the
 //! medians and `docs/benchmarks.md` rewritten with the tables, the machine and the date.
 
-use crate::driver::{control_client, run_bench, Bench, WorkerCmd};
+use crate::driver::{control_client, run_bench, Bench, Launch, WorkerCmd};
 use crate::report::{self, fmt_bytes, fmt_rate, fmt_us, median, Report, SummaryRow};
 use crate::spec::*;
 use anyhow::{bail, Context, Result};
@@ -324,7 +324,7 @@ async fn run_cases(
         cluster_config: config.cloned(),
         progress: !a.quiet,
         keep: false,
-        worker: worker.clone(),
+        launch: Launch::Spawn(worker.clone()),
     };
     let io_phases = |warm: bool| {
         let mut v = vec![

@@ -1,15 +1,23 @@
-//! The worker process: one benchmark rank. It reads its [`Job`] as the first line of its
-//! standard input, prepares (connects, resolves its directories), says `ready`, and then
-//! runs each phase when the parent says `go {phase}`: it waits for the start time the
-//! parent chose (all workers start together), runs, and answers `done {result}`. While a
-//! phase runs it prints `progress N` a few times a second for the parent's progress bar.
+//! The worker: one benchmark rank. A worker serves jobs: a job line (`job {Job}`) makes it
+//! prepare (connect, resolve its directories) and say `ready`; then it runs each phase when
+//! the driver says `go {phase}`: it waits for the start time the driver chose (all ranks
+//! start together), runs, and answers `done {result}`. While a phase runs it sends
+//! `progress N` a few times a second for the driver's progress bar. `quit` ends the job.
 //!
-//! Lines from the parent: `go {"phase":…,"start_at_ns":…}` or `quit` (end of input also
-//! ends the worker). Lines to the parent: `ready`, `progress N`, `done {PhaseResult}`,
-//! `error MESSAGE`.
+//! Lines from the driver: `job {Job}`, `go {"phase":…,"start_at_ns":…}`, `quit`, `ping`
+//! (between jobs; answered with `pong T`, T = this process's CLOCK_MONOTONIC in ns, for the
+//! clock-offset measurement of mpirun ranks) and `exit` (mpirun ranks: the benchmark is
+//! over). Lines to the driver: `ready`, `progress N`, `done {PhaseResult}`, `error MESSAGE`,
+//! `pong T`.
+//!
+//! The same [`session`] serves every transport ([`link`](crate::link)): a worker process
+//! the driver started (`shoal bench worker`, stdin/stdout, one job, then end of input), an
+//! mpirun rank (TCP to rank 0, any number of jobs, then `exit`) and rank 0's own worker
+//! (a thread of the driver's process).
 
 use crate::clock::{mono_ns, wait_until};
 use crate::hist::Histogram;
+use crate::link::{Inbox, Outbox};
 use crate::pattern;
 use crate::spec::*;
 use anyhow::{anyhow, bail, Context, Result};
@@ -26,7 +34,6 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncBufReadExt;
 
 /// What one worker measured in one phase.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -58,33 +65,66 @@ pub struct GoMessage {
     pub start_at_ns: u64,
 }
 
-/// Entry point of `shoal bench worker`: serve the parent on stdin/stdout until told to quit.
+/// Entry point of `shoal bench worker`: serve the driver on stdin/stdout until the end of input.
 pub async fn worker_main() -> Result<()> {
-    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    let first = lines.next_line().await?.ok_or_else(|| anyhow!("no job on standard input"))?;
-    let job: Job = serde_json::from_str(&first).context("the job line is not valid JSON")?;
-    let worker = match Worker::setup(job).await {
+    session(crate::link::stdin_inbox(), Outbox::Stdout, Arc::new(AtomicBool::new(false))).await
+}
+
+/// Serve jobs from `inbox` until `exit` or the end of the inbox. `stop` set: the phase in
+/// progress ends after its current operations, with an error.
+pub async fn session(mut inbox: Inbox, out: Outbox, stop: Arc<AtomicBool>) -> Result<()> {
+    while let Some(line) = inbox.recv().await {
+        let line = line.trim();
+        match line {
+            "" => continue,
+            "exit" => return Ok(()),
+            "quit" => continue,
+            "ping" => {
+                out.say(&format!("pong {}", mono_ns()));
+                continue;
+            }
+            _ => {}
+        }
+        // `job {json}`; a bare JSON line is a job too.
+        let json = line.strip_prefix("job ").unwrap_or(line);
+        let job: Job = match serde_json::from_str(json) {
+            Ok(j) => j,
+            Err(e) => {
+                out.say(&format!("error unknown command or bad job {line:?}: {e}"));
+                bail!("unknown command or bad job from the driver: {line:?}");
+            }
+        };
+        serve_job(job, &mut inbox, &out, &stop).await?;
+    }
+    Ok(())
+}
+
+/// One job: set up, `ready`, phases on `go` until `quit`.
+async fn serve_job(job: Job, inbox: &mut Inbox, out: &Outbox, stop: &Arc<AtomicBool>) -> Result<()> {
+    let mut worker = match Worker::setup(job).await {
         Ok(w) => w,
         Err(e) => {
-            say(&format!("error {}", one_line(&e)));
+            out.say(&format!("error {}", one_line(&e)));
             return Err(e);
         }
     };
-    say("ready");
-    while let Some(line) = lines.next_line().await? {
+    worker.out = Some(out.clone());
+    worker.stop = stop.clone();
+    out.say("ready");
+    while let Some(line) = inbox.recv().await {
         let line = line.trim();
         if line == "quit" {
-            break;
+            return Ok(());
         }
         let Some(rest) = line.strip_prefix("go ") else {
-            say(&format!("error unknown command {line:?}"));
-            bail!("unknown command from the parent: {line:?}");
+            out.say(&format!("error unknown command {line:?}"));
+            bail!("unknown command from the driver: {line:?}");
         };
         let go: GoMessage = serde_json::from_str(rest).context("bad go line")?;
         match worker.run(&go.phase, go.start_at_ns).await {
-            Ok(r) => say(&format!("done {}", serde_json::to_string(&r)?)),
+            Ok(r) => out.say(&format!("done {}", serde_json::to_string(&r)?)),
             Err(e) => {
-                say(&format!("error {}", one_line(&e)));
+                out.say(&format!("error {}", one_line(&e)));
                 return Err(e);
             }
         }
@@ -96,13 +136,6 @@ fn one_line(e: &anyhow::Error) -> String {
     format!("{e:#}").replace('\n', " ")
 }
 
-fn say(line: &str) {
-    let out = std::io::stdout();
-    let mut out = out.lock();
-    let _ = writeln!(out, "{line}");
-    let _ = out.flush();
-}
-
 /// Prints `progress N` every 200 ms while a phase runs.
 struct Reporter {
     stop: Arc<AtomicBool>,
@@ -110,11 +143,11 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn start(counter: Arc<AtomicU64>, enabled: bool) -> Reporter {
+    fn start(counter: Arc<AtomicU64>, out: Option<Outbox>) -> Reporter {
         let stop = Arc::new(AtomicBool::new(false));
-        if !enabled {
+        let Some(out) = out else {
             return Reporter { stop, thread: None };
-        }
+        };
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut last = 0;
@@ -122,7 +155,7 @@ impl Reporter {
                 std::thread::park_timeout(Duration::from_millis(200));
                 let n = counter.load(Ordering::Relaxed);
                 if n != last && !s.load(Ordering::Relaxed) {
-                    say(&format!("progress {n}"));
+                    out.say(&format!("progress {n}"));
                     last = n;
                 }
             }
@@ -159,7 +192,10 @@ pub struct Worker {
     job: Job,
     backend: Backend,
     progress: Arc<AtomicU64>,
-    report_progress: bool,
+    /// Where progress goes (None: not reported).
+    out: Option<Outbox>,
+    /// Set by the driver's process to stop a phase early (rank 0's worker after a failure).
+    stop: Arc<AtomicBool>,
 }
 
 impl Worker {
@@ -194,7 +230,7 @@ impl Worker {
                 Backend::Posix { run_dir }
             }
         };
-        Ok(Worker { job, backend, progress: Arc::new(AtomicU64::new(0)), report_progress: true })
+        Ok(Worker { job, backend, progress: Arc::new(AtomicU64::new(0)), out: None, stop: Arc::new(AtomicBool::new(false)) })
     }
 
     /// Run one phase, starting at `start_at_ns` (CLOCK_MONOTONIC).
@@ -202,7 +238,7 @@ impl Worker {
         self.progress.store(0, Ordering::Relaxed);
         wait_until(start_at_ns).await;
         let cpu0 = crate::clock::self_cpu_ns();
-        let reporter = Reporter::start(self.progress.clone(), self.report_progress);
+        let reporter = Reporter::start(self.progress.clone(), self.out.clone());
         let r = match (&self.job.workload, &self.backend) {
             (Workload::Io(io), Backend::Native(n)) => self.native_io(n, io, phase.kind).await,
             (Workload::Io(io), Backend::Posix { run_dir }) => blocking(|| self.posix_io(run_dir, io, phase.kind)),
@@ -272,7 +308,7 @@ impl Worker {
         let bad = AtomicU64::new(0);
         let file_ref = &file;
         let path = &path;
-        let hist = run_async(order.len() as u64, self.in_flight(), &self.progress, |i| {
+        let hist = run_async(order.len() as u64, self.in_flight(), &self.progress, &self.stop, |i| {
             let off = io.offset(owner, nprocs, order[i as usize]);
             let pool = &pool;
             let verified = &verified;
@@ -346,7 +382,7 @@ impl Worker {
         let pool: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
         let verified = AtomicU64::new(0);
         let bad = AtomicU64::new(0);
-        let hist = run_sync(order.len() as u64, self.in_flight(), &self.progress, |i| {
+        let hist = run_sync(order.len() as u64, self.in_flight(), &self.progress, &self.stop, |i| {
             let off = io.offset(owner, nprocs, order[i as usize]);
             let mut buf = pool.lock().unwrap().pop().unwrap_or_else(|| vec![0u8; t]);
             let dt;
@@ -404,7 +440,7 @@ impl Worker {
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
         let (verified_ref, bad_ref) = (&verified, &bad);
         let (own_path, peer_path) = (&own_path, &peer_path);
-        let hist = run_async(md.files, self.in_flight(), &self.progress, |i| async move {
+        let hist = run_async(md.files, self.in_flight(), &self.progress, &self.stop, |i| async move {
             let t0 = mono_ns();
             match kind {
                 PhaseKind::Create => {
@@ -461,7 +497,7 @@ impl Worker {
         let verified = AtomicU64::new(0);
         let bad = AtomicU64::new(0);
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
-        let hist = run_sync(md.files, self.in_flight(), &self.progress, |i| {
+        let hist = run_sync(md.files, self.in_flight(), &self.progress, &self.stop, |i| {
             let t0 = mono_ns();
             match kind {
                 PhaseKind::Create => {
@@ -575,15 +611,22 @@ fn read_full_at(f: &std::fs::File, buf: &mut [u8], off: u64) -> std::io::Result<
     Ok(got)
 }
 
+fn stopped() -> anyhow::Error {
+    anyhow!("stopped: the benchmark failed elsewhere")
+}
+
 /// Run `op(0..n)` with `k` calls in flight (threads when k > 1); each call returns its
-/// latency. Stops at the first error.
-fn run_sync<F>(n: u64, k: usize, progress: &AtomicU64, op: F) -> Result<Histogram>
+/// latency. Stops at the first error, or when `stop` is set.
+fn run_sync<F>(n: u64, k: usize, progress: &AtomicU64, stop: &AtomicBool, op: F) -> Result<Histogram>
 where
     F: Fn(u64) -> Result<u64> + Sync,
 {
     if k <= 1 {
         let mut h = Histogram::new();
         for i in 0..n {
+            if stop.load(Ordering::Relaxed) {
+                return Err(stopped());
+            }
             h.record(op(i)?);
             progress.fetch_add(1, Ordering::Relaxed);
         }
@@ -597,6 +640,10 @@ where
                 s.spawn(|| {
                     let mut h = Histogram::new();
                     loop {
+                        if stop.load(Ordering::Relaxed) {
+                            failed.store(true, Ordering::Relaxed);
+                            return Err(stopped());
+                        }
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         if i >= n || failed.load(Ordering::Relaxed) {
                             return Ok(h);
@@ -623,8 +670,8 @@ where
 }
 
 /// Run `op(0..n)` with `k` futures in flight; each returns its latency. Stops at the
-/// first error.
-async fn run_async<F, Fut>(n: u64, k: usize, progress: &AtomicU64, op: F) -> Result<Histogram>
+/// first error, or when `stop` is set.
+async fn run_async<F, Fut>(n: u64, k: usize, progress: &AtomicU64, stop: &AtomicBool, op: F) -> Result<Histogram>
 where
     F: Fn(u64) -> Fut,
     Fut: std::future::Future<Output = Result<u64>>,
@@ -632,6 +679,9 @@ where
     let mut h = Histogram::new();
     if k <= 1 {
         for i in 0..n {
+            if stop.load(Ordering::Relaxed) {
+                return Err(stopped());
+            }
             h.record(op(i).await?);
             progress.fetch_add(1, Ordering::Relaxed);
         }
@@ -639,6 +689,9 @@ where
     }
     let mut s = futures::stream::iter(0..n).map(&op).buffer_unordered(k);
     while let Some(r) = s.next().await {
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
+        }
         h.record(r?);
         progress.fetch_add(1, Ordering::Relaxed);
     }
@@ -685,9 +738,7 @@ mod tests {
         for k in [1usize, 3] {
             let mut ws = Vec::new();
             for rank in 0..2 {
-                let mut w = Worker::setup(job(dir.path(), Workload::Io(io.clone()), rank, 2, k)).await.unwrap();
-                w.report_progress = false;
-                ws.push(w);
+                ws.push(Worker::setup(job(dir.path(), Workload::Io(io.clone()), rank, 2, k)).await.unwrap());
             }
             for w in &ws {
                 let r = w.run(&phase(PhaseKind::Write), 0).await.unwrap();

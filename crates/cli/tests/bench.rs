@@ -257,3 +257,291 @@ fn quick_suite_writes_the_report() {
     }
     assert_eq!(all["cases"].as_array().unwrap().len(), 4);
 }
+
+// ------------------------------------------------------------------ under mpirun
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `mpirun` with what it needs on this kind of machine, or `None` (the test is skipped)
+/// when it is not installed. Open MPI refuses root without --allow-run-as-root (given here
+/// through its two environment variables) and more ranks than cores without
+/// --oversubscribe; no MPI library is involved (`shoal` does not call MPI_Init).
+fn mpirun() -> Option<Command> {
+    let out = match Command::new("mpirun").arg("--version").stdin(Stdio::null()).output() {
+        Ok(o) => o,
+        Err(_) => {
+            eprintln!("SKIPPED: mpirun is not installed (apt-get install openmpi-bin; scripts/env.sh lists it)");
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let mut cmd = Command::new("mpirun");
+    cmd.env_remove("SHOAL_CONFIG").stdin(Stdio::null());
+    if text.contains("Open MPI") || text.contains("OpenRTE") {
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").arg("--oversubscribe");
+    }
+    Some(cmd)
+}
+
+/// Children killed when the test ends, whatever happened.
+struct Procs(Vec<Child>);
+
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Start `cmd` with its output in files under `dir`.
+fn start(cmd: &mut Command, dir: &std::path::Path, name: &str) -> Child {
+    let out = std::fs::File::create(dir.join(format!("{name}.out"))).unwrap();
+    let err = std::fs::File::create(dir.join(format!("{name}.err"))).unwrap();
+    cmd.stdout(out).stderr(err).spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"))
+}
+
+/// Wait for a child, killing it after `limit` (a hang is a failure, not a stuck test).
+fn finish(child: &mut Child, dir: &std::path::Path, name: &str, limit: Duration) -> (i32, String, String) {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{name} still running after {} s:\nstdout: {}\nstderr: {}",
+                limit.as_secs(),
+                std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap_or_default(),
+                std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        status.code().unwrap_or(-1),
+        std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap(),
+        std::fs::read_to_string(dir.join(format!("{name}.err"))).unwrap(),
+    )
+}
+
+/// `mpirun -np N shoal --config C ARGS…` to its end: (exit code, stdout, stderr).
+fn mpirun_shoal(c: &Cluster, np: usize, args: &[&str], env: &[(&str, &str)]) -> Option<(i32, String, String)> {
+    let mut cmd = mpirun()?;
+    cmd.arg("-np").arg(np.to_string()).arg(env!("CARGO_BIN_EXE_shoal")).arg("--config").arg(&c.config).args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = start(&mut cmd, dir.path(), "mpirun");
+    Some(finish(&mut child, dir.path(), "mpirun", Duration::from_secs(300)))
+}
+
+/// Entries of a Shoal directory (names only; empty when it does not exist).
+fn shoal_names(c: &Cluster, path: &str) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async { c.uncached_client().readdir(path).await.map(|v| v.into_iter().map(|e| e.name).collect()).unwrap_or_default() })
+}
+
+#[test]
+fn mpirun_ranks_are_the_benchmark_processes() {
+    if mpirun().is_none() {
+        return;
+    }
+    let c = Cluster::start(3);
+    // mdtest-easy, create only, kept: 3 ranks, 3 directories of 60 files, one report.
+    let (code, out, err) =
+        mpirun_shoal(&c, 3, &["bench", "md", "-N", "60", "--phases", "create", "--keep", "--json", "-q"], &[]).unwrap();
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(out.matches("\"summary\"").count(), 1, "exactly one rank prints: {out}");
+    let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"));
+    assert_eq!(u(&r["procs"]), 3);
+    let mpi = &r["mpi"];
+    assert_eq!(u(&mpi["ranks"]), 3, "{mpi}");
+    let hosts: Vec<&str> = mpi["hosts"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
+    assert_eq!(hosts.len(), 3);
+    assert!(hosts.iter().all(|h| !hosts.iter().filter(|o| o == &h).skip(1).any(|_| true)), "one process per rank: {hosts:?}");
+    let run = &runs(&r)[0];
+    let p = phase(run, "create");
+    assert_eq!((u(&p["ops"]), u(&p["procs"])), (180, 3));
+    let dirs = shoal_names(&c, "/shoal-bench");
+    assert_eq!(dirs.len(), 1);
+    let root = format!("/shoal-bench/{}", dirs[0]);
+    let mut per_rank = shoal_names(&c, &root);
+    per_rank.sort();
+    assert_eq!(per_rank, vec!["d.00000", "d.00001", "d.00002"]);
+    for d in &per_rank {
+        assert_eq!(shoal_names(&c, &format!("{root}/{d}")).len(), 60, "{d}");
+    }
+    // The rendezvous file (next to the cluster configuration) is gone.
+    let left: Vec<String> = std::fs::read_dir(c.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("rendezvous"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    // The whole cycle with the human report, -n given as the MPI size: one rank prints it,
+    // and every operation is one request.
+    let (code, out, err) = mpirun_shoal(&c, 3, &["bench", "md", "-n", "3", "-N", "40", "-q"], &[]).unwrap();
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(out.matches("mdtest: 3 processes").count(), 1, "{out}");
+    assert_eq!(out.matches("mpirun: 3 ranks").count(), 1, "{out}");
+    assert_eq!(out.matches("target native").count(), 1, "{out}");
+    for label in ["create", "stat", "unlink"] {
+        assert!(out.contains(&format!("servers during {label}: per operation 1.00 client + 0.00 peer requests")), "{out}");
+    }
+
+    // IOR, file per process, reads shifted to the next rank, every byte checked; clocks
+    // placed by ping-pong (forced: on one machine they would be taken as one clock).
+    let (code, out, err) = mpirun_shoal(
+        &c,
+        3,
+        &["bench", "io", "-F", "-t", "64K", "-b", "1M", "-s", "2", "-e", "-R", "-C", "--json", "-q"],
+        &[("SHOAL_BENCH_CLOCK", "measure")],
+    )
+    .unwrap();
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    let r: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}): {out}"));
+    let run = &runs(&r)[0];
+    assert_eq!(u(&phase(run, "write")["bytes"]), 3 * (2 << 20));
+    assert_eq!(u(&phase(run, "write")["procs"]), 3);
+    let rd = phase(run, "read");
+    assert_eq!((u(&rd["ops"]), u(&rd["verified_bytes"]), u(&rd["verify_errors"])), (96, 3 * (2 << 20), 0));
+    let clocks: Vec<&str> = r["mpi"]["clock"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(clocks, vec!["rank 0", "ping-pong", "ping-pong"]);
+
+    // IOR, one shared file interleaved in random order (ior-hard), and two targets in a
+    // row over the same connections.
+    let local = tempfile::tempdir().unwrap();
+    let targets = format!("native,posix:{}", local.path().display());
+    let (code, out, err) = mpirun_shoal(
+        &c,
+        3,
+        &["bench", "io", "-T", &targets, "-t", "47008", "-b", "47008", "-s", "4", "-z", "-R", "--json", "-q"],
+        &[],
+    )
+    .unwrap();
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(runs(&r).len(), 2);
+    for run in runs(&r) {
+        let rd = phase(run, "read");
+        assert_eq!((u(&rd["verified_bytes"]), u(&rd["verify_errors"])), (3 * 4 * 47008, 0), "{}", run["target"]);
+    }
+    // Cleaned up (the kept md run is still there).
+    assert_eq!(shoal_names(&c, "/shoal-bench").len(), 1);
+    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
+
+    // -n other than the MPI size is a usage error.
+    let (code, _, err) = mpirun_shoal(&c, 3, &["bench", "md", "-n", "2", "-N", "5", "-q"], &[]).unwrap();
+    assert_ne!(code, 0);
+    assert!(err.contains("-n 2 under mpirun with 3 ranks"), "{err}");
+}
+
+/// A rank started by hand as rank `rank` of `size` (what mpirun's environment says), with
+/// its output in files under `dir`.
+fn start_rank(c: &Cluster, dir: &std::path::Path, job: &str, rank: usize, size: usize, args: &[&str]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
+    cmd.env_remove("SHOAL_CONFIG")
+        .stdin(Stdio::null())
+        .env("OMPI_COMM_WORLD_RANK", rank.to_string())
+        .env("OMPI_COMM_WORLD_SIZE", size.to_string())
+        .env("PMIX_NAMESPACE", job)
+        .arg("--config")
+        .arg(&c.config)
+        .args(args);
+    start(&mut cmd, dir, &format!("rank{rank}"))
+}
+
+/// Wait (bounded) until rank `rank`'s mdtest directory of the one run has `n` entries.
+fn wait_for_files(c: &Cluster, rank: usize, n: usize) {
+    let t0 = Instant::now();
+    loop {
+        if let Some(run) = shoal_names(c, "/shoal-bench").into_iter().find(|d| d.starts_with("shoal-bench.")) {
+            if shoal_names(c, &format!("/shoal-bench/{run}/d.{rank:05}")).len() >= n {
+                return;
+            }
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "rank {rank} never created {n} files");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn mpirun_rank_missing_or_gone_fails_the_run_naming_it() {
+    let Some(mut cmd) = mpirun() else { return };
+    let c = Cluster::start(2);
+    let tmp = tempfile::tempdir().unwrap();
+    let limit = Duration::from_secs(120);
+
+    // Under mpirun: the third rank is not shoal at all, so it never arrives.
+    cmd.arg("-np")
+        .arg("2")
+        .arg(env!("CARGO_BIN_EXE_shoal"))
+        .arg("--config")
+        .arg(&c.config)
+        .args(["bench", "md", "-N", "10", "-q", "--rendezvous-timeout", "5"])
+        .args([":", "-np", "1", "sleep", "600"]);
+    let mut child = start(&mut cmd, tmp.path(), "mpirun");
+    let mut procs = Procs(Vec::new());
+    let (code, out, err) = finish(&mut child, tmp.path(), "mpirun", limit);
+    assert_ne!(code, 0, "{out}\n{err}");
+    // (Rank 1 is named too if this machine was too busy to start it within the time.)
+    assert!(err.contains("shoal: rank 2 did not arrive within 5 s") || err.contains("shoal: ranks 1, 2 did not arrive within 5 s"), "{err}");
+
+    // By hand (the launcher's variables set for each process), so that a rank can be
+    // killed in the middle of a phase without the launcher stopping the others first.
+    let big = ["bench", "md", "-N", "10000000", "--phases", "create", "-q", "--rendezvous", "", "--rendezvous-timeout", "60"];
+    let with_file = |name: &str| -> Vec<String> {
+        let f = tmp.path().join(name).display().to_string();
+        big.iter().map(|a| if a.is_empty() { f.clone() } else { a.to_string() }).collect()
+    };
+    let args = with_file("rv1");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Rank 2 dies in the middle of the create phase: rank 0 fails the run naming it, and
+    // rank 1 stops when rank 0 goes.
+    for r in 0..3 {
+        procs.0.push(start_rank(&c, tmp.path(), "job-a", r, 3, &args));
+    }
+    wait_for_files(&c, 2, 20);
+    procs.0[2].kill().unwrap();
+    procs.0[2].wait().unwrap();
+    let (code, _, err) = finish(&mut procs.0[0], tmp.path(), "rank0", limit);
+    assert_eq!(code, 1, "{err}");
+    let line = err.lines().find(|l| l.starts_with("shoal: ")).unwrap_or_else(|| panic!("no error line: {err}"));
+    assert!(line.contains("phase create: rank 2 (") && line.contains("connection closed"), "{err}");
+    let (code, _, err) = finish(&mut procs.0[1], tmp.path(), "rank1", limit);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("rank 1: lost the connection to rank 0"), "{err}");
+    procs.0.clear();
+
+    // Rank 0 dies: every other rank stops with an error, in the middle of its phase.
+    let args = with_file("rv2");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async { c.client().remove_all("/shoal-bench").await.unwrap() });
+    for r in 0..3 {
+        procs.0.push(start_rank(&c, tmp.path(), "job-b", r, 3, &args));
+    }
+    wait_for_files(&c, 1, 20);
+    procs.0[0].kill().unwrap();
+    procs.0[0].wait().unwrap();
+    for r in 1..3 {
+        let (code, _, err) = finish(&mut procs.0[r], tmp.path(), &format!("rank{r}"), limit);
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains(&format!("rank {r}: lost the connection to rank 0")), "{err}");
+    }
+    procs.0.clear();
+
+    // Rank 0 never comes: the others give up after their rendezvous timeout, naming the file.
+    let f = tmp.path().join("rv3").display().to_string();
+    let mut lone = start_rank(&c, tmp.path(), "job-c", 1, 2, &["bench", "md", "-N", "10", "-q", "--rendezvous", &f, "--rendezvous-timeout", "2"]);
+    let (code, _, err) = finish(&mut lone, tmp.path(), "rank1", limit);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("rank 1: could not join rank 0 within 2 s through the rendezvous file") && err.contains("rv3"), "{err}");
+}
