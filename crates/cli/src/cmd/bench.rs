@@ -1,7 +1,8 @@
 //! `shoal bench`: IOR- and mdtest-style benchmarks (io, md, suite). The work is in the
 //! `shoal-bench` crate; this file hands it the global flags and turns its usage errors into
 //! exit status 2. The hidden `shoal bench worker` is the process each benchmark rank runs
-//! (the benchmark re-executes this binary).
+//! (the benchmark re-executes this binary); under mpirun the ranks are `shoal bench io|md`
+//! processes themselves, rank 0 driving the others over TCP.
 
 use super::Ctx;
 use anyhow::Result;
