@@ -157,6 +157,8 @@ async fn write_behind_failures_are_reported_by_the_next_call() {
     cluster.kill9(f.layout().servers[remote as usize].0);
     let off = remote * (64 << 10);
     f.write_at(off, &pattern(4, off, 1000)).await.unwrap();
+    // `stat` waits for the write but leaves its failure to the calls that report them.
+    assert_eq!(f.stat().await.unwrap().size, 1000, "the failed write does not count");
     let err = f.close().await.unwrap_err();
     assert!(err.to_string().contains("earlier write"), "{err}");
 }
@@ -277,4 +279,22 @@ async fn readahead_stops_at_the_end_of_file_and_fetches_each_piece_once() {
     assert!(r.read_at(size - 10, 100).await.unwrap()[..] == pattern(7, size - 10, 10)[..]);
     assert_eq!(r.stat().await.unwrap().size, size + 50_000);
     assert!(r.read_at(size - 10, 100).await.unwrap()[..] == pattern(7, size - 10, 100)[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_set_after_drain_are_not_stamped_over() {
+    use shoal_client::{TimeSet, Timestamp};
+    let cluster = Cluster::start(2);
+    let fs = cluster.client();
+    let spec = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(2), ..Default::default() };
+    let f = fs.create("/times", 0o644, Some(spec)).await.unwrap();
+    // Pieces on both servers: one raises the size itself, the other is published later
+    // (ExtendSize, which stamps the mtime).
+    f.write_at(0, &pattern(5, 0, 200_000)).await.unwrap();
+    f.drain().await.unwrap();
+    let at = Timestamp { secs: 1_500_017_000, nsecs: 123_456_789 };
+    fs.utimens("/times", None, Some(TimeSet::At(at))).await.unwrap();
+    f.close().await.unwrap();
+    let a = cluster.uncached_client().stat("/times").await.unwrap();
+    assert_eq!((a.mtime, a.size), (at, 200_000));
 }

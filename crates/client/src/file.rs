@@ -18,10 +18,11 @@
 //! one. At most `write_behind` bytes of a handle's writes are in flight; a write that
 //! would pass the bound, or that overlaps a write still in flight, first waits for the
 //! oldest (or the overlapping) one. A failure of a write that has already returned is kept
-//! and returned by the next `write`, `flush`, `fsync`, `stat`, `set_len` or `close` on the
+//! and returned by the next `write`, `flush`, `fsync`, `set_len` or `close` on the
 //! handle (whichever comes first), so it is never lost. `flush`, `fsync`, `close`,
-//! `set_len` and `stat` wait for every write in flight first; a read waits for the writes
-//! in flight that overlap it (a handle reads its own writes).
+//! `set_len` and `stat` wait for every write in flight first (`stat` leaves a failure to
+//! the others: a FUSE mount calls it for the kernel's own attribute checks); a read waits
+//! for the writes in flight that overlap it (a handle reads its own writes).
 //!
 //! **Readahead.** A handle whose reads move forward (each starts at or a little after
 //! where the previous one ended) gets the next pieces of the file fetched before it asks,
@@ -704,6 +705,21 @@ impl File {
 
     async fn flush_inner(&self) -> Result<()> {
         self.settle().await?;
+        self.publish().await
+    }
+
+    /// Wait for the writes in flight and publish the size they reached, as
+    /// [`File::flush`] does, but leave a failure of a write for the next `write`, `flush`,
+    /// `fsync`, `set_len` or `close` to report. For a caller about to change the inode
+    /// by other means (set its times, say) after the writes: a write or size publication
+    /// landing later would stamp the modification time again.
+    pub async fn drain(&self) -> Result<()> {
+        self.wait_writes(None).await;
+        self.publish().await.map_err(|e| e.within(self.what("flush")))
+    }
+
+    /// Publish the size reached by finished writes that did not go to the inode's server.
+    async fn publish(&self) -> Result<()> {
         let inner = &*self.inner;
         let Some(size) = inner.state.lock().pending.take() else { return Ok(()) };
         match inner.client.extend_size(inner.ino, size).await {
@@ -776,12 +792,15 @@ impl File {
         r.await.map_err(|e: Error| e.within(self.what("set length of")))
     }
 
-    /// Flush, then fetch the attributes from the server; the handle's size follows them.
+    /// Wait for the writes in flight and publish the size (as [`File::flush`], but a failure
+    /// of a write is left for the next `write`, `flush`, `fsync`, `set_len` or `close` to
+    /// report), then fetch the attributes from the server; the handle's size follows them.
     /// If the file changed (size or modification time) since the handle last knew, data
     /// it prefetched is dropped.
     pub async fn stat(&self) -> Result<Attr> {
         let r = async {
-            self.flush_inner().await?;
+            self.wait_writes(None).await;
+            self.publish().await?;
             let a = self.inner.client.getattr_fresh_inner(self.inner.ino).await?;
             let mut io = self.inner.io.lock();
             let mut st = self.inner.state.lock();
@@ -930,6 +949,7 @@ mod tests {
         send(f.write_at(0, b""));
         send(f.write(b""));
         send(f.flush());
+        send(f.drain());
         send(f.fsync());
         send(f.stat());
         send(f.set_len(0));

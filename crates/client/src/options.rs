@@ -27,7 +27,7 @@ pub struct ClientOptions {
     /// servers after `write` returned. A write returns once its requests are sent, so the
     /// caller prepares the next buffer while the servers store this one; a write that
     /// would pass the bound first waits for the oldest in flight. A failure is returned by
-    /// the handle's next `write`, `flush`, `fsync`, `stat`, `set_len` or `close`, which all
+    /// the handle's next `write`, `flush`, `fsync`, `set_len` or `close`, which all
     /// wait for the writes in flight first (see [`File`](crate::File)). Writes larger than
     /// this, and writes in append mode, wait for their replies. Memory: up to this many
     /// bytes of copies per writing handle. Default 8 MiB; 0 makes every write wait.

@@ -569,6 +569,11 @@ impl Shared {
             }
         }
         if rest != SetAttrs::default() {
+            if let Some(n) = &node {
+                // The handle's writes (and the size they publish, which stamps the mtime)
+                // land before this change, as they did before write(2) returned.
+                n.file.drain().await.map_err(e)?;
+            }
             let a = match user.setattr(ino_n, rest.clone()).await {
                 Ok(a) => a,
                 // The kernel clears set-user/group-ID bits itself on a write or truncate by

@@ -180,15 +180,22 @@ impl DataStore {
         let files: HashSet<u64> = objects.iter().map(|(ino, _)| ino.0).collect();
         self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
         self.dirty.lock().retain(|i, _| !files.contains(i));
+        let mut result = Ok(());
         for &(ino, index) in objects {
             let p = self.path(ino, index);
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(Fail::io(format_args!("delete object {}", p.display()), &e)),
+                Err(e) => {
+                    result = Err(Fail::io(format_args!("delete object {}", p.display()), &e));
+                    break;
+                }
             }
         }
-        Ok(())
+        // A read may have opened (and cached) an object between the purge above and its
+        // removal: that descriptor would serve the deleted bytes for as long as it is cached.
+        self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
+        result
     }
 
     /// `fdatasync` (or `fsync` when `!data_only`) every object of `ino` written since its last sync.
