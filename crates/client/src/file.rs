@@ -482,9 +482,10 @@ impl File {
         }
         io.ra_next = if forward { end } else { io.ra_next.max(end) };
         io.ra_last = total;
-        if !covered && (total > ra || !io.writes.is_empty()) {
+        if !covered && (total > ra || !io.writes.is_empty() || (end >= size && io.chunks.is_empty())) {
             // Too big to be worth splitting, or writes of this handle are in flight (what
-            // would be fetched now could be older than they are).
+            // would be fetched now could be older than they are), or a read to the end of
+            // the file with nothing fetched (a small file read whole): nothing to prefetch.
             return None;
         }
         if forward {
