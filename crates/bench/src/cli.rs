@@ -104,6 +104,12 @@ pub struct CommonArgs {
     /// Native client: how long the workers trust cached entries, in ms (0 = every stat is a request).
     #[arg(long, default_value_t = 0, value_name = "MS")]
     pub cache_ttl_ms: u64,
+    /// Native client: write-behind bound per handle in bytes (ClientOptions::write_behind; 0 = every write waits). Default: the client's.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub write_behind: Option<u64>,
+    /// Native client: readahead window in bytes (ClientOptions::readahead; 0 = off). Default: the client's.
+    #[arg(long, value_name = "BYTES", value_parser = parse_size)]
+    pub readahead: Option<u64>,
     /// Seed of the data pattern and of the random order.
     #[arg(long, default_value_t = 0x5348_4F41_4C00)]
     pub seed: u64,
@@ -434,6 +440,7 @@ async fn run_ranks(
         seed: c.seed,
         timeout,
         cache_ttl_ms: c.cache_ttl_ms,
+        tuning: NativeTuning { write_behind: c.write_behind, readahead: c.readahead },
         cluster_config: config.clone(),
         progress: !c.quiet,
         keep: c.keep,

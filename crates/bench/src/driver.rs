@@ -69,6 +69,8 @@ pub struct Bench {
     pub timeout: Duration,
     /// Native client's cache lifetime in the workers' inode-level calls (0: every stat is a request).
     pub cache_ttl_ms: u64,
+    /// Native client's write-behind and readahead, if not the defaults.
+    pub tuning: NativeTuning,
     /// Cluster whose counters describe FUSE targets (native targets use their own config).
     pub cluster_config: Option<PathBuf>,
     pub progress: bool,
@@ -279,6 +281,7 @@ async fn run_in(
             seed: b.seed,
             timeout_secs: b.timeout.as_secs().max(1),
             cache_ttl_ms: b.cache_ttl_ms,
+            tuning: b.tuning,
         })
         .collect();
     let phases = match &b.launch {

@@ -283,6 +283,16 @@ pub struct Job {
     /// (0 = every lookup is a request; the default, so a stat is always measured).
     pub timeout_secs: u64,
     pub cache_ttl_ms: u64,
+    /// Native client's write-behind and readahead, if not the defaults.
+    #[serde(default)]
+    pub tuning: NativeTuning,
+}
+
+/// Native client settings a benchmark may change (`None`: the client's default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NativeTuning {
+    pub write_behind: Option<u64>,
+    pub readahead: Option<u64>,
 }
 
 /// Name of the file process `rank` works on (IOR) or item `i` of `rank` (mdtest).

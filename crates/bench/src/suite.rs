@@ -321,6 +321,7 @@ async fn run_cases(
         seed: 0x5348_4F41_4C00,
         timeout,
         cache_ttl_ms: 0,
+        tuning: Default::default(),
         cluster_config: config.cloned(),
         progress: !a.quiet,
         keep: false,

@@ -207,6 +207,11 @@ impl Worker {
                     cache_ttl: Duration::from_millis(job.cache_ttl_ms),
                     ..ClientOptions::default()
                 };
+                let opts = ClientOptions {
+                    write_behind: job.tuning.write_behind.map_or(opts.write_behind, |b| b as usize),
+                    readahead: job.tuning.readahead.map_or(opts.readahead, |b| b as usize),
+                    ..opts
+                };
                 let meta = Client::from_config(config, opts.clone())
                     .with_context(|| format!("cannot use the cluster configuration {}", config.display()))?;
                 let paths = Client::from_config(config, ClientOptions { cache_ttl: Duration::from_secs(3600), ..opts })?;
@@ -713,6 +718,7 @@ mod tests {
             seed: 42,
             timeout_secs: 10,
             cache_ttl_ms: 0,
+            tuning: Default::default(),
         }
     }
 

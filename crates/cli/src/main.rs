@@ -82,6 +82,8 @@ fn main() -> ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Reuse I/O buffers instead of faulting in fresh pages for each (client, mount, bench).
+    shoal_proto::frame::keep_freed_frame_memory();
     let cli = Cli::parse();
     let ctx = cmd::Ctx { config: cli.config.clone(), timeout: std::time::Duration::from_secs(cli.timeout.max(1)) };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -109,3 +109,192 @@ async fn concurrent_writers_to_disjoint_ranges_of_one_file() {
     let got = f.read_at(0, total as usize).await.unwrap();
     assert!(got[..] == pattern(9, 0, total as usize)[..]);
 }
+
+// ---------------------------------------------------------------- write-behind, readahead
+
+/// Read requests served so far, per server.
+async fn reads_served(client: &shoal_client::Client) -> u64 {
+    common::op_count(client, "read").await.iter().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_behind_failures_are_reported_by_the_next_call() {
+    let cluster = Cluster::start(2);
+    let fs = cluster.client();
+    let other = cluster.uncached_client();
+    let spec = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(2), ..Default::default() };
+    // Writes to object 0 go to the inode's server, which refuses them once the file is gone
+    // (ENOENT): a failure that shows only after the write has returned.
+    for (n, reporter) in ["flush", "close", "overlapping write", "fsync"].iter().enumerate() {
+        let path = format!("/wb{n}");
+        let f = fs.create(&path, 0o644, Some(spec.clone())).await.unwrap();
+        assert!(f.writes_behind());
+        assert_eq!(f.layout().servers[0], fs.home_of(f.ino()));
+        f.write_at(0, &pattern(3, 0, 4096)).await.unwrap();
+        f.flush().await.unwrap();
+        other.unlink(&path).await.unwrap();
+        // Returns once sent: the refusal comes later.
+        assert_eq!(f.write_at(4096, &pattern(3, 4096, 4096)).await.unwrap(), 4096);
+        let err = match *reporter {
+            "flush" => f.flush().await.unwrap_err(),
+            "close" => f.clone().close().await.unwrap_err(),
+            // Overlaps the failed write, so it waits for it and reports it (not sent itself).
+            "overlapping write" => f.write_at(4096, b"again").await.unwrap_err(),
+            _ => f.fsync().await.unwrap_err(),
+        };
+        assert_eq!(err.errno, shoal_client::Errno::ENOENT, "{reporter}: {err}");
+        assert!(err.to_string().contains("earlier write at 4096"), "{reporter}: {err}");
+        // Reported once.
+        f.flush().await.unwrap();
+    }
+
+    // A server that died: the write returns, close fails.
+    let mut cluster = cluster;
+    let f = fs.create("/dead", 0o644, Some(spec.clone())).await.unwrap();
+    let remote = f.layout().servers.iter().position(|&s| s != fs.home_of(f.ino())).unwrap() as u64;
+    f.write_at(0, &pattern(4, 0, 1000)).await.unwrap();
+    f.flush().await.unwrap();
+    cluster.kill9(f.layout().servers[remote as usize].0);
+    let off = remote * (64 << 10);
+    f.write_at(off, &pattern(4, off, 1000)).await.unwrap();
+    // `stat` waits for the write but leaves its failure to the calls that report them.
+    assert_eq!(f.stat().await.unwrap().size, 1000, "the failed write does not count");
+    let err = f.close().await.unwrap_err();
+    assert!(err.to_string().contains("earlier write"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_behind_keeps_order_and_a_handle_reads_its_own_writes() {
+    let cluster = Cluster::start(3);
+    let fs = cluster.client();
+    let spec = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(3), ..Default::default() };
+    let f = fs.create("/order", 0o644, Some(spec)).await.unwrap();
+    // Overlapping writes in flight at once: the later one wins, as if each had waited.
+    let mut expect = vec![0u8; 1 << 20];
+    for round in 0..20u64 {
+        let off = round * 37_000;
+        let data = pattern(100 + round, off, 300_000);
+        f.write_at(off, &data).await.unwrap();
+        expect[off as usize..off as usize + data.len()].copy_from_slice(&data);
+    }
+    let end = 19 * 37_000 + 300_000;
+    assert_eq!(f.attr().size, end, "the handle's size counts writes in flight");
+    // Read back through the same handle before any flush.
+    let got = f.read_at(0, end as usize).await.unwrap();
+    assert!(got[..] == expect[..end as usize]);
+    f.close().await.unwrap();
+    let g = cluster.uncached_client().open("/order", OpenFlags::read_only()).await.unwrap();
+    assert_eq!(g.attr().size, end);
+    assert!(g.read_at(0, end as usize).await.unwrap()[..] == expect[..end as usize]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readahead_follows_writes_and_close_to_open() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    let spec = LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(4), ..Default::default() };
+    let size = 8u64 << 20;
+    let f = fs.create("/ra", 0o644, Some(spec)).await.unwrap();
+    f.write_at(0, &pattern(1, 0, size as usize)).await.unwrap();
+    f.close().await.unwrap();
+
+    // A forward reader: after its first reads, the window holds the next megabytes.
+    let reader = cluster.client();
+    let r = reader.open("/ra", OpenFlags::read_write()).await.unwrap();
+    for i in 0..4u64 {
+        let off = i * (256 << 10);
+        assert!(r.read_at(off, 256 << 10).await.unwrap()[..] == pattern(1, off, 256 << 10)[..]);
+    }
+    // Its own write ahead of it is read back, not the prefetched bytes.
+    let mine = 3u64 << 20;
+    r.write_at(mine, &pattern(2, mine, 10_000)).await.unwrap();
+    let got = r.read_at(1 << 20, 3 << 20).await.unwrap();
+    let mut expect = pattern(1, 1 << 20, 3 << 20);
+    expect[(2 << 20)..(2 << 20) + 10_000].copy_from_slice(&pattern(2, mine, 10_000));
+    assert!(got[..] == expect[..]);
+
+    // Another client rewrites a part the reader has prefetched, and closes.
+    let theirs = 5u64 << 20;
+    let w = cluster.client().open("/ra", OpenFlags::write_only()).await.unwrap();
+    w.write_at(theirs, &pattern(3, theirs, 20_000)).await.unwrap();
+    w.close().await.unwrap();
+    // Close-to-open: a new open sees it.
+    let fresh = reader.open("/ra", OpenFlags::read_only()).await.unwrap();
+    let mut off = 4u64 << 20;
+    while off < size {
+        let got = fresh.read_at(off, 300_000).await.unwrap();
+        let mut expect = pattern(1, off, got.len());
+        let (a, b) = (theirs.max(off), (theirs + 20_000).min(off + got.len() as u64));
+        if a < b {
+            expect[(a - off) as usize..(b - off) as usize].copy_from_slice(&pattern(3, a, (b - a) as usize));
+        }
+        assert!(got[..] == expect[..], "at {off}");
+        off += got.len() as u64;
+    }
+    // So does the old handle once `stat` finds the file changed.
+    r.stat().await.unwrap();
+    assert!(r.read_at(theirs, 20_000).await.unwrap()[..] == pattern(3, theirs, 20_000)[..]);
+    r.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readahead_stops_at_the_end_of_file_and_fetches_each_piece_once() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    let stripe = 64u64 << 10;
+    let spec = LayoutSpec { stripe_size: Some(stripe), stripe_count: Some(4), ..Default::default() };
+    let size = (3u64 << 20) + 12_345;
+    let f = fs.create("/eof", 0o644, Some(spec)).await.unwrap();
+    f.write_at(0, &pattern(7, 0, size as usize)).await.unwrap();
+    f.close().await.unwrap();
+
+    let before = reads_served(&fs).await;
+    let sent_before: u64 = fs.status_all().await.iter().map(|(_, s)| s.as_ref().unwrap().counters.bytes_sent).sum();
+    let r = cluster.client().open("/eof", OpenFlags::read_only()).await.unwrap();
+    let mut off = 0u64;
+    let mut last = 0;
+    loop {
+        let got = r.read_at(off, 100_000).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        assert!(got[..] == pattern(7, off, got.len())[..], "at {off}");
+        last = got.len();
+        off += got.len() as u64;
+    }
+    assert_eq!(off, size);
+    assert_eq!(last as u64, size % 100_000, "a short read at the end");
+    assert!(r.read_at(size, 10).await.unwrap().is_empty());
+    assert!(r.read_at(size + 5000, 10).await.unwrap().is_empty());
+    // Every piece of the file was asked for once, nothing beyond its end.
+    assert_eq!(reads_served(&fs).await - before, size.div_ceil(stripe));
+    let sent: u64 = fs.status_all().await.iter().map(|(_, s)| s.as_ref().unwrap().counters.bytes_sent).sum();
+    assert!(sent - sent_before < size + (64 << 10), "sent {} for {size}", sent - sent_before);
+
+    // A handle knows the size it opened with: another client's append is not read (or
+    // prefetched) until `stat`.
+    let w = cluster.client().open("/eof", OpenFlags::write_only()).await.unwrap();
+    w.write_at(size, &pattern(7, size, 50_000)).await.unwrap();
+    w.close().await.unwrap();
+    assert!(r.read_at(size - 10, 100).await.unwrap()[..] == pattern(7, size - 10, 10)[..]);
+    assert_eq!(r.stat().await.unwrap().size, size + 50_000);
+    assert!(r.read_at(size - 10, 100).await.unwrap()[..] == pattern(7, size - 10, 100)[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_set_after_drain_are_not_stamped_over() {
+    use shoal_client::{TimeSet, Timestamp};
+    let cluster = Cluster::start(2);
+    let fs = cluster.client();
+    let spec = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(2), ..Default::default() };
+    let f = fs.create("/times", 0o644, Some(spec)).await.unwrap();
+    // Pieces on both servers: one raises the size itself, the other is published later
+    // (ExtendSize, which stamps the mtime).
+    f.write_at(0, &pattern(5, 0, 200_000)).await.unwrap();
+    f.drain().await.unwrap();
+    let at = Timestamp { secs: 1_500_017_000, nsecs: 123_456_789 };
+    fs.utimens("/times", None, Some(TimeSet::At(at))).await.unwrap();
+    f.close().await.unwrap();
+    let a = cluster.uncached_client().stat("/times").await.unwrap();
+    assert_eq!((a.mtime, a.size), (at, 200_000));
+}

@@ -261,6 +261,7 @@ impl BlockingFile {
         fn write(&self, data: &[u8]) -> Result<usize>;
         fn seek(&self, to: SeekFrom) -> Result<u64>;
         fn flush(&self) -> Result<()>;
+        fn drain(&self) -> Result<()>;
         fn fsync(&self) -> Result<()>;
         fn sync_data(&self) -> Result<()>;
         fn set_len(&self, size: u64) -> Result<()>;

@@ -11,28 +11,58 @@
 //! [`File::flush`], [`File::fsync`] or [`File::close`]. Reads are clamped at the size known
 //! to this handle (at open, raised by its own writes, refreshed by [`File::stat`]); parts
 //! of that range no object holds (holes, short objects) read as zeros.
+//!
+//! **Write-behind.** A write of at most [`ClientOptions::write_behind`](crate::ClientOptions)
+//! bytes returns as soon as its requests are on their way (sent on the sockets, or queued
+//! behind a full one): the caller prepares the next buffer while the servers store this
+//! one. At most `write_behind` bytes of a handle's writes are in flight; a write that
+//! would pass the bound, or that overlaps a write still in flight, first waits for the
+//! oldest (or the overlapping) one. A failure of a write that has already returned is kept
+//! and returned by the next `write`, `flush`, `fsync`, `set_len` or `close` on the
+//! handle (whichever comes first), so it is never lost. `flush`, `fsync`, `close`,
+//! `set_len` and `stat` wait for every write in flight first (`stat` leaves a failure to
+//! the others: a FUSE mount calls it for the kernel's own attribute checks); a read waits
+//! for the writes in flight that overlap it (a handle reads its own writes).
+//!
+//! **Readahead.** A handle whose reads move forward (each starts at or a little after
+//! where the previous one ended) gets the next pieces of the file fetched before it asks,
+//! up to [`ClientOptions::readahead`](crate::ClientOptions) bytes ahead, in pieces of at
+//! most [`READAHEAD_CHUNK`] bytes that never cross an object boundary (one request each).
+//! The window starts at twice the read size and doubles with every forward read; a read
+//! elsewhere drops it. Prefetched data belongs to the handle: a write or `set_len` through
+//! the handle drops it, so does [`File::stat`] when the file changed, and a new open
+//! starts with none (close-to-open: data written and closed by others is seen by the next
+//! open). Prefetching stops at the size known to the handle.
 
 use crate::client::{unexpected, Client, To};
 use crate::error::{Error, Result};
 use crate::options::OpenFlags;
 use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use shoal_placement::{pieces, Piece};
 use shoal_proto::msg::{Attr, FileKind, Layout, Op, Reply, SetAttrs};
 use shoal_proto::{Errno, Ino, ServerId};
+use std::collections::VecDeque;
 use std::io::SeekFrom;
 use std::sync::Arc;
 
 /// Largest piece of one read or write request.
 pub const MAX_PIECE: u64 = 8 << 20;
 
-/// An open file. Clones share the handle (position, known size, unpublished size), so
-/// several tasks can read and write disjoint ranges of one file concurrently.
+/// Largest piece the readahead fetches with one request.
+pub const READAHEAD_CHUNK: u64 = 1 << 20;
+
+/// An open file. Clones share the handle (position, known size, unpublished size, writes
+/// in flight, prefetched data), so several tasks can read and write disjoint ranges of one
+/// file concurrently.
 ///
-/// Call [`File::close`] when done writing: it makes the data durable and publishes the
-/// size. A handle dropped without `close` publishes a pending size in the background (if
-/// its runtime still runs) but does not sync.
+/// Call [`File::close`] when done writing: it waits for the writes in flight, makes the
+/// data durable and publishes the size, and reports any write that failed after it had
+/// returned. A handle dropped without `close` finishes its writes and publishes a pending
+/// size in the background (if its runtime still runs) but does not sync, and nobody learns
+/// of a failure.
 #[derive(Clone)]
 pub struct File {
     inner: Arc<Inner>,
@@ -42,14 +72,17 @@ struct Inner {
     client: Client,
     ino: Ino,
     kind: FileKind,
-    layout: Layout,
+    layout: Arc<Layout>,
     readable: bool,
     writable: bool,
     append: bool,
     state: Mutex<State>,
+    /// Writes in flight and prefetched data. Locked before `state` when both are needed.
+    io: Mutex<Io>,
     /// Position for `read`/`write`/`seek`; held across the I/O so those run in order.
     cursor: tokio::sync::Mutex<u64>,
-    /// Runtime to publish a pending size on if the handle is dropped without `close`.
+    /// Runtime to finish writes and publish a pending size on if the handle is dropped
+    /// without `close`.
     runtime: Option<tokio::runtime::Handle>,
 }
 
@@ -65,6 +98,48 @@ struct State {
     wrote: bool,
 }
 
+type Outcome<T> = std::result::Result<T, Error>;
+type WriteFuture = Shared<BoxFuture<'static, Outcome<()>>>;
+type ChunkFuture = Shared<BoxFuture<'static, Outcome<Bytes>>>;
+
+/// A write whose requests are out (write-behind, or a write its caller waits for).
+struct InFlight {
+    id: u64,
+    start: u64,
+    end: u64,
+    /// A piece went to the inode's home server, which raised the size itself.
+    reached_home: bool,
+    /// The caller waits for it and gets its outcome (a failure is not kept for later).
+    awaited: bool,
+    done: WriteFuture,
+}
+
+/// A prefetched piece `[start, end)` of the file (one request).
+struct Chunk {
+    start: u64,
+    end: u64,
+    data: ChunkFuture,
+}
+
+#[derive(Default)]
+struct Io {
+    /// Writes in flight, oldest first.
+    writes: Vec<InFlight>,
+    /// Bytes of the write-behind writes among them.
+    write_bytes: u64,
+    next_write: u64,
+    /// The first failure of a write that had already returned, not reported yet.
+    failed: Option<Error>,
+    /// Where a forward reader is expected next (end of the last read).
+    ra_next: u64,
+    /// Length of the last read.
+    ra_last: u64,
+    /// Bytes to keep prefetched beyond the current read (0: not reading forward).
+    ra_window: u64,
+    /// Prefetched pieces, in file order, not overlapping.
+    chunks: VecDeque<Chunk>,
+}
+
 /// Split `[offset, offset+len)` into object pieces of at most `max` bytes each.
 pub(crate) fn split_pieces(layout: &Layout, offset: u64, len: u64, max: u64) -> Vec<Piece> {
     let mut out = Vec::new();
@@ -78,6 +153,23 @@ pub(crate) fn split_pieces(layout: &Layout, offset: u64, len: u64, max: u64) -> 
                 file_offset: p.file_offset + done,
                 len: take,
             });
+            done += take;
+        }
+    }
+    out
+}
+
+/// The object pieces of `[from, to)` for readahead: split at object boundaries and at
+/// multiples of [`READAHEAD_CHUNK`] in the file, so that the pieces of one file are the
+/// same whatever the reads that asked for them.
+fn ra_pieces(layout: &Layout, from: u64, to: u64) -> Vec<Piece> {
+    let mut out = Vec::new();
+    for p in pieces(layout, from, to - from) {
+        let mut done = 0;
+        while done < p.len {
+            let at = p.file_offset + done;
+            let take = (p.len - done).min(READAHEAD_CHUNK - at % READAHEAD_CHUNK);
+            out.push(Piece { index: p.index, object_offset: p.object_offset + done, file_offset: at, len: take });
             done += take;
         }
     }
@@ -104,6 +196,28 @@ pub(crate) fn assemble(offset: u64, total: usize, mut parts: Vec<(Piece, Bytes)>
     Ok(buf.freeze())
 }
 
+/// `[offset, offset+total)` out of prefetched pieces `(start, data)` that cover it, in
+/// order. Bytes a piece's answer lacks (end of object, hole) are zeros. Slices a single
+/// piece without copying.
+fn from_chunks(offset: u64, total: usize, parts: Vec<(u64, Bytes)>) -> Bytes {
+    let end = offset + total as u64;
+    if let [(start, data)] = &parts[..] {
+        if *start <= offset && start + data.len() as u64 >= end {
+            return data.slice((offset - start) as usize..(end - start) as usize);
+        }
+    }
+    let mut buf = BytesMut::zeroed(total);
+    for (start, data) in parts {
+        let from = start.max(offset);
+        let to = (start + data.len() as u64).min(end);
+        if from < to {
+            buf[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+        }
+    }
+    buf.freeze()
+}
+
 /// Say which object an error is about (and which server, unless the error already does).
 fn on_object(e: Error, index: u32, server: ServerId) -> Error {
     if e.context.is_empty() {
@@ -111,6 +225,51 @@ fn on_object(e: Error, index: u32, server: ServerId) -> Error {
     } else {
         e.within(format_args!("object {index}"))
     }
+}
+
+/// Read one object piece: its bytes (fewer at the end of the object, none for an object
+/// nobody wrote yet).
+async fn read_piece(client: &Client, layout: &Layout, ino: Ino, p: Piece) -> Result<Bytes> {
+    let server = layout.servers[p.index as usize];
+    let op = Op::Read { ino, index: p.index, offset: p.object_offset, len: p.len as u32 };
+    match client.call(To::Server(server), op, Bytes::new()).await {
+        Ok((Reply::Data, data)) if data.len() as u64 <= p.len => Ok(data),
+        Ok((Reply::Data, _)) => Err(Error::new(Errno::EPROTO, "a server answered more bytes than asked")),
+        Ok((other, _)) => Err(unexpected(&other)),
+        // An object nobody wrote to yet: a hole.
+        Err(e) if e.errno == Errno::ENOENT => Ok(Bytes::new()),
+        Err(e) => Err(on_object(e, p.index, server)),
+    }
+}
+
+/// Send the pieces of a write of `data` at `offset` (ending at `end`) and wait for every
+/// answer.
+async fn write_pieces(client: Client, layout: Arc<Layout>, ino: Ino, offset: u64, data: Bytes) -> Result<()> {
+    let len = data.len() as u64;
+    let end = offset + len;
+    let home = client.home_of(ino);
+    let parts = split_pieces(&layout, offset, len, MAX_PIECE);
+    let (client, layout, data) = (&client, &layout, &data);
+    futures::stream::iter(parts)
+        .map(|p| async move {
+            let server: ServerId = layout.servers[p.index as usize];
+            let start = (p.file_offset - offset) as usize;
+            let chunk = data.slice(start..start + p.len as usize);
+            let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local: server == home };
+            match client.call(To::Server(server), op, chunk).await {
+                Ok((Reply::Written { len }, _)) if len as u64 == p.len => Ok(()),
+                Ok((Reply::Written { len }, _)) => Err(Error::new(
+                    Errno::EIO,
+                    format!("server {server} wrote {len} of {} bytes of object {}", p.len, p.index),
+                )),
+                Ok((other, _)) => Err(unexpected(&other)),
+                Err(e) => Err(on_object(e, p.index, server)),
+            }
+        })
+        .buffer_unordered(client.max_in_flight())
+        .try_collect::<Vec<()>>()
+        .await
+        .map(|_| ())
 }
 
 impl File {
@@ -134,11 +293,12 @@ impl File {
                 client,
                 ino: attr.ino,
                 kind: attr.kind,
-                layout,
+                layout: Arc::new(layout),
                 readable: flags.reads(),
                 writable: flags.writes(),
                 append: flags.append,
                 state: Mutex::new(State { attr, size, server_size: size, pending: None, wrote: false }),
+                io: Mutex::new(Io::default()),
                 cursor: tokio::sync::Mutex::new(0),
                 runtime: tokio::runtime::Handle::try_current().ok(),
             }),
@@ -155,7 +315,15 @@ impl File {
         &self.inner.layout
     }
 
-    /// The attributes as known to this handle, with the size raised by its own writes.
+    /// Whether writes through this handle may return before the servers stored them
+    /// (write-behind is on and the handle is not in append mode): a failure may then be
+    /// reported by a later call, at the latest by `close`.
+    pub fn writes_behind(&self) -> bool {
+        self.inner.client.options().write_behind > 0 && self.inner.writable && !self.inner.append
+    }
+
+    /// The attributes as known to this handle, with the size raised by its own writes
+    /// (including writes still in flight).
     pub fn attr(&self) -> Attr {
         let st = self.inner.state.lock();
         let mut a = st.attr.clone();
@@ -166,6 +334,76 @@ impl File {
     fn what(&self, op: &str) -> String {
         format!("{op} {}", self.inner.ino)
     }
+
+    // ---------------------------------------------------------------- writes in flight
+
+    /// Account for the writes in flight that have finished (each is polled once): sizes,
+    /// and the failure of a write-behind write, kept for the next call to report.
+    fn harvest(&self, io: &mut Io) {
+        let mut i = 0;
+        while i < io.writes.len() {
+            let Some(outcome) = io.writes[i].done.clone().now_or_never() else {
+                i += 1;
+                continue;
+            };
+            let w = io.writes.remove(i);
+            if !w.awaited {
+                io.write_bytes -= w.end - w.start;
+            }
+            match outcome {
+                Ok(()) => {
+                    let mut st = self.inner.state.lock();
+                    st.size = st.size.max(w.end);
+                    if w.reached_home {
+                        st.server_size = st.server_size.max(w.end);
+                    } else {
+                        // Published at flush (also updates mtime, which only the home server keeps).
+                        st.pending = Some(st.pending.unwrap_or(0).max(w.end));
+                    }
+                }
+                Err(e) if !w.awaited => {
+                    if io.failed.is_none() {
+                        io.failed = Some(e.within(format_args!("an earlier write at {} of {} bytes", w.start, w.end - w.start)));
+                    }
+                }
+                Err(_) => {} // its caller has it
+            }
+            self.inner.client.cache().forget_attr(self.inner.ino);
+        }
+    }
+
+    /// Wait until the writes in flight now that overlap `range` (all of them if `None`)
+    /// have finished.
+    async fn wait_writes(&self, range: Option<(u64, u64)>) {
+        let before = self.inner.io.lock().next_write;
+        loop {
+            let next = {
+                let mut io = self.inner.io.lock();
+                self.harvest(&mut io);
+                io.writes
+                    .iter()
+                    .find(|w| w.id < before && range.map_or(true, |(s, e)| w.start < e && s < w.end))
+                    .map(|w| w.done.clone())
+            };
+            match next {
+                Some(done) => {
+                    let _ = done.await;
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Wait for every write in flight; then the failure of one that had returned, if any.
+    async fn settle(&self) -> Result<()> {
+        self.wait_writes(None).await;
+        match self.inner.io.lock().failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    // ---------------------------------------------------------------- reads
 
     /// Read up to `len` bytes at `offset`: fewer only at the end of the file (as known to
     /// this handle). Holes read as zeros.
@@ -181,34 +419,152 @@ impl File {
         if !inner.readable {
             return Err(Error::bare(Errno::EBADF));
         }
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        // This handle's own writes to the range first.
+        self.wait_writes(Some((offset, offset.saturating_add(len as u64)))).await;
         let size = inner.state.lock().size;
-        if offset >= size || len == 0 {
+        if offset >= size {
             return Ok(Bytes::new());
         }
         let total = (size - offset).min(len as u64);
-        let parts = split_pieces(&inner.layout, offset, total, MAX_PIECE);
-        let client = &inner.client;
-        let ino = inner.ino;
-        let got: Vec<(Piece, Bytes)> = futures::stream::iter(parts)
-            .map(|p| async move {
-                let server = inner.layout.servers[p.index as usize];
-                let op = Op::Read { ino, index: p.index, offset: p.object_offset, len: p.len as u32 };
-                match client.call(To::Server(server), op, Bytes::new()).await {
-                    Ok((Reply::Data, data)) => Ok((p, data)),
-                    Ok((other, _)) => Err(unexpected(&other)),
-                    // An object nobody wrote to yet: a hole.
-                    Err(e) if e.errno == Errno::ENOENT => Ok((p, Bytes::new())),
-                    Err(e) => Err(on_object(e, p.index, server)),
+        let ra = inner.client.options().readahead as u64;
+        if ra == 0 {
+            return self.read_direct(offset, total).await;
+        }
+        let plan = self.plan_read(&mut inner.io.lock(), offset, offset + total, size, ra);
+        let Some((parts, fresh)) = plan else { return self.read_direct(offset, total).await };
+        // Start the new requests now: they travel while earlier pieces are awaited.
+        for c in fresh {
+            let _ = c.now_or_never();
+        }
+        let mut got = Vec::with_capacity(parts.len());
+        for (start, data) in parts {
+            match data.clone().await {
+                Ok(d) => got.push((start, d)),
+                Err(e) => {
+                    // Not kept: a later read asks again.
+                    inner.io.lock().chunks.retain(|c| !c.data.ptr_eq(&data));
+                    return Err(e);
                 }
-            })
+            }
+        }
+        Ok(from_chunks(offset, total as usize, got))
+    }
+
+    /// Decide how a read of `[offset, end)` is served: `None` to read it directly, or the
+    /// prefetched pieces covering it and the pieces newly added to the window (to start).
+    #[allow(clippy::type_complexity)]
+    fn plan_read(
+        &self,
+        io: &mut Io,
+        offset: u64,
+        end: u64,
+        size: u64,
+        ra: u64,
+    ) -> Option<(Vec<(u64, ChunkFuture)>, Vec<ChunkFuture>)> {
+        let total = end - offset;
+        let forward = offset >= io.ra_next && offset - io.ra_next <= io.ra_last.max(total);
+        let covered = covers(&io.chunks, offset, end);
+        if !forward && !covered {
+            if io.ra_window > 0 && offset < io.ra_next && io.ra_next - offset <= io.ra_window + total {
+                // A little behind the reader (concurrent reads of one handle finish out of
+                // order): read it directly and keep the window.
+                return None;
+            }
+            // A read elsewhere: no pattern (any longer).
+            io.chunks.clear();
+            io.ra_window = 0;
+            io.ra_next = end;
+            io.ra_last = total;
+            return None;
+        }
+        io.ra_next = if forward { end } else { io.ra_next.max(end) };
+        io.ra_last = total;
+        if !covered && (total > ra || !io.writes.is_empty() || (end >= size && io.chunks.is_empty())) {
+            // Too big to be worth splitting, or writes of this handle are in flight (what
+            // would be fetched now could be older than they are), or a read to the end of
+            // the file with nothing fetched (a small file read whole): nothing to prefetch.
+            return None;
+        }
+        if forward {
+            io.ra_window = if io.ra_window == 0 { (2 * total).max(READAHEAD_CHUNK) } else { io.ra_window * 2 }.min(ra);
+        }
+        // Pieces behind the reader are done with (those just behind may still be asked
+        // for by a read that overtook another).
+        while io.chunks.front().is_some_and(|c| c.end.saturating_add(total) <= offset) {
+            io.chunks.pop_front();
+        }
+        let mut fresh = Vec::new();
+        if io.writes.is_empty() {
+            // Up to a chunk boundary, so that no piece is fetched in two parts.
+            let want = size.min(end.saturating_add(io.ra_window).div_ceil(READAHEAD_CHUNK).saturating_mul(READAHEAD_CHUNK));
+            // At most this many pieces ahead of the read (requests in flight).
+            let cap = self.inner.client.max_in_flight().max(4);
+            let mut added: Vec<Chunk> = Vec::new();
+            let mut at = offset;
+            let mut i = 0;
+            while at < want {
+                // Skip what the window already holds.
+                while i < io.chunks.len() && io.chunks[i].end <= at {
+                    i += 1;
+                }
+                if i < io.chunks.len() && io.chunks[i].start <= at {
+                    at = io.chunks[i].end;
+                    continue;
+                }
+                let gap_end = if i < io.chunks.len() { io.chunks[i].start.min(want) } else { want };
+                for p in ra_pieces(&self.inner.layout, at, gap_end) {
+                    if p.file_offset >= end && io.chunks.len() + added.len() >= cap {
+                        break;
+                    }
+                    let (client, layout, ino) = (self.inner.client.clone(), self.inner.layout.clone(), self.inner.ino);
+                    let data = async move { read_piece(&client, &layout, ino, p).await }.boxed().shared();
+                    fresh.push(data.clone());
+                    added.push(Chunk { start: p.file_offset, end: p.file_offset + p.len, data });
+                }
+                at = gap_end;
+                if io.chunks.len() + added.len() >= cap && at >= end {
+                    break;
+                }
+            }
+            if !added.is_empty() {
+                let mut all: Vec<Chunk> = io.chunks.drain(..).chain(added).collect();
+                all.sort_by_key(|c| c.start);
+                io.chunks = all.into();
+            }
+        }
+        if !covers(&io.chunks, offset, end) {
+            return None;
+        }
+        let parts = io
+            .chunks
+            .iter()
+            .filter(|c| c.start < end && offset < c.end)
+            .map(|c| (c.start, c.data.clone()))
+            .collect();
+        Some((parts, fresh))
+    }
+
+    /// Read `[offset, offset+total)` with one request per piece, all at once.
+    async fn read_direct(&self, offset: u64, total: u64) -> Result<Bytes> {
+        let inner = &*self.inner;
+        let parts = split_pieces(&inner.layout, offset, total, MAX_PIECE);
+        let (client, layout, ino) = (&inner.client, &*inner.layout, inner.ino);
+        let got: Vec<(Piece, Bytes)> = futures::stream::iter(parts)
+            .map(|p| async move { read_piece(client, layout, ino, p).await.map(|d| (p, d)) })
             .buffer_unordered(client.max_in_flight())
             .try_collect()
             .await?;
         assemble(offset, total as usize, got).map_err(|e| Error::new(e, "a server answered more bytes than asked"))
     }
 
+    // ---------------------------------------------------------------- writes
+
     /// Write all of `data` at `offset` (in append mode: at the end of the file). Returns
-    /// `data.len()`.
+    /// `data.len()`. With write-behind (see the module documentation) it may return before
+    /// the servers have the data; a failure is then reported by a later call.
     pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize> {
         self.write_bytes_at(offset, Bytes::copy_from_slice(data)).await
     }
@@ -230,6 +586,8 @@ impl File {
         let offset = match offset {
             Some(o) if !inner.append => o,
             _ => {
+                // The end of the file as the servers know it, after our own writes.
+                self.settle().await?;
                 let a = inner.client.getattr_fresh_inner(inner.ino).await?;
                 let mut st = inner.state.lock();
                 st.server_size = st.server_size.max(a.size);
@@ -243,49 +601,64 @@ impl File {
         }
         let len = data.len() as u64;
         let end = offset.checked_add(len).ok_or_else(|| Error::bare(Errno::EFBIG))?;
-        let client = &inner.client;
-        let ino = inner.ino;
-        let home = client.home_of(ino);
-        let parts = split_pieces(&inner.layout, offset, len, MAX_PIECE);
-        let any_local = parts.iter().any(|p| inner.layout.servers[p.index as usize] == home);
-        inner.state.lock().wrote = true;
-        let data = &data;
-        let written: Result<Vec<()>> = futures::stream::iter(parts)
-            .map(|p| async move {
-                let server: ServerId = inner.layout.servers[p.index as usize];
-                let start = (p.file_offset - offset) as usize;
-                let chunk = data.slice(start..start + p.len as usize);
-                let op = Op::Write {
-                    ino,
-                    index: p.index,
-                    offset: p.object_offset,
-                    file_end: end,
-                    inode_local: server == home,
-                };
-                match client.call(To::Server(server), op, chunk).await {
-                    Ok((Reply::Written { len }, _)) if len as u64 == p.len => Ok(()),
-                    Ok((Reply::Written { len }, _)) => Err(Error::new(
-                        Errno::EIO,
-                        format!("server {server} wrote {len} of {} bytes of object {}", p.len, p.index),
-                    )),
-                    Ok((other, _)) => Err(unexpected(&other)),
-                    Err(e) => Err(on_object(e, p.index, server)),
+        let limit = inner.client.options().write_behind as u64;
+        let behind = limit > 0 && !inner.append && len <= limit;
+        let home = inner.client.home_of(inner.ino);
+        let reached_home = pieces(&inner.layout, offset, len).iter().any(|p| inner.layout.servers[p.index as usize] == home);
+        let mut data = Some(data);
+        // Wait for room, and for any write in flight to the same bytes (their order at the
+        // servers would be anyone's guess); then go.
+        let done = loop {
+            let wait = {
+                let mut io = inner.io.lock();
+                self.harvest(&mut io);
+                if let Some(e) = io.failed.take() {
+                    return Err(e);
                 }
-            })
-            .buffer_unordered(client.max_in_flight())
-            .try_collect()
-            .await;
-        client.cache().forget_attr(ino);
-        written?;
-        let mut st = inner.state.lock();
-        st.size = st.size.max(end);
-        if any_local {
-            st.server_size = st.server_size.max(end);
-        } else {
-            // Published at flush (also updates mtime, which only the home server keeps).
-            st.pending = Some(st.pending.unwrap_or(0).max(end));
+                let overlapping = io.writes.iter().find(|w| w.start < end && offset < w.end);
+                let full = behind && io.write_bytes + len > limit;
+                match overlapping.or(if full { io.writes.iter().find(|w| !w.awaited) } else { None }) {
+                    Some(w) => w.done.clone(),
+                    None => {
+                        let fut = write_pieces(inner.client.clone(), inner.layout.clone(), inner.ino, offset, data.take().unwrap_or_default());
+                        let done = fut.boxed().shared();
+                        let id = io.next_write;
+                        io.next_write += 1;
+                        io.writes.push(InFlight { id, start: offset, end, reached_home, awaited: !behind, done: done.clone() });
+                        if behind {
+                            io.write_bytes += len;
+                        }
+                        // What was prefetched may be older than this write.
+                        io.chunks.clear();
+                        let mut st = inner.state.lock();
+                        st.wrote = true;
+                        if behind {
+                            st.size = st.size.max(end);
+                        }
+                        break done;
+                    }
+                }
+            };
+            let _ = wait.await;
+        };
+        // Send now, before returning; then let the runtime carry the rest (pieces beyond
+        // max_in_flight, a connection still being opened) even if nobody waits.
+        let _ = done.clone().now_or_never();
+        if behind {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let drive = done.clone();
+                rt.spawn(async move {
+                    let _ = drive.await;
+                });
+            }
         }
-        Ok((offset, data.len()))
+        inner.client.cache().forget_attr(inner.ino);
+        if behind {
+            return Ok((offset, len as usize));
+        }
+        let r = done.await;
+        self.harvest(&mut inner.io.lock());
+        r.map(|()| (offset, len as usize))
     }
 
     /// Read up to `len` bytes at the handle's position and advance it.
@@ -325,12 +698,29 @@ impl File {
         }
     }
 
-    /// Publish the size reached by writes that did not go to the inode's home server.
+    /// Wait for the writes in flight (reporting a failure of any that had returned), then
+    /// publish the size reached by writes that did not go to the inode's home server.
     pub async fn flush(&self) -> Result<()> {
         self.flush_inner().await.map_err(|e| e.within(self.what("flush")))
     }
 
     async fn flush_inner(&self) -> Result<()> {
+        self.settle().await?;
+        self.publish().await
+    }
+
+    /// Wait for the writes in flight and publish the size they reached, as
+    /// [`File::flush`] does, but leave a failure of a write for the next `write`, `flush`,
+    /// `fsync`, `set_len` or `close` to report. For a caller about to change the inode
+    /// by other means (set its times, say) after the writes: a write or size publication
+    /// landing later would stamp the modification time again.
+    pub async fn drain(&self) -> Result<()> {
+        self.wait_writes(None).await;
+        self.publish().await.map_err(|e| e.within(self.what("flush")))
+    }
+
+    /// Publish the size reached by finished writes that did not go to the inode's server.
+    async fn publish(&self) -> Result<()> {
         let inner = &*self.inner;
         let Some(size) = inner.state.lock().pending.take() else { return Ok(()) };
         match inner.client.extend_size(inner.ino, size).await {
@@ -392,6 +782,8 @@ impl File {
             }
             self.flush_inner().await?;
             let a = self.inner.client.setattr_inner(self.inner.ino, SetAttrs { size: Some(size), ..Default::default() }).await?;
+            let mut io = self.inner.io.lock();
+            io.chunks.clear();
             let mut st = self.inner.state.lock();
             st.size = a.size;
             st.server_size = a.size;
@@ -401,15 +793,25 @@ impl File {
         r.await.map_err(|e: Error| e.within(self.what("set length of")))
     }
 
-    /// Flush, then fetch the attributes from the server; the handle's size follows them.
+    /// Wait for the writes in flight and publish the size (as [`File::flush`], but a failure
+    /// of a write is left for the next `write`, `flush`, `fsync`, `set_len` or `close` to
+    /// report), then fetch the attributes from the server; the handle's size follows them.
+    /// If the file changed (size or modification time) since the handle last knew, data
+    /// it prefetched is dropped.
     pub async fn stat(&self) -> Result<Attr> {
         let r = async {
-            self.flush_inner().await?;
+            self.wait_writes(None).await;
+            self.publish().await?;
             let a = self.inner.client.getattr_fresh_inner(self.inner.ino).await?;
+            let mut io = self.inner.io.lock();
             let mut st = self.inner.state.lock();
+            if a.size != st.size || a.mtime != st.attr.mtime {
+                io.chunks.clear();
+            }
             st.server_size = a.size;
-            // Writes that finished while we asked may have raised it further.
-            st.size = a.size.max(st.pending.unwrap_or(0));
+            // Writes that finished (or started) while we asked may have raised it further.
+            let in_flight = io.writes.iter().map(|w| w.end).max().unwrap_or(0);
+            st.size = a.size.max(st.pending.unwrap_or(0)).max(in_flight);
             st.attr = a;
             let mut out = st.attr.clone();
             out.size = st.size;
@@ -420,7 +822,8 @@ impl File {
 
     /// Close the handle: if it wrote anything, [`File::fsync`] (the durability promise:
     /// after `close` returns, the data survives a power loss and every client that opens
-    /// the file sees it and its size).
+    /// the file sees it and its size), else [`File::flush`]. Either way it waits for the
+    /// writes in flight and reports a failure of any of them.
     pub async fn close(self) -> Result<()> {
         let wrote = self.inner.state.lock().wrote;
         if wrote {
@@ -431,17 +834,47 @@ impl File {
     }
 }
 
+/// Whether the pieces in `chunks` (sorted, not overlapping) cover `[offset, end)` with no gap.
+fn covers(chunks: &VecDeque<Chunk>, offset: u64, end: u64) -> bool {
+    let mut at = offset;
+    for c in chunks {
+        if c.end <= at {
+            continue;
+        }
+        if c.start > at {
+            return false;
+        }
+        at = c.end;
+        if at >= end {
+            return true;
+        }
+    }
+    at >= end
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
+        let writes = std::mem::take(&mut self.io.get_mut().writes);
         let pending = self.state.get_mut().pending.take();
-        if let (Some(size), Some(rt)) = (pending, &self.runtime) {
-            let (client, ino) = (self.client.clone(), self.ino);
-            rt.spawn(async move {
+        if writes.is_empty() && pending.is_none() {
+            return;
+        }
+        let Some(rt) = &self.runtime else { return };
+        let (client, ino) = (self.client.clone(), self.ino);
+        rt.spawn(async move {
+            // Finish what is in flight, then publish the size it reached.
+            let mut size = pending;
+            for w in writes {
+                if w.done.await.is_ok() && !w.reached_home {
+                    size = Some(size.unwrap_or(0).max(w.end));
+                }
+            }
+            if let Some(size) = size {
                 if let Err(e) = client.extend_size(ino, size).await {
                     tracing::warn!("publishing the size of {ino} after its handle was dropped: {e}");
                 }
-            });
-        }
+            }
+        });
     }
 }
 
@@ -506,6 +939,67 @@ mod tests {
         let p = split_pieces(&l, 50, 100, MAX_PIECE)[0];
         let out = assemble(50, 100, vec![(p, whole.clone())]).unwrap();
         assert_eq!(out.as_ptr(), whole.as_ptr(), "a complete single answer is not copied");
+    }
+
+    /// The FUSE mount and the bench spawn these calls on multi-thread runtimes.
+    #[allow(dead_code)]
+    fn calls_are_send(f: &File) {
+        fn send<T: Send>(_: T) {}
+        send(f.read_at(0, 1));
+        send(f.read(1));
+        send(f.write_at(0, b""));
+        send(f.write(b""));
+        send(f.flush());
+        send(f.drain());
+        send(f.fsync());
+        send(f.stat());
+        send(f.set_len(0));
+        send(f.clone().close());
+    }
+
+    #[test]
+    fn readahead_pieces_sit_on_a_fixed_grid() {
+        // 4 MiB stripes: pieces end at every MiB boundary, wherever the range starts.
+        let l = layout(4 << 20, 2);
+        let ps = ra_pieces(&l, 47_008, 5 << 20);
+        assert_eq!(ps[0].file_offset, 47_008);
+        assert_eq!(ps[0].len, (1 << 20) - 47_008);
+        assert!(ps[1..].iter().all(|p| p.file_offset % READAHEAD_CHUNK == 0 && p.len == READAHEAD_CHUNK));
+        assert_eq!(ps[3].index, 0);
+        assert_eq!(ps[4].index, 1, "a piece never crosses into the next object");
+        assert_eq!(ps[4].object_offset, 0);
+        // Small stripes: one piece per stripe.
+        let l = layout(64 << 10, 3);
+        assert_eq!(ra_pieces(&l, 0, 1 << 20), pieces(&l, 0, 1 << 20));
+    }
+
+    fn chunk(start: u64, end: u64) -> Chunk {
+        let data: BoxFuture<'static, Outcome<Bytes>> = Box::pin(async { Ok(Bytes::new()) });
+        Chunk { start, end, data: data.shared() }
+    }
+
+    #[test]
+    fn coverage_needs_every_byte() {
+        let c: VecDeque<Chunk> = vec![chunk(0, 10), chunk(10, 20), chunk(30, 40)].into();
+        assert!(covers(&c, 0, 20));
+        assert!(covers(&c, 5, 15));
+        assert!(covers(&c, 35, 40));
+        assert!(!covers(&c, 15, 31), "a gap");
+        assert!(!covers(&c, 35, 41), "past the last piece");
+        assert!(!covers(&VecDeque::new(), 0, 1));
+    }
+
+    #[test]
+    fn reads_from_chunks_slice_or_zero_fill() {
+        let a = Bytes::from(vec![1u8; 100]);
+        let out = from_chunks(10, 50, vec![(0, a.clone())]);
+        assert_eq!(out.len(), 50);
+        assert_eq!(out.as_ptr(), a[10..].as_ptr(), "one piece: no copy");
+        // A short answer (hole, end of object) reads as zeros up to the piece's end.
+        let out = from_chunks(90, 40, vec![(0, a.clone()), (100, Bytes::from(vec![2u8; 5]))]);
+        assert_eq!(&out[..10], &[1u8; 10]);
+        assert_eq!(&out[10..15], &[2u8; 5]);
+        assert!(out[15..].iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -70,7 +70,7 @@ mod path_ops;
 pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, StatFs};
 pub use error::{Error, Result};
-pub use file::{File, MAX_PIECE};
+pub use file::{File, MAX_PIECE, READAHEAD_CHUNK};
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::ClusterMap;

@@ -23,6 +23,23 @@ pub struct ClientOptions {
     /// Most object pieces one read or write sends at the same time (also bounds the
     /// concurrency of `remove_all`, `statfs` and `fsync`). Default 16.
     pub max_in_flight: usize,
+    /// Write-behind: bytes of one handle's writes that may still be on their way to the
+    /// servers after `write` returned. A write returns once its requests are sent, so the
+    /// caller prepares the next buffer while the servers store this one; a write that
+    /// would pass the bound first waits for the oldest in flight. A failure is returned by
+    /// the handle's next `write`, `flush`, `fsync`, `set_len` or `close`, which all
+    /// wait for the writes in flight first (see [`File`](crate::File)). Writes larger than
+    /// this, and writes in append mode, wait for their replies. Memory: up to this many
+    /// bytes of copies per writing handle. Default 8 MiB; 0 makes every write wait.
+    pub write_behind: usize,
+    /// Readahead: how far ahead of a handle that reads forward the next pieces of the file
+    /// are fetched (in requests of at most [`READAHEAD_CHUNK`](crate::READAHEAD_CHUNK)
+    /// bytes, started before the reader asks), so that the servers' disks and the network
+    /// work while the reader consumes. The window starts at twice the read size and
+    /// doubles up to this bound; a read elsewhere drops it; writes through the handle, and
+    /// `stat` finding the file changed, drop what was fetched. Memory: up to about this
+    /// many bytes per reading handle. Default 8 MiB; 0 turns readahead off.
+    pub readahead: usize,
 }
 
 impl Default for ClientOptions {
@@ -34,6 +51,8 @@ impl Default for ClientOptions {
             connections_per_server: 2,
             umask: 0o022,
             max_in_flight: 16,
+            write_behind: 8 << 20,
+            readahead: 8 << 20,
         }
     }
 }

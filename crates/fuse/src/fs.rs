@@ -569,6 +569,11 @@ impl Shared {
             }
         }
         if rest != SetAttrs::default() {
+            if let Some(n) = &node {
+                // The handle's writes (and the size they publish, which stamps the mtime)
+                // land before this change, as they did before write(2) returned.
+                n.file.drain().await.map_err(e)?;
+            }
             let a = match user.setattr(ino_n, rest.clone()).await {
                 Ok(a) => a,
                 // The kernel clears set-user/group-ID bits itself on a write or truncate by
@@ -651,10 +656,13 @@ impl Shared {
     ///   write-only descriptor cannot be mapped, so there are no pages of its own to write
     ///   back. (Read-write descriptors keep FLUSH: their shared mappings are written back
     ///   at close.) With the write-back cache the kernel ignores the flag and flushes.
+    ///   Not with the client's write-behind either: its writes may still be in flight,
+    ///   and FLUSH is where close(2) waits for them and learns of a failure.
     fn open_flags_for(&self, file: &File, flags: i32) -> FopenFlags {
         let mut ff = self.fopen_flags();
         let skip = match flags & libc::O_ACCMODE {
             libc::O_RDONLY => true,
+            libc::O_WRONLY if file.writes_behind() => false,
             libc::O_WRONLY => {
                 let home = self.root.home_of(file.ino());
                 file.layout().servers.iter().all(|s| *s == home)

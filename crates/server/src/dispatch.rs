@@ -4,19 +4,34 @@
 use crate::error::{Fail, R};
 use crate::ops::{data, inode, namespace, peer};
 use crate::state::State;
+use crate::store::data::Region;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::{Errno, PROTOCOL_VERSION};
 use std::sync::Arc;
 
+/// The data section of a reply.
+pub enum Payload {
+    /// Bytes in memory.
+    Bytes(Bytes),
+    /// A range of a data object, sent straight from the file (`sendfile`).
+    Region(Region),
+}
+
+impl Payload {
+    fn none() -> Payload {
+        Payload::Bytes(Bytes::new())
+    }
+}
+
 /// Handle one request that arrived over the network. `from_peer`: sent by another server.
-pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool) -> (Reply, Bytes) {
+pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool) -> (Reply, Payload) {
     let name = req.op.name();
     st.counters.request(name, from_peer || req.op.is_peer());
     // 0 means "any map" (tools that do not route by the map, and local peer steps).
     if req.map_version != 0 && req.map_version != st.map.version() {
-        return (Reply::StaleMap { current: st.map.version() }, Bytes::new());
+        return (Reply::StaleMap { current: st.map.version() }, Payload::none());
     }
     let op_desc = if tracing::enabled!(tracing::Level::DEBUG) { format!("{:?}", req.op) } else { String::new() };
     match route(st, req, data).await {
@@ -28,22 +43,22 @@ pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool)
             } else {
                 tracing::debug!("{name} {op_desc} failed: {f}");
             }
-            (f.into_reply(), Bytes::new())
+            (f.into_reply(), Payload::none())
         }
     }
 }
 
 /// [`handle`] as a boxed future: the entry point for steps a server addresses to itself
 /// (a peer step whose target is local), which would otherwise make handler futures recursive.
-pub fn handle_boxed(st: Arc<State>, req: Request, data: Bytes, from_peer: bool) -> BoxFuture<'static, (Reply, Bytes)> {
+pub fn handle_boxed(st: Arc<State>, req: Request, data: Bytes, from_peer: bool) -> BoxFuture<'static, (Reply, Payload)> {
     Box::pin(async move { handle(&st, req, data, from_peer).await })
 }
 
-fn ok(r: Reply) -> (Reply, Bytes) {
-    (r, Bytes::new())
+fn ok(r: Reply) -> (Reply, Payload) {
+    (r, Payload::none())
 }
 
-async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Bytes)> {
+async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Payload)> {
     let cred = req.cred;
     let r = match req.op {
         Op::Hello { .. } => {

@@ -8,14 +8,16 @@
 //! In-flight requests per connection are bounded in number and in bytes, so one client
 //! cannot make the server buffer without limit: the reader simply stops reading.
 
-use crate::dispatch;
+use crate::dispatch::{self, Payload};
 use crate::state::State;
+use crate::store::data::{send_region, Region};
 use bytes::Bytes;
-use shoal_proto::frame::{Frame, FrameError, FrameKind};
+use shoal_proto::frame::{Frame, FrameError, FrameKind, HEADER_LEN};
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::{Errno, PROTOCOL_VERSION};
 use std::future::Future;
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncWriteExt, BufReader, BufWriter};
@@ -54,7 +56,12 @@ pub async fn accept_loop(st: Arc<State>, listener: TcpListener, shutdown: impl F
     while conns.join_next().await.is_some() {}
 }
 
-type Outgoing = (Frame, Permits);
+/// A reply ready to go: the frame, or the head of one whose data comes from a file.
+enum Outgoing {
+    Frame(Frame, Permits),
+    /// Header and body, then `region` (sent with `sendfile` off the async threads).
+    Region(Vec<u8>, Region, Permits),
+}
 
 /// What a request holds until its reply has been written.
 struct Permits {
@@ -174,8 +181,20 @@ async fn read_requests(
         let request_id = frame.request_id;
         let data = frame.data;
         tokio::spawn(async move {
-            let (reply, data) = dispatch::handle(&st, req, data, from_peer).await;
-            let f = match Frame::reply(request_id, &reply, data) {
+            let (reply, payload) = dispatch::handle(&st, req, data, from_peer).await;
+            let permits = Permits { _count: p_count, _bytes: p_bytes };
+            let encoded = match payload {
+                Payload::Region(region) => match Frame::reply_head(request_id, &reply, region.len) {
+                    Ok(head) => {
+                        st.counters.sent(head.len() - HEADER_LEN + region.len);
+                        let _ = tx.send(Outgoing::Region(head, region, permits));
+                        return;
+                    }
+                    Err(e) => Err(e),
+                },
+                Payload::Bytes(data) => Frame::reply(request_id, &reply, data),
+            };
+            let f = match encoded {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::warn!("reply to {addr} does not encode: {e}");
@@ -187,7 +206,7 @@ async fn read_requests(
                 }
             };
             st.counters.sent(f.body.len() + f.data.len());
-            let _ = tx.send((f, Permits { _count: p_count, _bytes: p_bytes }));
+            let _ = tx.send(Outgoing::Frame(f, permits));
         });
     }
 }
@@ -196,12 +215,43 @@ async fn read_requests(
 /// group commit of `MetaStore`: a no-op when nothing is pending, one WAL write for a whole
 /// burst of replies otherwise). A WAL that cannot be written closes the connection rather
 /// than acknowledge what would not survive a crash.
-async fn write_reply(st: &State, wr: &mut BufWriter<OwnedWriteHalf>, f: Frame, addr: SocketAddr) -> bool {
+///
+/// A reply with data from a file is sent by a blocking task (the disk may have to be read
+/// first) on a duplicate of the socket's descriptor, after everything buffered before it:
+/// replies on one connection never interleave.
+async fn write_reply(st: &Arc<State>, wr: &mut BufWriter<OwnedWriteHalf>, out: Outgoing, addr: SocketAddr) -> bool {
     if let Err(e) = st.meta.flush_wal_to_os() {
         tracing::error!("connection from {addr}: cannot write the metadata log, closing: {e}");
         return false;
     }
-    f.write_to(wr).await.is_ok()
+    match out {
+        Outgoing::Frame(f, _permits) => f.write_to(wr).await.is_ok(),
+        Outgoing::Region(head, region, _permits) => {
+            if wr.flush().await.is_err() {
+                return false;
+            }
+            let sock: &tokio::net::TcpStream = wr.get_ref().as_ref();
+            let dup = match sock.as_fd().try_clone_to_owned() {
+                Ok(fd) => fd,
+                Err(e) => {
+                    tracing::warn!("connection from {addr}: cannot duplicate the socket: {e}");
+                    return false;
+                }
+            };
+            let sent = tokio::task::spawn_blocking(move || send_region(dup.as_fd(), &head, &region)).await;
+            match sent {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    tracing::debug!("connection from {addr}: sending file data: {e}");
+                    false
+                }
+                Err(e) => {
+                    tracing::warn!("connection from {addr}: sending file data: {e}");
+                    false
+                }
+            }
+        }
+    }
 }
 
 async fn write_replies(
@@ -210,16 +260,12 @@ async fn write_replies(
     mut rx: mpsc::UnboundedReceiver<Outgoing>,
     addr: SocketAddr,
 ) {
-    while let Some((f, permits)) = rx.recv().await {
-        let mut ok = write_reply(&st, &mut wr, f, addr).await;
-        drop(permits);
+    while let Some(out) = rx.recv().await {
+        let mut ok = write_reply(&st, &mut wr, out, addr).await;
         // Write whatever else is ready, then flush once.
         while ok {
             match rx.try_recv() {
-                Ok((f, permits)) => {
-                    ok = write_reply(&st, &mut wr, f, addr).await;
-                    drop(permits);
-                }
+                Ok(out) => ok = write_reply(&st, &mut wr, out, addr).await,
                 Err(_) => break,
             }
         }

@@ -38,6 +38,9 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // Write requests arrive in buffers of their size: reuse them instead of faulting in
+    // fresh pages for each.
+    shoal_proto::frame::keep_freed_frame_memory();
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

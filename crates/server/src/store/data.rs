@@ -88,7 +88,9 @@ impl DataStore {
     }
 
     /// Read up to `len` bytes at `offset`; shorter at the end of the object, empty if the
-    /// object does not exist.
+    /// object does not exist. (Requests are answered from [`DataStore::region`] without
+    /// copying; this is for checking what a test wrote.)
+    #[cfg(test)]
     pub fn read(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Vec<u8>> {
         let Some(f) = self.fd(ino, index, false)? else { return Ok(Vec::new()) };
         let mut buf = vec![0u8; len];
@@ -103,6 +105,25 @@ impl DataStore {
         }
         buf.truncate(done);
         Ok(buf)
+    }
+
+    /// The part of `[offset, offset+len)` that object `index` of `ino` holds, to be sent
+    /// from the file itself ([`send_region`]); `None` if the object does not exist or ends
+    /// before `offset`. Asks the kernel to start reading the range from disk now, so that
+    /// several requests' disk reads overlap before they are sent in turn.
+    pub fn region(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Option<Region>> {
+        let Some(f) = self.fd(ino, index, false)? else { return Ok(None) };
+        let size = f.metadata().map_err(|e| Fail::io(format_args!("stat object {ino}.{index}"), &e))?.len();
+        if offset >= size || len == 0 {
+            return Ok(None);
+        }
+        let len = (size - offset).min(len as u64) as usize;
+        use std::os::fd::AsRawFd;
+        // SAFETY: advice on a valid open descriptor; failure only loses the hint.
+        unsafe {
+            libc::posix_fadvise(f.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED);
+        }
+        Ok(Some(Region { file: f, offset, len }))
     }
 
     /// Write `data` at `offset`, creating the object if needed.
@@ -159,15 +180,22 @@ impl DataStore {
         let files: HashSet<u64> = objects.iter().map(|(ino, _)| ino.0).collect();
         self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
         self.dirty.lock().retain(|i, _| !files.contains(i));
+        let mut result = Ok(());
         for &(ino, index) in objects {
             let p = self.path(ino, index);
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(Fail::io(format_args!("delete object {}", p.display()), &e)),
+                Err(e) => {
+                    result = Err(Fail::io(format_args!("delete object {}", p.display()), &e));
+                    break;
+                }
             }
         }
-        Ok(())
+        // A read may have opened (and cached) an object between the purge above and its
+        // removal: that descriptor would serve the deleted bytes for as long as it is cached.
+        self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
+        result
     }
 
     /// `fdatasync` (or `fsync` when `!data_only`) every object of `ino` written since its last sync.
@@ -214,6 +242,98 @@ impl DataStore {
     }
 }
 
+/// Bytes of an object file to send as the data of a reply (see [`DataStore::region`]).
+pub struct Region {
+    pub file: Arc<File>,
+    pub offset: u64,
+    pub len: usize,
+}
+
+/// How long a blocked send may make no progress before the connection is given up.
+const SEND_STALL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Wait until `fd` takes more bytes (it is non-blocking), for at most [`SEND_STALL`].
+fn wait_writable(fd: std::os::fd::RawFd) -> std::io::Result<()> {
+    let start = std::time::Instant::now();
+    loop {
+        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, 1000) };
+        if r > 0 {
+            if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && p.revents & libc::POLLOUT == 0 {
+                return Err(std::io::ErrorKind::BrokenPipe.into());
+            }
+            return Ok(());
+        }
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        if start.elapsed() > SEND_STALL {
+            return Err(ErrorKind::TimedOut.into());
+        }
+    }
+}
+
+/// Write all of `buf` to the non-blocking socket `fd`.
+fn write_all_fd(fd: std::os::fd::RawFd, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: writing from a valid slice to a descriptor we hold.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf = &buf[n as usize..];
+            continue;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::WouldBlock => wait_writable(fd)?,
+            ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Send `head` and then the `region` of an object file over the non-blocking socket
+/// `sock` (blocks: run it off the async threads). The file's pages go to the socket
+/// without being copied through this process (`sendfile`). If the file got shorter since
+/// [`DataStore::region`] measured it, the missing bytes are sent as zeros, so the frame
+/// keeps the length its header announced.
+pub fn send_region(sock: std::os::fd::BorrowedFd<'_>, head: &[u8], region: &Region) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let fd = sock.as_raw_fd();
+    write_all_fd(fd, head)?;
+    let mut off = region.offset as libc::off_t;
+    let mut left = region.len;
+    while left > 0 {
+        // SAFETY: both descriptors are valid for the call; `off` is ours.
+        let n = unsafe { libc::sendfile(fd, region.file.as_raw_fd(), &mut off, left) };
+        if n > 0 {
+            left -= n as usize;
+            continue;
+        }
+        if n == 0 {
+            // The file ends early: zeros for the rest.
+            static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+            while left > 0 {
+                let k = left.min(ZEROS.len());
+                write_all_fd(fd, &ZEROS[..k])?;
+                left -= k;
+            }
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            ErrorKind::WouldBlock => wait_writable(fd)?,
+            ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -239,6 +359,50 @@ mod tests {
         assert!(d.read(ino, 1, 0, 100).unwrap().is_empty());
         assert_eq!(d.count(), 0);
         d.delete_objects(&[(ino, 1)]).unwrap();
+    }
+
+    #[test]
+    fn regions_are_sent_from_the_file_and_padded_if_it_shrank() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
+        let ino = Ino(0x77);
+        assert!(d.region(ino, 0, 0, 10).unwrap().is_none(), "missing object");
+        let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        d.write(ino, 0, 0, &body).unwrap();
+        assert!(d.region(ino, 0, 200_000, 10).unwrap().is_none(), "beyond the end");
+        let r = d.region(ino, 0, 1000, 1 << 20).unwrap().unwrap();
+        assert_eq!((r.offset, r.len), (1000, 199_000));
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        // The receiver takes exactly `n` bytes when asked: sent pages are shared with the
+        // file until then (a truncation would zero them in the socket buffer too).
+        let (ask, asked) = std::sync::mpsc::channel::<usize>();
+        let (give, given) = std::sync::mpsc::channel::<Vec<u8>>();
+        let reader = std::thread::spawn(move || {
+            use std::io::Read;
+            let mut b = b;
+            for n in asked {
+                let mut got = vec![0u8; n];
+                b.read_exact(&mut got).unwrap();
+                give.send(got).unwrap();
+            }
+        });
+        use std::os::fd::AsFd;
+        ask.send(4 + 199_000).unwrap();
+        send_region(a.as_fd(), b"HEAD", &r).unwrap();
+        let got = given.recv().unwrap();
+        assert_eq!(&got[..4], b"HEAD");
+        assert!(got[4..] == body[1000..]);
+        // The object shrinks under a measured region: the rest is zeros.
+        let r2 = d.region(ino, 0, 0, 300).unwrap().unwrap();
+        d.truncate(ino, 0, 100).unwrap();
+        ask.send(300).unwrap();
+        send_region(a.as_fd(), b"", &r2).unwrap();
+        let tail = given.recv().unwrap();
+        assert!(tail[..100] == body[..100]);
+        assert!(tail[100..].iter().all(|&b| b == 0));
+        drop(ask);
+        reader.join().unwrap();
     }
 
     #[test]
