@@ -34,6 +34,31 @@ pub enum Event {
 
 pub type EventTx = mpsc::UnboundedSender<(usize, Event)>;
 
+/// Pass each line rank `rank` writes on `from` (a worker's stdout, a rank's connection) to
+/// the driver's events, then the cause of its end: `ended` when the stream closes, or
+/// `broken: the error` when it fails.
+async fn forward_lines(
+    from: impl tokio::io::AsyncRead + Unpin,
+    rank: usize,
+    tx: EventTx,
+    ended: &'static str,
+    broken: &'static str,
+) {
+    let mut lines = tokio::io::BufReader::new(from).lines();
+    let cause = loop {
+        match lines.next_line().await {
+            Ok(Some(l)) => {
+                if tx.send((rank, Event::Line(l))).is_err() {
+                    return;
+                }
+            }
+            Ok(None) => break ended.to_string(),
+            Err(e) => break format!("{broken}: {e}"),
+        };
+    };
+    let _ = tx.send((rank, Event::Closed(cause)));
+}
+
 /// Lines from the driver, as the worker reads them. The transport's reader ends the
 /// channel when the driver closes its side.
 pub type Inbox = mpsc::UnboundedReceiver<String>;
@@ -265,22 +290,7 @@ impl Ranks {
                 .with_context(|| format!("cannot start worker {}", cmd.program.display()))?;
             let stdin = child.stdin.take().expect("piped");
             let stdout = child.stdout.take().expect("piped");
-            let tx = ranks.events_tx.clone();
-            tokio::spawn(async move {
-                let mut lines = tokio::io::BufReader::new(stdout).lines();
-                let cause = loop {
-                    match lines.next_line().await {
-                        Ok(Some(l)) => {
-                            if tx.send((rank, Event::Line(l))).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) => break "exited".to_string(),
-                        Err(e) => break format!("unreadable output: {e}"),
-                    };
-                };
-                let _ = tx.send((rank, Event::Closed(cause)));
-            });
+            tokio::spawn(forward_lines(stdout, rank, ranks.events_tx.clone(), "exited", "unreadable output"));
             ranks.tx[rank] = Tx::Pipe(stdin);
             ranks.children[rank] = Some(child);
             ranks.names[rank] = format!("worker {rank}");
@@ -297,22 +307,13 @@ impl Ranks {
     /// Rank `rank` speaks over this TCP connection (its handshake done).
     pub fn add_tcp(&mut self, rank: usize, stream: tokio::net::TcpStream, name: String) {
         let (read, write) = stream.into_split();
-        let tx = self.events_tx.clone();
-        tokio::spawn(async move {
-            let mut lines = tokio::io::BufReader::new(read).lines();
-            let cause = loop {
-                match lines.next_line().await {
-                    Ok(Some(l)) => {
-                        if tx.send((rank, Event::Line(l))).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => break "connection closed (its process has ended)".to_string(),
-                    Err(e) => break format!("connection lost: {e}"),
-                };
-            };
-            let _ = tx.send((rank, Event::Closed(cause)));
-        });
+        tokio::spawn(forward_lines(
+            read,
+            rank,
+            self.events_tx.clone(),
+            "connection closed (its process has ended)",
+            "connection lost",
+        ));
         self.tx[rank] = Tx::Tcp(write);
         self.names[rank] = name;
     }

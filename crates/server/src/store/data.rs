@@ -314,14 +314,13 @@ fn wait_writable(fd: std::os::fd::RawFd) -> std::io::Result<()> {
     }
 }
 
-/// Write all of `buf` to the non-blocking socket `fd`.
-fn write_all_fd(fd: std::os::fd::RawFd, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: writing from a valid slice to a descriptor we hold.
-        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+/// Run `call`, a system call on the non-blocking socket `fd` that returns a count or -1,
+/// until it succeeds: wait in `poll` while the socket is full, retry when interrupted.
+fn on_nonblocking(fd: std::os::fd::RawFd, mut call: impl FnMut() -> isize) -> std::io::Result<usize> {
+    loop {
+        let n = call();
         if n >= 0 {
-            buf = &buf[n as usize..];
-            continue;
+            return Ok(n as usize);
         }
         let e = std::io::Error::last_os_error();
         match e.kind() {
@@ -329,6 +328,15 @@ fn write_all_fd(fd: std::os::fd::RawFd, mut buf: &[u8]) -> std::io::Result<()> {
             ErrorKind::Interrupted => {}
             _ => return Err(e),
         }
+    }
+}
+
+/// Write all of `buf` to the non-blocking socket `fd`.
+fn write_all_fd(fd: std::os::fd::RawFd, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: writing from a valid slice to a descriptor we hold.
+        let n = on_nonblocking(fd, || unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) })?;
+        buf = &buf[n..];
     }
     Ok(())
 }
@@ -346,11 +354,7 @@ pub fn send_region(sock: std::os::fd::BorrowedFd<'_>, head: &[u8], region: &Regi
     let mut left = region.len;
     while left > 0 {
         // SAFETY: both descriptors are valid for the call; `off` is ours.
-        let n = unsafe { libc::sendfile(fd, region.file.as_raw_fd(), &mut off, left) };
-        if n > 0 {
-            left -= n as usize;
-            continue;
-        }
+        let n = on_nonblocking(fd, || unsafe { libc::sendfile(fd, region.file.as_raw_fd(), &mut off, left) })?;
         if n == 0 {
             // The file ends early: zeros for the rest.
             static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
@@ -361,12 +365,7 @@ pub fn send_region(sock: std::os::fd::BorrowedFd<'_>, head: &[u8], region: &Regi
             }
             break;
         }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            ErrorKind::WouldBlock => wait_writable(fd)?,
-            ErrorKind::Interrupted => {}
-            _ => return Err(e),
-        }
+        left -= n;
     }
     Ok(())
 }
