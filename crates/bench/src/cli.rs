@@ -56,9 +56,12 @@ operations in flight per process (async calls on native, threads on POSIX target
 const MD_EXAMPLES: &str = "Examples:
   shoal bench md -N 10000                                 # mdtest easy: a directory per process, empty files
   shoal bench md -N 10000 -T native,native@16,tmpfs --compare
+  shoal bench md -N 10000 -T native#16,native#64@2        # 16 (64) creates, stats, unlinks per request
   shoal bench md --shared-dir --size 3901 -N 2000 --verify # mdtest hard: shared directory, 3901-byte files
   shoal bench md -N 2000 --sweep procs=1,2,4 --plot md.svg
   mpirun -np 8 shoal bench md -N 10000                    # one benchmark process per MPI rank
+native#B (before any @K): B operations per request, as one batch (create of empty files, stat
+and unlink; the other phases send one operation per request).
 Under mpirun (more than one rank) every rank is one benchmark process and rank 0 reports:
 see --rendezvous and docs/benchmarks.md.";
 
@@ -66,7 +69,8 @@ see --rendezvous and docs/benchmarks.md.";
 pub struct CommonArgs {
     /// Where to run (repeat or separate with commas): native, native:CONFIG, fuse:MOUNTPOINT,
     /// local[:DIR] (default: the temp dir), tmpfs[:DIR] (default /dev/shm), posix:DIR;
-    /// @K at the end = K operations in flight per process. Default: native.
+    /// @K at the end = K operations in flight per process; native#B = B operations per request
+    /// in batches (bench md). Default: native.
     #[arg(short = 'T', long = "target", value_delimiter = ',', value_name = "TARGET")]
     pub targets: Vec<String>,
     /// Compare: add the local and tmpfs baselines if missing, run every target alternately

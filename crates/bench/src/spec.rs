@@ -4,6 +4,7 @@
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use shoal_proto::msg::BATCH_MAX;
 use std::path::PathBuf;
 
 /// Where a benchmark runs. The same workload code runs on every kind.
@@ -13,6 +14,12 @@ pub struct TargetSpec {
     /// Operations in flight per process: async calls for the native client, threads for
     /// POSIX targets. `None`: the workload's `--in-flight` (default 1, mdtest/IOR semantics).
     pub in_flight: Option<usize>,
+    /// Native client, mdtest: operations sent per request (`Client::create_many_at`,
+    /// `lookup_many`, `unlink_many_at`): the create (empty files), stat and unlink phases
+    /// send B operations in one batch request, and each of the `in_flight` slots has one
+    /// batch in flight. `None`: one operation per request.
+    #[serde(default)]
+    pub batch: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,17 +54,11 @@ impl TargetSpec {
     /// * `posix:DIR` or just `DIR` (starting with `/` or `.`) — any directory.
     ///
     /// Any of them may end in `@K`: K operations in flight per process (`native@16`).
+    /// `native` may also take `#B` before that: B operations per request, in batches
+    /// (`native#16`, `native#16@4`).
     pub fn parse(s: &str, default_config: Option<&PathBuf>, native_base: &str) -> Result<TargetSpec> {
-        let (body, in_flight) = match s.rsplit_once('@') {
-            Some((b, k)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_digit()) => {
-                let k: usize = k.parse().with_context(|| format!("bad in-flight count in target {s:?}"))?;
-                if k == 0 {
-                    bail!("target {s:?}: in-flight count must be at least 1");
-                }
-                (b, Some(k))
-            }
-            _ => (s, None),
-        };
+        let (body, in_flight) = split_count(s, s, '@', "in-flight count", usize::MAX)?;
+        let (body, batch) = split_count(s, body, '#', "batch size", BATCH_MAX)?;
         let (kind, arg) = match body.split_once(':') {
             Some((k, a)) => (k, Some(a)),
             None => (body, None),
@@ -90,7 +91,10 @@ impl TargetSpec {
                 "unknown target {s:?}: expected native, native:CONFIG, fuse:DIR, local[:DIR], tmpfs[:DIR] or posix:DIR (optionally ending in @K for K operations in flight)"
             ),
         };
-        Ok(TargetSpec { kind, in_flight })
+        if batch.is_some() && !matches!(kind, TargetKind::Native { .. }) {
+            bail!("target {s:?}: batches (#B) are a native client feature; POSIX targets make one call per operation");
+        }
+        Ok(TargetSpec { kind, in_flight, batch })
     }
 
     /// Short name for tables: `native`, `native@16`, `fuse`, `local`, `tmpfs`, `posix`.
@@ -102,10 +106,14 @@ impl TargetSpec {
             TargetKind::Posix { role: PosixRole::Tmpfs, .. } => "tmpfs",
             TargetKind::Posix { role: PosixRole::Other, .. } => "posix",
         };
-        match self.in_flight {
-            Some(k) => format!("{base}@{k}"),
-            None => base.to_string(),
+        let mut label = base.to_string();
+        if let Some(b) = self.batch {
+            label += &format!("#{b}");
         }
+        if let Some(k) = self.in_flight {
+            label += &format!("@{k}");
+        }
+        label
     }
 
     /// Where it is: the config file or the directory.
@@ -130,6 +138,21 @@ impl TargetSpec {
     /// Whether the servers' counters describe this target's work (native and FUSE).
     pub fn uses_shoal(&self) -> bool {
         matches!(self.kind, TargetKind::Native { .. } | TargetKind::Posix { role: PosixRole::Fuse, .. })
+    }
+}
+
+/// `s` ends in `SEP` and a number (1 ..= `max`): the rest and the number; else `s` as is.
+/// `whole` is the target as written, for messages.
+fn split_count<'a>(whole: &str, s: &'a str, sep: char, what: &str, max: usize) -> Result<(&'a str, Option<usize>)> {
+    match s.rsplit_once(sep) {
+        Some((b, k)) if !k.is_empty() && k.chars().all(|c| c.is_ascii_digit()) => {
+            let k: usize = k.parse().with_context(|| format!("bad {what} in target {whole:?}"))?;
+            if k == 0 || k > max {
+                bail!("target {whole:?}: {what} must be between 1 and {max}");
+            }
+            Ok((b, Some(k)))
+        }
+        _ => Ok((s, None)),
     }
 }
 
@@ -334,6 +357,13 @@ mod tests {
         let t = TargetSpec::parse("native@16", Some(&cfg), "/b").unwrap();
         assert_eq!(t.in_flight, Some(16));
         assert_eq!(t.label(), "native@16");
+        let t = TargetSpec::parse("native#32@2", Some(&cfg), "/b").unwrap();
+        assert_eq!((t.batch, t.in_flight), (Some(32), Some(2)));
+        assert_eq!(t.label(), "native#32@2");
+        assert_eq!(TargetSpec::parse("native#8", Some(&cfg), "/b").unwrap().batch, Some(8));
+        assert!(TargetSpec::parse("native#0", Some(&cfg), "/b").is_err());
+        assert!(TargetSpec::parse("native#5000", Some(&cfg), "/b").is_err());
+        assert!(TargetSpec::parse("tmpfs#8", None, "/b").is_err());
         assert!(TargetSpec::parse("native", None, "/b").is_err());
         let t = TargetSpec::parse("native:/x.toml", None, "/b").unwrap();
         assert!(matches!(t.kind, TargetKind::Native { ref config, .. } if config == &PathBuf::from("/x.toml")));

@@ -206,6 +206,7 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
                         targets.push(TargetSpec {
                             kind: TargetKind::Posix { dir: m.dir.join(a.base.trim_start_matches('/')), role: PosixRole::Fuse },
                             in_flight: None,
+                            batch: None,
                         });
                         mount = Some(m);
                     }
@@ -216,10 +217,11 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
             dir => targets.push(TargetSpec {
                 kind: TargetKind::Posix { dir: Path::new(dir).join(a.base.trim_start_matches('/')), role: PosixRole::Fuse },
                 in_flight: None,
+                batch: None,
             }),
         }
         let local = a.local_dir.clone().unwrap_or_else(std::env::temp_dir);
-        targets.push(TargetSpec { kind: TargetKind::Posix { dir: local, role: PosixRole::Local }, in_flight: None });
+        targets.push(TargetSpec { kind: TargetKind::Posix { dir: local, role: PosixRole::Local }, in_flight: None, batch: None });
         targets.push(TargetSpec::parse("tmpfs", None, &a.base)?);
     } else {
         for t in &a.targets {
@@ -372,6 +374,8 @@ async fn run_cases(
                     if x.is_native() {
                         t.push(with_in_flight(x, 1));
                         t.push(with_in_flight(x, 16));
+                        // 16 operations in flight as one batch request (`native#16`).
+                        t.push(TargetSpec { batch: Some(16), ..with_in_flight(x, 1) });
                     } else {
                         t.push(x.clone());
                     }
@@ -442,6 +446,7 @@ pub fn evaluate(results: &[CaseResult]) -> Vec<Check> {
     for phase in ["create", "unlink"] {
         ratio("md-easy", phase, "native@1", "tmpfs", 0.2);
         ratio("md-easy", phase, "native@16", "tmpfs", 0.5);
+        ratio("md-easy", phase, "native#16@1", "tmpfs", 0.5);
         ratio("md-easy", phase, "fuse", "tmpfs", 0.05);
     }
     for phase in ["create", "stat", "unlink"] {
@@ -638,7 +643,9 @@ fn markdown(
         "\n`read-cold` runs after `sync` and `echo 3 > /proc/sys/vm/drop_caches` (as root); `read-warm` right after it \
          without dropping anything. Reads are shifted by one rank (IOR -C). Native and FUSE data are striped over \
          every server in 1 MiB stripes; md-easy uses the cluster's default placement. `native@16` keeps 16 operations \
-         in flight per process through the async API; every other target has one (mdtest semantics). Counters: the \
+         in flight per process through the async API, each its own request; `native#16@1` sends them 16 at a time \
+         in one batch request (`create_many_at`, `lookup_many`, `unlink_many_at`); every other target has one \
+         operation in flight (mdtest semantics). Counters: the \
          servers' own, read with a `status` request before and after each phase (`status` and `hello` left out).\n"
     );
     let _ = writeln!(s, "## Targets of issue #4\n");

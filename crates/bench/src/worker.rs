@@ -445,6 +445,12 @@ impl Worker {
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
         let (verified_ref, bad_ref) = (&verified, &bad);
         let (own_path, peer_path) = (&own_path, &peer_path);
+        if let Some(b) = self.job.target.batch {
+            let batchable = matches!(kind, PhaseKind::Stat | PhaseKind::Unlink) || (kind == PhaseKind::Create && size == 0);
+            if batchable {
+                return self.native_md_batched(n, md, kind, b as u64).await;
+            }
+        }
         let hist = run_async(md.files, self.in_flight(), &self.progress, &self.stop, |i| async move {
             let t0 = mono_ns();
             match kind {
@@ -486,6 +492,51 @@ impl Worker {
         r.hist = hist;
         r.verified_bytes = verified.into_inner();
         r.verify_errors = bad.into_inner();
+        Ok(r)
+    }
+
+    /// The create (empty files), stat and unlink phases with `b` operations per request
+    /// (`native#B`): items `c*b ..` go in batch `c`, with `in_flight` batches in flight.
+    /// Every operation of a batch has the batch's latency. A failed item fails the phase,
+    /// as a failed single call does.
+    async fn native_md_batched(&self, n: &Native, md: &MdSpec, kind: PhaseKind, b: u64) -> Result<PhaseResult> {
+        let rank = self.job.rank;
+        let peer = peer_rank(&self.job, md.shift);
+        let own_dir = n.own_dir.expect("resolved at setup");
+        let peer_dir = n.peer_dir.expect("resolved at setup");
+        let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
+        let batches = md.files.div_ceil(b);
+        let hist = run_async_units(batches, self.in_flight(), &self.progress, &self.stop, |c| async move {
+            let items = c * b..((c + 1) * b).min(md.files);
+            let count = items.end - items.start;
+            let t0 = mono_ns();
+            match kind {
+                PhaseKind::Create => {
+                    let names: Vec<String> = items.map(|i| md_item_name(rank, i)).collect();
+                    for res in n.meta.create_many_at(own_dir, &names, 0o644, false).await? {
+                        res?;
+                    }
+                }
+                PhaseKind::Stat => {
+                    let names: Vec<String> = items.map(|i| md_item_name(peer, i)).collect();
+                    for res in n.meta.lookup_many(peer_dir, &names).await? {
+                        res?;
+                    }
+                }
+                PhaseKind::Unlink => {
+                    let names: Vec<String> = items.map(|i| md_item_name(rank, i)).collect();
+                    for res in n.meta.unlink_many_at(own_dir, &names).await? {
+                        res?;
+                    }
+                }
+                _ => bail!("phase {kind:?} has no batched form"),
+            }
+            Ok((mono_ns() - t0, count))
+        })
+        .await?;
+        r.end_ns = mono_ns();
+        r.ops = hist.count;
+        r.hist = hist;
         Ok(r)
     }
 
@@ -681,14 +732,33 @@ where
     F: Fn(u64) -> Fut,
     Fut: std::future::Future<Output = Result<u64>>,
 {
+    run_async_units(n, k, progress, stop, |i| {
+        let one = op(i);
+        async move { Ok((one.await?, 1)) }
+    })
+    .await
+}
+
+/// [`run_async`] for units of several operations (a batch): each `op(i)` returns its
+/// latency and how many operations it did, each counted with that latency.
+async fn run_async_units<F, Fut>(n: u64, k: usize, progress: &AtomicU64, stop: &AtomicBool, op: F) -> Result<Histogram>
+where
+    F: Fn(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<(u64, u64)>>,
+{
     let mut h = Histogram::new();
+    let done = |h: &mut Histogram, (ns, count): (u64, u64)| {
+        for _ in 0..count {
+            h.record(ns);
+        }
+        progress.fetch_add(count, Ordering::Relaxed);
+    };
     if k <= 1 {
         for i in 0..n {
             if stop.load(Ordering::Relaxed) {
                 return Err(stopped());
             }
-            h.record(op(i).await?);
-            progress.fetch_add(1, Ordering::Relaxed);
+            done(&mut h, op(i).await?);
         }
         return Ok(h);
     }
@@ -697,8 +767,7 @@ where
         if stop.load(Ordering::Relaxed) {
             return Err(stopped());
         }
-        h.record(r?);
-        progress.fetch_add(1, Ordering::Relaxed);
+        done(&mut h, r?);
     }
     Ok(h)
 }
@@ -711,7 +780,7 @@ mod tests {
         Job {
             rank,
             nprocs,
-            target: TargetSpec { kind: TargetKind::Posix { dir: dir.into(), role: PosixRole::Other }, in_flight: None },
+            target: TargetSpec { kind: TargetKind::Posix { dir: dir.into(), role: PosixRole::Other }, in_flight: None, batch: None },
             in_flight,
             run_dir: dir.to_str().unwrap().to_string(),
             workload,

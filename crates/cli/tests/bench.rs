@@ -143,6 +143,31 @@ fn md_easy_creates_what_it_reports_with_one_request_per_op() {
     assert_eq!(shoal_ls(&c, "/shoal-bench").len(), 1);
 }
 
+/// `native#B`: B operations per request. 200 files per process in batches of 16 (the last
+/// one 8): every file made, stated and removed, and the servers saw 13 requests per process
+/// and phase, each operation counted once by name.
+#[test]
+fn md_easy_in_batches_counts_every_file_and_one_request_per_batch() {
+    let c = Cluster::start(4);
+    let r = run_json(&c, &["bench", "md", "-T", "native#16,native#16@3", "-n", "2", "-N", "200", "--json", "-q"]);
+    for run in runs(&r) {
+        for label in ["create", "stat", "unlink"] {
+            let p = phase(run, label);
+            assert_eq!(u(&p["ops"]), 400, "{} {label}", run["target"]);
+            let s = &p["servers"];
+            let requests: u64 = s["per_server"].as_array().unwrap().iter().map(|d| u(&d["client_requests"])).sum();
+            assert_eq!(requests, 2 * 13, "{} {label}: one request per batch: {s}", run["target"]);
+            let op = if label == "stat" { "lookup" } else { label };
+            assert_eq!(f(&s["ops_per_op"][op]), 1.0, "{s}");
+        }
+    }
+    assert_eq!(shoal_ls(&c, "/shoal-bench").len(), 0, "the runs cleaned up");
+    // Batches are a native client feature.
+    let (code, out, err) = c.shoal(&["bench", "md", "-T", "tmpfs#4", "-N", "10"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(err.contains("native client feature"), "{err}");
+}
+
 #[test]
 fn md_hard_shared_directory_reads_back_every_byte() {
     let c = Cluster::start(3);

@@ -205,6 +205,65 @@ async fn small_file_create_stat_unlink_are_one_request_to_one_server() {
     }
 }
 
+/// `create_many_at`, `lookup_many`, `unlink_many_at`: 2,500 names go as 3 requests (at
+/// most BATCH_MAX operations each) to the directory's server, every name gets its own
+/// result in order, and the result is what one call per name would have made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_creates_stats_and_unlinks_in_batch_requests() {
+    let cluster = Cluster::start(4);
+    let fs = cluster.client();
+    fs.mkdir("/many", 0o755).await.unwrap();
+    let dir = fs.stat("/many").await.unwrap().ino;
+    let home = fs.map().home_of(dir).0 as usize;
+    fs.create_at(dir, "f01000", 0o600, true, None).await.unwrap();
+    let names: Vec<String> = (0..2500).map(|i| format!("f{i:05}")).collect();
+    let fs = cluster.uncached_client();
+
+    let batches = common::op_count(&fs, "batch").await;
+    let creates = common::op_count(&fs, "create").await;
+    let created = fs.create_many_at(dir, &names, 0o644, true).await.unwrap();
+    let diff = |a: Vec<u64>, b: &Vec<u64>| -> Vec<u64> { a.iter().zip(b).map(|(a, b)| a - b).collect() };
+    let mut want = vec![0; 4];
+    want[home] = 3;
+    assert_eq!(diff(common::op_count(&fs, "batch").await, &batches), want, "batch requests per server");
+    want[home] = 2500;
+    assert_eq!(diff(common::op_count(&fs, "create").await, &creates), want, "creates per server");
+    assert_eq!(created.len(), 2500);
+    for (i, r) in created.iter().enumerate() {
+        if i == 1000 {
+            assert_eq!(r.as_ref().unwrap_err().errno, shoal_client::Errno::EEXIST, "the name that existed");
+        } else {
+            let a = r.as_ref().unwrap();
+            assert_eq!((a.size, a.perm), (0, 0o644), "{}", names[i]);
+        }
+    }
+    let listed = fs.readdir_at(dir).await.unwrap();
+    assert_eq!(listed.len(), 2500);
+
+    let found = fs.lookup_many(dir, &names).await.unwrap();
+    for (i, r) in found.iter().enumerate() {
+        let a = r.as_ref().unwrap();
+        let want = if i == 1000 { 0o600 } else { 0o644 };
+        assert_eq!(a.perm, want, "{}", names[i]);
+        if i != 1000 {
+            assert_eq!(a.ino, created[i].as_ref().unwrap().ino);
+        }
+    }
+    let mut with_missing = names[..10].to_vec();
+    with_missing.push("nope".into());
+    let r = fs.lookup_many(dir, &with_missing).await.unwrap();
+    assert!(r[..10].iter().all(|r| r.is_ok()));
+    assert_eq!(r[10].as_ref().unwrap_err().errno, shoal_client::Errno::ENOENT);
+
+    let removed = fs.unlink_many_at(dir, &names).await.unwrap();
+    assert!(removed.iter().all(|r| r.is_ok()), "{:?}", removed.iter().find(|r| r.is_err()));
+    assert!(fs.readdir_at(dir).await.unwrap().is_empty());
+    let again = fs.unlink_many_at(dir, &names[..5]).await.unwrap();
+    assert!(again.iter().all(|r| r.as_ref().unwrap_err().errno == shoal_client::Errno::ENOENT));
+    // An empty batch is no request at all.
+    assert!(fs.create_many_at(dir, &[], 0o644, true).await.unwrap().is_empty());
+}
+
 /// Deleting files deletes their data objects on every server, in batches: one
 /// `PeerDeleteObjects` per server for many files, not one per file and server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -164,6 +164,9 @@ impl BlockingClient {
         fn link_at(&self, ino: Ino, dir: Ino, name: &str) -> Result<Attr>;
         fn unlink_at(&self, dir: Ino, name: &str) -> Result<()>;
         fn rmdir_at(&self, dir: Ino, name: &str) -> Result<()>;
+        fn create_many_at(&self, dir: Ino, names: &[String], perm: u32, exclusive: bool) -> Result<Vec<Result<Attr>>>;
+        fn lookup_many(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<Attr>>>;
+        fn unlink_many_at(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<()>>>;
         fn rename_at(&self, src_dir: Ino, src_name: &str, dst_dir: Ino, dst_name: &str, flags: RenameFlags) -> Result<()>;
         fn readdir_at(&self, dir: Ino) -> Result<Vec<DirEntry>>;
         fn readdir_page(&self, dir: Ino, after: Option<String>, limit: u32) -> Result<(Vec<DirEntry>, bool)>;

@@ -10,7 +10,8 @@ use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use shoal_placement::{ClusterMap, MapError, ServerState};
 use shoal_proto::msg::{
-    Attr, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus, SetAttrs, READDIR_MAX,
+    Attr, BatchOp, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus, SetAttrs, BATCH_MAX,
+    READDIR_MAX,
 };
 use shoal_proto::{Errno, Ino, ServerId};
 use shoal_rpc::{Pool, PoolOptions};
@@ -101,6 +102,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::StatFs(_) => "StatFs",
         Reply::Status(_) => "Status",
         Reply::StaleMap { .. } => "StaleMap",
+        Reply::Batch(_) => "Batch",
         Reply::Error { .. } => "Error",
     }
 }
@@ -592,6 +594,130 @@ impl Client {
         }
         c.forget_attr(dir);
         expect_ok(r?.0)
+    }
+
+    // ---- batches: many operations in one request ----
+
+    /// Create the regular files `dir/names[i]` as [`Client::create_at`] would, in one request
+    /// per [`BATCH_MAX`] names (mdtest-style runs, tools that make many files at once). The
+    /// outer error is the request's (unreachable server, …); each name has its own result,
+    /// in order (EEXIST for one does not stop the others).
+    pub async fn create_many_at(&self, dir: Ino, names: &[String], perm: u32, exclusive: bool) -> Result<Vec<Result<Attr>>> {
+        let now = Instant::now();
+        let perm = perm & !self.opts.umask & 0o7777;
+        let ops = names.iter().map(|name| BatchOp::Create { dir, name: name.clone(), perm, exclusive, layout: None });
+        let replies = self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("create in directory {dir}")))?;
+        let mut out = Vec::with_capacity(replies.len());
+        for (name, r) in names.iter().zip(replies) {
+            let a = match r {
+                Ok(reply) => self.attr_from(reply).await,
+                Err(e) => Err(e),
+            };
+            if let Ok(a) = &a {
+                self.entered(dir, name, a, now);
+            }
+            out.push(a.map_err(|e| e.within(format_args!("create {name:?} in directory {dir}"))));
+        }
+        Ok(out)
+    }
+
+    /// Look up `dir/names[i]` as [`Client::lookup`] would (always asking the server), in one
+    /// request per [`BATCH_MAX`] names; a result per name, in order.
+    pub async fn lookup_many(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<Attr>>> {
+        let now = Instant::now();
+        let ops = names.iter().map(|name| BatchOp::Lookup { dir, name: name.clone() });
+        let replies = self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("lookup in directory {dir}")))?;
+        let mut out = Vec::with_capacity(replies.len());
+        for (name, r) in names.iter().zip(replies) {
+            let a = match r {
+                Ok(Reply::Entry(e)) => {
+                    self.cache().put_entry(dir, name, Some((e.ino, e.kind)), now);
+                    match e.attr {
+                        Some(a) if a.ino == e.ino => {
+                            self.cache().put_attr(&a, now);
+                            Ok(a)
+                        }
+                        Some(_) => Err(Error::new(Errno::EPROTO, "lookup reply carries another inode's attributes")),
+                        None => self.getattr_fresh_inner(e.ino).await,
+                    }
+                }
+                Ok(other) => Err(unexpected(&other)),
+                Err(e) => {
+                    if e.errno == Errno::ENOENT {
+                        self.cache().put_entry(dir, name, None, now);
+                    }
+                    Err(e)
+                }
+            };
+            out.push(a.map_err(|e| e.within(format_args!("lookup {name:?} in directory {dir}"))));
+        }
+        Ok(out)
+    }
+
+    /// Remove the names `dir/names[i]` of files or symlinks as [`Client::unlink_at`] would,
+    /// in one request per [`BATCH_MAX`] names; a result per name, in order.
+    pub async fn unlink_many_at(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<()>>> {
+        let now = Instant::now();
+        let known: Vec<_> = names.iter().map(|name| self.cache().entry(dir, name, now).flatten()).collect();
+        let ops = names.iter().map(|name| BatchOp::Unlink { dir, name: name.clone() });
+        let replies = self.call_batch(dir, ops).await;
+        let c = self.cache();
+        c.forget_attr(dir);
+        let replies = match replies {
+            Ok(r) => r,
+            Err(e) => {
+                // Which of them happened is unknown: trust nothing cached about them.
+                for (name, k) in names.iter().zip(&known) {
+                    c.forget_entry(dir, name);
+                    if let Some((ino, _)) = k {
+                        c.forget_ino(*ino);
+                    }
+                }
+                return Err(e.within(format_args!("unlink in directory {dir}")));
+            }
+        };
+        let mut out = Vec::with_capacity(replies.len());
+        for ((name, k), r) in names.iter().zip(known).zip(replies) {
+            match &r {
+                Ok(_) => c.put_entry(dir, name, None, Instant::now()),
+                Err(e) if e.errno == Errno::ENOENT => c.put_entry(dir, name, None, now),
+                Err(_) => c.forget_entry(dir, name),
+            }
+            if let Some((ino, _)) = k {
+                c.forget_ino(ino);
+            }
+            out.push(r.and_then(expect_ok).map_err(|e| e.within(format_args!("unlink {name:?} in directory {dir}"))));
+        }
+        Ok(out)
+    }
+
+    /// Send `ops`, all for directory `dir`, to its home server in requests of at most
+    /// [`BATCH_MAX`] operations; one result per operation, in order (a `Reply::Error` for an
+    /// operation becomes its `Err`).
+    async fn call_batch(&self, dir: Ino, ops: impl Iterator<Item = BatchOp>) -> Result<Vec<Result<Reply>>> {
+        let mut out = Vec::new();
+        let mut ops = ops.peekable();
+        while ops.peek().is_some() {
+            let chunk: Vec<BatchOp> = ops.by_ref().take(BATCH_MAX).collect();
+            let n = chunk.len();
+            let (reply, _) = self.call(To::Home(dir), Op::Batch { ops: chunk }, Bytes::new()).await?;
+            match reply {
+                Reply::Batch(replies) if replies.len() == n => {
+                    out.extend(replies.into_iter().map(|r| match r.into_reply() {
+                        Reply::Error { errno, .. } => Err(Error::bare(errno)),
+                        ok => Ok(ok),
+                    }))
+                }
+                Reply::Batch(replies) => {
+                    return Err(Error::new(
+                        Errno::EPROTO,
+                        format!("a batch of {n} operations answered with {} results", replies.len()),
+                    ))
+                }
+                other => return Err(unexpected(&other)),
+            }
+        }
+        Ok(out)
     }
 
     /// Rename `src_dir/src_name` to `dst_dir/dst_name` (replacing a compatible target unless

@@ -11,7 +11,8 @@
 //! [`BlockingClient`]. There are two levels:
 //!
 //! * **inode level** (`lookup`, `create_at`, `readdir_at`, …): what a FUSE adapter needs;
-//!   one request to one server in the common case;
+//!   one request to one server in the common case; `create_many_at`, `lookup_many` and
+//!   `unlink_many_at` send many names of one directory in one batch request;
 //! * **path level** (`stat`, `mkdir_all`, `open`, `remove_all`, …): absolute Shoal paths
 //!   (`/a/b`, also `shoal://a/b`), resolved from the root through the cache; see
 //!   [`pathname`] for the path syntax.

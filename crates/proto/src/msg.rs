@@ -13,6 +13,8 @@ pub const NAME_MAX: usize = 255;
 pub const PATH_MAX: usize = 4096;
 /// Most entries one `ReadDir` reply carries.
 pub const READDIR_MAX: u32 = 4096;
+/// Most operations one `Batch` request carries.
+pub const BATCH_MAX: usize = 1024;
 /// Most extended attribute value bytes.
 pub const XATTR_VALUE_MAX: usize = 65536;
 /// Most servers a layout may stripe over.
@@ -269,6 +271,12 @@ pub enum Op {
     /// Make the objects of `ino` on this server, and this server's metadata log, durable.
     Fsync { ino: Ino, data_only: bool },
 
+    /// Several namespace operations in one request (many creates, stats or unlinks), each
+    /// addressed to this server as it would be alone; at most [`BATCH_MAX`]. The server runs
+    /// them one after the other and answers `Reply::Batch` with one result each, in order:
+    /// one failing does not stop the others. No data section either way.
+    Batch { ops: Vec<BatchOp> },
+
     // ---- whole server ----
     StatFs,
     Status,
@@ -320,6 +328,7 @@ impl Op {
             Op::Read { .. } => "read",
             Op::Write { .. } => "write",
             Op::Fsync { .. } => "fsync",
+            Op::Batch { .. } => "batch",
             Op::StatFs => "statfs",
             Op::Status => "status",
             Op::PeerMkdirObject { .. } => "peer_mkdir_object",
@@ -335,6 +344,68 @@ impl Op {
     /// True for operations only servers send to each other.
     pub fn is_peer(&self) -> bool {
         self.name().starts_with("peer_")
+    }
+}
+
+/// An operation inside a [`Op::Batch`]: the same fields as the `Op` of that name. A type of
+/// its own, not `Op`, so that a batch cannot hold a batch (a decoder facing nested
+/// batches would recurse as deep as the frame is long).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchOp {
+    Lookup { dir: Ino, name: String },
+    Create { dir: Ino, name: String, perm: u32, exclusive: bool, layout: Option<LayoutSpec> },
+    Mkdir { dir: Ino, name: String, perm: u32 },
+    Symlink { dir: Ino, name: String, target: String },
+    Unlink { dir: Ino, name: String },
+    Rmdir { dir: Ino, name: String },
+    GetAttr { ino: Ino },
+}
+
+impl BatchOp {
+    /// The operation this stands for.
+    pub fn into_op(self) -> Op {
+        match self {
+            BatchOp::Lookup { dir, name } => Op::Lookup { dir, name },
+            BatchOp::Create { dir, name, perm, exclusive, layout } => Op::Create { dir, name, perm, exclusive, layout },
+            BatchOp::Mkdir { dir, name, perm } => Op::Mkdir { dir, name, perm },
+            BatchOp::Symlink { dir, name, target } => Op::Symlink { dir, name, target },
+            BatchOp::Unlink { dir, name } => Op::Unlink { dir, name },
+            BatchOp::Rmdir { dir, name } => Op::Rmdir { dir, name },
+            BatchOp::GetAttr { ino } => Op::GetAttr { ino },
+        }
+    }
+}
+
+/// The result of one operation of a batch: what `Reply` would have said alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchReply {
+    Ok,
+    Entry(EntryOut),
+    Attr(Attr),
+    Error { errno: Errno, message: String },
+}
+
+impl BatchReply {
+    /// The reply of one operation as it travels in a batch; a reply of a kind no batched
+    /// operation gives becomes EPROTO.
+    pub fn from_reply(r: Reply) -> BatchReply {
+        match r {
+            Reply::Ok => BatchReply::Ok,
+            Reply::Entry(e) => BatchReply::Entry(e),
+            Reply::Attr(a) => BatchReply::Attr(a),
+            Reply::Error { errno, message } => BatchReply::Error { errno, message },
+            other => BatchReply::Error { errno: Errno::EPROTO, message: format!("unexpected reply in a batch: {other:?}") },
+        }
+    }
+
+    /// Back to the `Reply` the operation would have had alone.
+    pub fn into_reply(self) -> Reply {
+        match self {
+            BatchReply::Ok => Reply::Ok,
+            BatchReply::Entry(e) => Reply::Entry(e),
+            BatchReply::Attr(a) => Reply::Attr(a),
+            BatchReply::Error { errno, message } => Reply::Error { errno, message },
+        }
     }
 }
 
@@ -358,6 +429,8 @@ pub enum Reply {
     Replaced(Option<DirEntry>),
     StatFs(StatFsOut),
     Status(ServerStatus),
+    /// Answer to `Batch`: one result per operation, in order.
+    Batch(Vec<BatchReply>),
     /// The sender routed with an older cluster map; reload the map and retry.
     StaleMap { current: u64 },
     Error { errno: Errno, message: String },

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 /// locked side map), just more slowly.
 const OP_NAMES: &[&str] = &[
     "hello",
+    "batch",
     "lookup",
     "create",
     "mkdir",
@@ -74,6 +75,14 @@ impl Counters {
                 c.fetch_add(1, Relaxed);
             }
             None => *self.other_ops.lock().entry(op.to_string()).or_default() += 1,
+        }
+    }
+
+    /// An operation arrived inside a batch: counted by name, not as a request (the batch
+    /// was the request).
+    pub fn batched(&self, op: &str) {
+        if let Some(c) = self.ops.get(op) {
+            c.fetch_add(1, Relaxed);
         }
     }
 

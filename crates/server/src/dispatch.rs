@@ -1,13 +1,13 @@
 //! From a decoded request to its reply: the map-version check, routing each `Op` to its
 //! handler, counting, and turning failures into `Reply::Error`.
 
-use crate::error::{Fail, R};
+use crate::error::{fail, Fail, R};
 use crate::ops::{data, inode, namespace, peer};
 use crate::state::State;
 use crate::store::data::Region;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use shoal_proto::msg::{Op, Reply, Request};
+use shoal_proto::msg::{BatchOp, BatchReply, Cred, Op, Reply, Request, BATCH_MAX};
 use shoal_proto::{Errno, PROTOCOL_VERSION};
 use std::sync::Arc;
 
@@ -59,8 +59,40 @@ fn ok(r: Reply) -> (Reply, Payload) {
 }
 
 async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Payload)> {
-    let cred = req.cred;
-    let r = match req.op {
+    match req.op {
+        Op::Batch { ops } => Ok(ok(batch(st, req.cred, ops).await?)),
+        op => route_op(st, req.cred, op, data).await,
+    }
+}
+
+/// Run the operations of a batch one after the other, each as if it had come alone (same
+/// handlers, same errors), and answer with all their results. Why sequentially: they were
+/// independent requests of one client, so any order is one it could have seen, and one
+/// task running them costs less than a task each (the point of batching: one frame, one
+/// task and one reply for many small operations). Each counts under its own name in the
+/// per-operation counters; the request count counts the batch once.
+async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
+    if ops.len() > BATCH_MAX {
+        return fail(Errno::EINVAL, format!("a batch of {} operations (at most {BATCH_MAX})", ops.len()));
+    }
+    let mut replies = Vec::with_capacity(ops.len());
+    for op in ops {
+        let op = op.into_op();
+        st.counters.batched(op.name());
+        let reply = match route_op(st, cred.clone(), op, Bytes::new()).await {
+            Ok((reply, _)) => reply,
+            Err(f) => {
+                st.counters.error();
+                f.into_reply()
+            }
+        };
+        replies.push(BatchReply::from_reply(reply));
+    }
+    Ok(Reply::Batch(replies))
+}
+
+async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply, Payload)> {
+    let r = match op {
         Op::Hello { .. } => {
             Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() }
         }
@@ -108,6 +140,8 @@ async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Payload)
         Op::PeerSetParent { ino, parent } => peer::set_parent(st, ino, parent).await?,
         Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
         Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
+        // Never nested: `BatchOp` has no batch.
+        Op::Batch { .. } => return fail(Errno::EINVAL, "a batch inside a batch"),
     };
     Ok(ok(r))
 }

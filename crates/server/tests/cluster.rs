@@ -4,7 +4,9 @@
 use bytes::Bytes;
 use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind};
-use shoal_proto::msg::{Attr, Cred, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, Request, SetAttrs};
+use shoal_proto::msg::{
+    Attr, BatchOp, BatchReply, Cred, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, Request, SetAttrs, BATCH_MAX,
+};
 use shoal_proto::{Errno, Ino, ServerId, PROTOCOL_VERSION, ROOT_INO};
 use shoal_rpc::{Pool, PoolOptions};
 use shoal_server::ServerOptions;
@@ -103,6 +105,8 @@ impl Cluster {
             | Op::GetXattr { ino, .. }
             | Op::ListXattr { ino }
             | Op::RemoveXattr { ino, .. } => self.home(*ino),
+            // The tests batch operations on root's directory only.
+            Op::Batch { .. } => self.home(ROOT_INO),
             other => panic!("route {other:?} yourself"),
         };
         self.call_as(server, cred, op, Bytes::new()).await.map(|(r, _)| r)
@@ -226,6 +230,74 @@ async fn create_lookup_getattr_unlink() {
     assert!(st.counters.client_requests > 10);
     assert!(st.counters.ops.iter().any(|(n, k)| n == "create" && *k >= 4));
     assert!(st.counters.errors > 0);
+}
+
+/// A batch runs each operation as it would run alone, reports each result in order (one
+/// failing does not stop the others), counts as one request, and is bounded in size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_run_every_operation_and_answer_each() {
+    let c = Cluster::start(1).await;
+    let home = c.home(ROOT_INO);
+    let before = c.status(home).await.counters;
+    let create = |name: &str, exclusive| BatchOp::Create { dir: ROOT_INO, name: name.into(), perm: 0o644, exclusive, layout: None };
+    let ops = vec![
+        create("a", true),
+        create("a", true),
+        BatchOp::Lookup { dir: ROOT_INO, name: "a".into() },
+        BatchOp::Lookup { dir: ROOT_INO, name: "nope".into() },
+        BatchOp::Mkdir { dir: ROOT_INO, name: "d".into(), perm: 0o755 },
+        BatchOp::Symlink { dir: ROOT_INO, name: "s".into(), target: "a".into() },
+        BatchOp::Unlink { dir: ROOT_INO, name: "s".into() },
+        BatchOp::Rmdir { dir: ROOT_INO, name: "d".into() },
+        BatchOp::GetAttr { ino: ROOT_INO },
+        BatchOp::Lookup { dir: ROOT_INO, name: "a/b".into() },
+    ];
+    let replies = match c.op(Op::Batch { ops }).await.unwrap() {
+        Reply::Batch(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(replies.len(), 10);
+    let a = match &replies[0] {
+        BatchReply::Entry(e) => e.ino,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(&replies[1], BatchReply::Error { errno: Errno::EEXIST, .. }), "{:?}", replies[1]);
+    assert!(matches!(&replies[2], BatchReply::Entry(e) if e.ino == a), "{:?}", replies[2]);
+    assert!(matches!(&replies[3], BatchReply::Error { errno: Errno::ENOENT, .. }), "{:?}", replies[3]);
+    assert!(matches!(&replies[4], BatchReply::Entry(e) if e.kind == FileKind::Dir), "{:?}", replies[4]);
+    assert!(matches!(&replies[5], BatchReply::Entry(e) if e.kind == FileKind::Symlink), "{:?}", replies[5]);
+    assert_eq!(replies[6], BatchReply::Ok);
+    assert_eq!(replies[7], BatchReply::Ok);
+    assert!(matches!(&replies[8], BatchReply::Attr(r) if r.ino == ROOT_INO), "{:?}", replies[8]);
+    assert!(matches!(&replies[9], BatchReply::Error { errno: Errno::EINVAL, .. }), "{:?}", replies[9]);
+    // One request; each operation counted under its own name.
+    let after = c.status(home).await.counters;
+    let count = |cs: &shoal_proto::msg::Counters, n: &str| cs.ops.iter().find(|(k, _)| k == n).map(|(_, v)| *v).unwrap_or(0);
+    assert_eq!(after.client_requests - before.client_requests, 2, "the batch and the status request");
+    assert_eq!(count(&after, "batch") - count(&before, "batch"), 1);
+    assert_eq!(count(&after, "create") - count(&before, "create"), 2);
+    assert_eq!(count(&after, "lookup") - count(&before, "lookup"), 3);
+
+    // What it did stays done.
+    assert_eq!(c.lookup(ROOT_INO, "a").await.unwrap().ino, a);
+    assert_eq!(c.lookup(ROOT_INO, "s").await.unwrap_err(), Errno::ENOENT);
+    assert_eq!(c.lookup(ROOT_INO, "d").await.unwrap_err(), Errno::ENOENT);
+
+    // Permissions apply to each operation: alice may look but not create in root's 0755 root.
+    let as_alice = vec![create("b", true), BatchOp::Lookup { dir: ROOT_INO, name: "a".into() }];
+    match c.op_as(&alice(), Op::Batch { ops: as_alice }).await.unwrap() {
+        Reply::Batch(r) => {
+            assert!(matches!(&r[0], BatchReply::Error { errno: Errno::EACCES, .. }), "{:?}", r[0]);
+            assert!(matches!(&r[1], BatchReply::Entry(_)), "{:?}", r[1]);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // Bounded: one operation more than BATCH_MAX is refused whole; BATCH_MAX is fine.
+    let many = |n: usize| Op::Batch { ops: (0..n).map(|_| BatchOp::GetAttr { ino: ROOT_INO }).collect() };
+    assert_eq!(c.op(many(BATCH_MAX + 1)).await.unwrap_err(), Errno::EINVAL);
+    assert!(matches!(c.op(many(BATCH_MAX)).await.unwrap(), Reply::Batch(r) if r.len() == BATCH_MAX));
+    assert!(matches!(c.op(many(0)).await.unwrap(), Reply::Batch(r) if r.is_empty()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
