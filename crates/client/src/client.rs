@@ -583,17 +583,24 @@ impl Client {
             Op::Unlink { dir, name: name.to_string() }
         };
         let r = self.call(To::Home(dir), op, Bytes::new()).await;
+        self.name_removed(dir, name, known.map(|k| k.0), r.as_ref().map(|_| ()).map_err(|e| e.errno), now);
+        self.cache().forget_attr(dir);
+        expect_ok(r?.0)
+    }
+
+    /// Cache upkeep after a request to remove `dir/name`, sent at `asked`, answered
+    /// `outcome`: the name is gone (or was already), or, after another failure, unknown.
+    /// `known`: the inode the cache held for the name, whose attributes are now stale.
+    fn name_removed(&self, dir: Ino, name: &str, known: Option<Ino>, outcome: std::result::Result<(), Errno>, asked: Instant) {
         let c = self.cache();
-        match &r {
-            Ok(_) => c.put_entry(dir, name, None, Instant::now()),
-            Err(e) if e.errno == Errno::ENOENT => c.put_entry(dir, name, None, now),
+        match outcome {
+            Ok(()) => c.put_entry(dir, name, None, Instant::now()),
+            Err(errno) if errno == Errno::ENOENT => c.put_entry(dir, name, None, asked),
             Err(_) => c.forget_entry(dir, name),
         }
-        if let Some((ino, _)) = known {
+        if let Some(ino) = known {
             c.forget_ino(ino);
         }
-        c.forget_attr(dir);
-        expect_ok(r?.0)
     }
 
     // ---- batches: many operations in one request ----
@@ -661,31 +668,20 @@ impl Client {
         let known: Vec<_> = names.iter().map(|name| self.cache().entry(dir, name, now).flatten()).collect();
         let ops = names.iter().map(|name| BatchOp::Unlink { dir, name: name.clone() });
         let replies = self.call_batch(dir, ops).await;
-        let c = self.cache();
-        c.forget_attr(dir);
+        self.cache().forget_attr(dir);
         let replies = match replies {
             Ok(r) => r,
             Err(e) => {
-                // Which of them happened is unknown: trust nothing cached about them.
+                // The whole request failed: as for each name alone with that error.
                 for (name, k) in names.iter().zip(&known) {
-                    c.forget_entry(dir, name);
-                    if let Some((ino, _)) = k {
-                        c.forget_ino(*ino);
-                    }
+                    self.name_removed(dir, name, k.map(|k| k.0), Err(e.errno), now);
                 }
                 return Err(e.within(format_args!("unlink in directory {dir}")));
             }
         };
         let mut out = Vec::with_capacity(replies.len());
         for ((name, k), r) in names.iter().zip(known).zip(replies) {
-            match &r {
-                Ok(_) => c.put_entry(dir, name, None, Instant::now()),
-                Err(e) if e.errno == Errno::ENOENT => c.put_entry(dir, name, None, now),
-                Err(_) => c.forget_entry(dir, name),
-            }
-            if let Some((ino, _)) = k {
-                c.forget_ino(ino);
-            }
+            self.name_removed(dir, name, k.map(|k| k.0), r.as_ref().map(|_| ()).map_err(|e| e.errno), now);
             out.push(r.and_then(expect_ok).map_err(|e| e.within(format_args!("unlink {name:?} in directory {dir}"))));
         }
         Ok(out)
