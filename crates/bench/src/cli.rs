@@ -261,7 +261,8 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
             run_workload(config, timeout, &a.common, name, Workload::Io(io), phases).await
         }
         BenchCmd::Md(a) => {
-            let md = MdSpec { files: a.files, shared_dir: a.shared_dir, size: a.size, shift: a.shift, verify: a.verify };
+            let md =
+                MdSpec { files: a.files, shared_dir: a.shared_dir, size: a.size, shift: a.shift, verify: a.verify };
             let names: Vec<String> = if a.phases.is_empty() {
                 let mut v = vec!["create", "stat"];
                 if a.size > 0 {
@@ -284,13 +285,18 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
                     "read" => PhaseKind::ReadFiles,
                     "unlink" | "remove" | "delete" => PhaseKind::Unlink,
                     "rmdir" => PhaseKind::Rmdir,
-                    other => return Err(usage(format!("unknown md phase {other:?} (mkdir, create, stat, read, unlink, rmdir)"))),
+                    other => {
+                        return Err(usage(format!(
+                            "unknown md phase {other:?} (mkdir, create, stat, read, unlink, rmdir)"
+                        )))
+                    }
                 });
             }
             if a.dirs {
                 phases.push(PhaseKind::Rmdir);
             }
-            let phases = phases.into_iter().map(|k| Phase { kind: k, label: k.name().into(), drop_caches: false }).collect();
+            let phases =
+                phases.into_iter().map(|k| Phase { kind: k, label: k.name().into(), drop_caches: false }).collect();
             let name = format!("md{}", if a.shared_dir { " (shared directory)" } else { " (directory per process)" });
             run_workload(config, timeout, &a.common, name, Workload::Md(md), phases).await
         }
@@ -360,7 +366,10 @@ async fn run_workload(
     let mpi = mpi_job()?;
     let procs = match (&mpi, c.procs) {
         (Some(e), Some(n)) if n != e.size => {
-            return Err(usage(format!("-n {n} under mpirun with {} ranks: the ranks are the processes; leave -n out or give {}", e.size, e.size)))
+            return Err(usage(format!(
+                "-n {n} under mpirun with {} ranks: the ranks are the processes; leave -n out or give {}",
+                e.size, e.size
+            )))
         }
         (Some(_), _) if matches!(sweep, Some((SweepKey::Procs, _))) => {
             return Err(usage("cannot sweep the number of processes under mpirun: it is the number of ranks"))
@@ -373,7 +382,9 @@ async fn run_workload(
         Some(e) => {
             let file = match &c.rendezvous {
                 Some(f) => f.clone(),
-                None => mpi::default_rendezvous_file(&targets, e.job.as_deref()).map_err(|x| usage(format!("{x:#}")))?,
+                None => {
+                    mpi::default_rendezvous_file(&targets, e.job.as_deref()).map_err(|x| usage(format!("{x:#}")))?
+                }
             };
             let wait = Duration::from_secs(c.rendezvous_timeout.max(1));
             if e.rank != 0 {
@@ -457,7 +468,11 @@ async fn run_ranks(
             let b = key.apply(&bench, v).map_err(|e| usage(e.to_string()))?;
             b.check().map_err(|e| usage(format!("with {} = {v}: {e}", key.name())))?;
             if human {
-                println!("== {} = {}", key.name(), if key.is_size() { report::fmt_bytes(v as f64) } else { v.to_string() });
+                println!(
+                    "== {} = {}",
+                    key.name(),
+                    if key.is_size() { report::fmt_bytes(v as f64) } else { v.to_string() }
+                );
             }
             let r = run_and_print(&b, human).await?;
             points.push((v, r));
@@ -472,7 +487,12 @@ async fn run_ranks(
         if c.json {
             let json: Vec<serde_json::Value> =
                 points.iter().map(|(v, r)| serde_json::json!({ "value": v, "report": r })).collect();
-            println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "sweep": format!("{key:?}").to_lowercase(), "points": json }))?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &serde_json::json!({ "sweep": format!("{key:?}").to_lowercase(), "points": json })
+                )?
+            );
         }
         return Ok(());
     }
@@ -520,7 +540,11 @@ fn parse_sweep(s: &str) -> Result<(SweepKey, Vec<u64>)> {
     let key = SweepKey::parse(k.trim()).map_err(|e| usage(e.to_string()))?;
     let mut values = Vec::new();
     for v in vs.split(',').filter(|v| !v.trim().is_empty()) {
-        let n = if key.is_size() { parse_size(v).map_err(usage)? } else { v.trim().parse().map_err(|_| usage(format!("{v:?} is not a number")))? };
+        let n = if key.is_size() {
+            parse_size(v).map_err(usage)?
+        } else {
+            v.trim().parse().map_err(|_| usage(format!("{v:?} is not a number")))?
+        };
         if n == 0 {
             return Err(usage("sweep values must be positive"));
         }

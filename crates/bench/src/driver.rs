@@ -104,7 +104,9 @@ impl Bench {
         }
         for p in &self.phases {
             match (&self.workload, p.kind.is_io()) {
-                (Workload::Io(_), false) | (Workload::Md(_), true) => bail!("phase {} does not belong to this workload", p.label),
+                (Workload::Io(_), false) | (Workload::Md(_), true) => {
+                    bail!("phase {} does not belong to this workload", p.label)
+                }
                 _ => {}
             }
         }
@@ -230,7 +232,10 @@ pub async fn run_once(b: &Bench, target: &TargetSpec, rep: usize) -> Result<Targ
         TargetKind::Native { base, .. } => {
             let client = control.as_ref().expect("native has a client");
             let base = base.trim_end_matches('/');
-            client.mkdir_all(if base.is_empty() { "/" } else { base }, 0o755).await.with_context(|| format!("mkdir {base}"))?;
+            client
+                .mkdir_all(if base.is_empty() { "/" } else { base }, 0o755)
+                .await
+                .with_context(|| format!("mkdir {base}"))?;
             let run_dir = format!("{base}/{dir_name}");
             client.mkdir(&run_dir, 0o755).await.with_context(|| format!("mkdir {run_dir}"))?;
             Place::Shoal { client, run_dir }
@@ -265,7 +270,8 @@ async fn run_in(
     control: Option<&Client>,
 ) -> Result<TargetRun> {
     if let Workload::Md(md) = &b.workload {
-        let dirs: Vec<String> = if md.shared_dir { vec![md_dir_name(md, 0)] } else { (0..b.procs).map(|r| md_dir_name(md, r)).collect() };
+        let dirs: Vec<String> =
+            if md.shared_dir { vec![md_dir_name(md, 0)] } else { (0..b.procs).map(|r| md_dir_name(md, r)).collect() };
         for d in dirs {
             place.mkdir(&d).await?;
         }
@@ -318,7 +324,12 @@ async fn run_in(
 }
 
 /// The phases of one run, in lock step, on workers that have their jobs.
-async fn lock_step(b: &Bench, target: &TargetSpec, ranks: &mut Ranks, control: Option<&Client>) -> Result<Vec<PhaseReport>> {
+async fn lock_step(
+    b: &Bench,
+    target: &TargetSpec,
+    ranks: &mut Ranks,
+    control: Option<&Client>,
+) -> Result<Vec<PhaseReport>> {
     let n = b.procs as usize;
     let mut ready = 0;
     while ready < n {
@@ -331,7 +342,8 @@ async fn lock_step(b: &Bench, target: &TargetSpec, ranks: &mut Ranks, control: O
     }
     // How far ahead a start is announced: time for every rank to get its `go`, and more
     // with distant ranks (their round trip, under mpirun).
-    let rtt_ns = ranks.mpi.as_ref().map(|m| m.rtt_us.iter().cloned().fold(0.0, f64::max) * 1000.0).unwrap_or(0.0) as u64;
+    let rtt_ns =
+        ranks.mpi.as_ref().map(|m| m.rtt_us.iter().cloned().fold(0.0, f64::max) * 1000.0).unwrap_or(0.0) as u64;
     let mut phases = Vec::new();
     for phase in &b.phases {
         let caches_dropped = phase.drop_caches.then(drop_caches);
@@ -351,9 +363,9 @@ async fn lock_step(b: &Bench, target: &TargetSpec, ranks: &mut Ranks, control: O
         let mut results: Vec<Option<PhaseResult>> = vec![None; n];
         let mut counts = vec![0u64; n];
         while results.iter().any(|r| r.is_none()) {
-            let next = tokio::time::timeout(STALL_LIMIT, ranks.next()).await.unwrap_or_else(|_| {
-                Err(anyhow!("no worker made progress for {} s", STALL_LIMIT.as_secs()))
-            });
+            let next = tokio::time::timeout(STALL_LIMIT, ranks.next())
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("no worker made progress for {} s", STALL_LIMIT.as_secs())));
             let (rank, line) = match next {
                 Ok(x) => x,
                 Err(e) => {
@@ -365,7 +377,8 @@ async fn lock_step(b: &Bench, target: &TargetSpec, ranks: &mut Ranks, control: O
                 counts[rank] = c.trim().parse().unwrap_or(counts[rank]);
                 pb.set_position(counts.iter().sum());
             } else if let Some(json) = line.strip_prefix("done ") {
-                let mut r: PhaseResult = serde_json::from_str(json).with_context(|| format!("{} sent a bad result", ranks.name(rank)))?;
+                let mut r: PhaseResult =
+                    serde_json::from_str(json).with_context(|| format!("{} sent a bad result", ranks.name(rank)))?;
                 // Back onto the driver's clock.
                 r.start_ns = link::shift(r.start_ns, -ranks.offset(rank));
                 r.end_ns = link::shift(r.end_ns, -ranks.offset(rank));

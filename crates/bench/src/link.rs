@@ -159,7 +159,13 @@ pub fn tune_tcp(fd: &impl AsRawFd) {
     let set = |level: libc::c_int, opt: libc::c_int, v: libc::c_int| {
         // SAFETY: setsockopt reads an int from the pointer we pass, for a socket we own.
         unsafe {
-            libc::setsockopt(fd, level, opt, &v as *const libc::c_int as *const libc::c_void, std::mem::size_of::<libc::c_int>() as libc::socklen_t);
+            libc::setsockopt(
+                fd,
+                level,
+                opt,
+                &v as *const libc::c_int as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
         }
     };
     set(libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
@@ -493,7 +499,9 @@ impl Ranks {
                 .map_err(|_| anyhow!("{} did not answer a ping within 10 s", self.names[rank]))??;
             let t1 = crate::clock::mono_ns();
             let tw = match line.strip_prefix("pong ") {
-                Some(t) if from == rank => t.trim().parse::<u64>().map_err(|_| anyhow!("{}: bad pong {line:?}", self.names[rank]))?,
+                Some(t) if from == rank => {
+                    t.trim().parse::<u64>().map_err(|_| anyhow!("{}: bad pong {line:?}", self.names[rank]))?
+                }
                 _ => bail!("{} said {line:?} while its clock was being measured", self.names[from]),
             };
             samples.push((t0, tw, t1));
@@ -506,13 +514,10 @@ impl Ranks {
 /// offset of the rank's clock (tw − midpoint of t0 and t1) of the sample with the shortest
 /// round trip, and that round trip. If both clocks are one, |offset| ≤ round trip / 2.
 pub fn best_offset(samples: &[(u64, u64, u64)]) -> Option<(i64, u64)> {
-    samples
-        .iter()
-        .min_by_key(|(t0, _, t1)| t1.saturating_sub(*t0))
-        .map(|&(t0, tw, t1)| {
-            let mid = t0 as i128 + (t1 as i128 - t0 as i128) / 2;
-            ((tw as i128 - mid) as i64, t1.saturating_sub(t0))
-        })
+    samples.iter().min_by_key(|(t0, _, t1)| t1.saturating_sub(*t0)).map(|&(t0, tw, t1)| {
+        let mid = t0 as i128 + (t1 as i128 - t0 as i128) / 2;
+        ((tw as i128 - mid) as i64, t1.saturating_sub(t0))
+    })
 }
 
 /// `t` on a clock that is `offset` ahead of this one, or back (`-offset`).

@@ -115,7 +115,10 @@ pub fn default_rendezvous_file(targets: &[TargetSpec], job: Option<&str>) -> Res
         .ok_or_else(|| anyhow!("no target to put the rendezvous file next to: pass --rendezvous FILE"))?;
     let dir = if dir.as_os_str().is_empty() { PathBuf::from(".") } else { dir };
     let name = match job {
-        Some(j) => format!(".shoal-bench-rendezvous.{}", j.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>()),
+        Some(j) => format!(
+            ".shoal-bench-rendezvous.{}",
+            j.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect::<String>()
+        ),
         None => ".shoal-bench-rendezvous".to_string(),
     };
     Ok(absolute(&dir.join(name)))
@@ -141,7 +144,10 @@ pub fn hostname() -> String {
 }
 
 fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
 }
 
 /// This host's address on its default route (the interface a packet to the outside would
@@ -189,7 +195,9 @@ pub fn write_rendezvous(path: &Path, rv: &Rendezvous) -> Result<()> {
         std::process::id()
     ));
     let line = serde_json::to_string(rv)? + "\n";
-    std::fs::write(&tmp, line).with_context(|| format!("cannot write the rendezvous file {} (choose another with --rendezvous)", tmp.display()))?;
+    std::fs::write(&tmp, line).with_context(|| {
+        format!("cannot write the rendezvous file {} (choose another with --rendezvous)", tmp.display())
+    })?;
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write the rendezvous file {}", path.display()))?;
     Ok(())
 }
@@ -201,7 +209,8 @@ pub fn read_rendezvous(path: &Path) -> Result<Option<Rendezvous>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(anyhow!("cannot read {}: {e}", path.display())),
     };
-    let rv: Rendezvous = serde_json::from_str(text.trim()).with_context(|| format!("{} is not a rendezvous file", path.display()))?;
+    let rv: Rendezvous =
+        serde_json::from_str(text.trim()).with_context(|| format!("{} is not a rendezvous file", path.display()))?;
     if rv.magic != MAGIC {
         bail!("{} is not a rendezvous file of this version ({:?})", path.display(), rv.magic);
     }
@@ -251,7 +260,10 @@ fn read_line_sync(s: &mut TcpStream, max: usize) -> std::io::Result<String> {
     let mut b = [0u8; 1];
     loop {
         if s.read(&mut b)? == 0 {
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed during the handshake"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed during the handshake",
+            ));
         }
         if b[0] == b'\n' {
             return Ok(String::from_utf8_lossy(&buf).into_owned());
@@ -281,7 +293,9 @@ pub async fn gather(env: &MpiEnv, file: &Path, addr: Option<&str>, timeout: Dura
         Ok(l) => l,
         // The default address may refuse a bind (a firewall, a stale route): fall back to
         // loopback, which serves every rank on this host.
-        Err(_) if addr.is_none() => tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.context("cannot listen for the other ranks")?,
+        Err(_) if addr.is_none() => tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .context("cannot listen for the other ranks")?,
         Err(e) => return Err(anyhow!("cannot listen on {want} for the other ranks: {e}")),
     };
     let mut listen = listener.local_addr()?;
@@ -343,7 +357,10 @@ pub async fn gather(env: &MpiEnv, file: &Path, addr: Option<&str>, timeout: Dura
         }
         let r = hello.rank as usize;
         if let Some((_, first)) = &arrived[r] {
-            let msg = format!("rank {r} arrived twice: {}:{} and {}:{} ({peer})", first.host, first.pid, hello.host, hello.pid);
+            let msg = format!(
+                "rank {r} arrived twice: {}:{} and {}:{} ({peer})",
+                first.host, first.pid, hello.host, hello.pid
+            );
             let _ = stream.write_all(format!("refuse {msg}\n").as_bytes()).await;
             bail!("{msg}");
         }
@@ -422,7 +439,12 @@ fn join(env: &MpiEnv, file: &Path, timeout: Duration) -> Result<TcpStream> {
         let attempt = match read_rendezvous(file) {
             Ok(None) => Attempt::Retry(format!("{} does not exist", file.display())),
             Err(e) => Attempt::Retry(format!("{e:#}")),
-            Ok(Some(rv)) if rv.size != env.size => Attempt::Retry(format!("{} is for a job of {} ranks, this one has {}", file.display(), rv.size, env.size)),
+            Ok(Some(rv)) if rv.size != env.size => Attempt::Retry(format!(
+                "{} is for a job of {} ranks, this one has {}",
+                file.display(),
+                rv.size,
+                env.size
+            )),
             Ok(Some(rv)) if matches!((&rv.job, &env.job), (Some(a), Some(b)) if a != b) => {
                 Attempt::Retry(format!("{} belongs to job {:?}, this is job {:?}", file.display(), rv.job, env.job))
             }
@@ -496,9 +518,14 @@ mod tests {
     fn detects_ranks_from_the_launchers_variables() {
         assert_eq!(env_of(&[]).unwrap(), None);
         // Open MPI (PMIX_RANK without a size is ignored; the namespace names the job).
-        let e = env_of(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "3"), ("PMIX_RANK", "2"), ("PMIX_NAMESPACE", "1414856705")])
-            .unwrap()
-            .unwrap();
+        let e = env_of(&[
+            ("OMPI_COMM_WORLD_RANK", "2"),
+            ("OMPI_COMM_WORLD_SIZE", "3"),
+            ("PMIX_RANK", "2"),
+            ("PMIX_NAMESPACE", "1414856705"),
+        ])
+        .unwrap()
+        .unwrap();
         assert_eq!(e, MpiEnv { rank: 2, size: 3, job: Some("1414856705".into()) });
         // MPICH / Hydra.
         let e = env_of(&[("PMI_RANK", "0"), ("PMI_SIZE", "4")]).unwrap().unwrap();

@@ -99,8 +99,16 @@ const LEFT: f64 = 90.0;
 const RIGHT: f64 = 230.0;
 const TOP: f64 = 50.0;
 const BOTTOM: f64 = 70.0;
-const COLORS: [(u8, u8, u8); 8] =
-    [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75), (227, 119, 194), (127, 127, 127)];
+const COLORS: [(u8, u8, u8); 8] = [
+    (31, 119, 180),
+    (255, 127, 14),
+    (44, 160, 44),
+    (214, 39, 40),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (127, 127, 127),
+];
 
 #[derive(Clone, Copy, PartialEq)]
 enum Anchor {
@@ -155,7 +163,8 @@ fn draw(chart: &Chart, c: &mut dyn Canvas) {
     let ymax = (ymax_data / step).ceil().max(1.0) * step;
     let xs: Vec<f64> = chart.x_ticks.iter().map(|t| t.0).collect();
     let tx = |x: f64| if chart.log_x { x.max(1e-9).log2() } else { x };
-    let (xlo, xhi) = xs.iter().map(|x| tx(*x)).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
+    let (xlo, xhi) =
+        xs.iter().map(|x| tx(*x)).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     let (xlo, xhi) = if xlo.is_finite() && xhi > xlo { (xlo, xhi) } else { (xlo.min(0.0) - 0.5, xlo.max(0.0) + 0.5) };
     let pad = (xhi - xlo) * 0.05;
     let px = |x: f64| LEFT + (tx(x) - (xlo - pad)) / ((xhi + pad) - (xlo - pad)) * pw;
@@ -362,7 +371,8 @@ impl Canvas for Raster {
                             // Along the text: u; across (from the top of the glyph): v.
                             let u = i as i64 * adv + col * scale + sx - shift;
                             let v = row as i64 * scale + sy - 7 * scale;
-                            let (px, py) = if vertical { (x as i64 + v, y as i64 - u) } else { (x as i64 + u, y as i64 + v) };
+                            let (px, py) =
+                                if vertical { (x as i64 + v, y as i64 - u) } else { (x as i64 + u, y as i64 + v) };
                             self.set(px, py, (0, 0, 0));
                         }
                     }
@@ -468,6 +478,9 @@ mod tests {
         // CRC of IEND is the well-known constant.
         assert_eq!(&p[p.len() - 4..], &[0xAE, 0x42, 0x60, 0x82]);
         assert_eq!(nice_step(950.0, 5.0), 200.0);
-        assert_eq!((fmt_tick(800_000.0), fmt_tick(1_500_000.0), fmt_tick(0.0), fmt_tick(250.0)), ("800k".into(), "1.5M".into(), "0".into(), "250".into()));
+        assert_eq!(
+            (fmt_tick(800_000.0), fmt_tick(1_500_000.0), fmt_tick(0.0), fmt_tick(250.0)),
+            ("800k".into(), "1.5M".into(), "0".into(), "250".into())
+        );
     }
 }

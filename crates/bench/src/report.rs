@@ -199,15 +199,20 @@ pub fn summarize(runs: &[TargetRun]) -> Vec<SummaryRow> {
     let mut medians: BTreeMap<(String, String), f64> = BTreeMap::new();
     for phase in &phases {
         for target in &targets {
-            let reps: Vec<&PhaseReport> =
-                runs.iter().filter(|r| &r.target == target).flat_map(|r| r.phases.iter().filter(|p| &p.label == phase)).collect();
+            let reps: Vec<&PhaseReport> = runs
+                .iter()
+                .filter(|r| &r.target == target)
+                .flat_map(|r| r.phases.iter().filter(|p| &p.label == phase))
+                .collect();
             if reps.is_empty() {
                 continue;
             }
             let mut vals: Vec<f64> = reps.iter().map(|p| p.metric()).collect();
             let med = median(&mut vals);
             medians.insert((phase.clone(), target.clone()), med);
-            let srv = |f: &dyn Fn(&ServerSummary) -> Option<f64>| median_opt(reps.iter().map(|p| p.servers.as_ref().and_then(f)).collect());
+            let srv = |f: &dyn Fn(&ServerSummary) -> Option<f64>| {
+                median_opt(reps.iter().map(|p| p.servers.as_ref().and_then(f)).collect())
+            };
             rows.push(SummaryRow {
                 phase: phase.clone(),
                 target: target.clone(),
@@ -295,7 +300,11 @@ pub fn describe(w: &Workload, procs: u64, in_flight: usize) -> String {
             "mdtest: {procs} processes, {} files each, {}, {}{}",
             md.files,
             if md.shared_dir { "one shared directory" } else { "a directory per process" },
-            if md.size == 0 { "empty files".to_string() } else { format!("{} bytes written and read per file", md.size) },
+            if md.size == 0 {
+                "empty files".to_string()
+            } else {
+                format!("{} bytes written and read per file", md.size)
+            },
             if in_flight > 1 { format!(", {in_flight} operations in flight") } else { String::new() },
         ),
     }
@@ -310,7 +319,17 @@ pub fn run_table(run: &TargetRun) -> String {
         let _ = writeln!(
             s,
             "  {:<11} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>17}",
-            "phase", "MiB/s", "IOPS", "time(s)", "open", "close", "lat p50", "p99", "max", "verified", "cpu/op cl/srv/all"
+            "phase",
+            "MiB/s",
+            "IOPS",
+            "time(s)",
+            "open",
+            "close",
+            "lat p50",
+            "p99",
+            "max",
+            "verified",
+            "cpu/op cl/srv/all"
         );
         for p in &run.phases {
             let _ = writeln!(

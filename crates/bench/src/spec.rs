@@ -3,8 +3,8 @@
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use shoal_proto::msg::BATCH_MAX;
+use std::fmt;
 use std::path::PathBuf;
 
 /// Where a benchmark runs. The same workload code runs on every kind.

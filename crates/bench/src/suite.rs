@@ -70,7 +70,9 @@ pub struct Scale {
 impl Scale {
     pub fn named(s: &str) -> Result<Scale> {
         Ok(match s {
-            "full" => Scale { io_easy_block: 512 << 20, io_hard_segments: 2000, md_easy_files: 10_000, md_hard_files: 2000 },
+            "full" => {
+                Scale { io_easy_block: 512 << 20, io_hard_segments: 2000, md_easy_files: 10_000, md_hard_files: 2000 }
+            }
             "quick" => Scale { io_easy_block: 4 << 20, io_hard_segments: 40, md_easy_files: 200, md_hard_files: 100 },
             other => bail!("unknown scale {other:?} (full or quick)"),
         })
@@ -183,7 +185,8 @@ async fn unmount(mut m: Mount) {
 
 pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs) -> Result<()> {
     let scale = Scale::named(&a.scale)?;
-    let cases: Vec<String> = if a.cases.is_empty() { CASES.iter().map(|s| s.to_string()).collect() } else { a.cases.clone() };
+    let cases: Vec<String> =
+        if a.cases.is_empty() { CASES.iter().map(|s| s.to_string()).collect() } else { a.cases.clone() };
     for c in &cases {
         if !CASES.contains(&c.as_str()) {
             bail!("unknown case {c:?} (io-easy, io-hard, md-easy, md-hard)");
@@ -204,7 +207,10 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
                 Some(c) => match mount_fuse(c, timeout).await {
                     Ok(m) => {
                         targets.push(TargetSpec {
-                            kind: TargetKind::Posix { dir: m.dir.join(a.base.trim_start_matches('/')), role: PosixRole::Fuse },
+                            kind: TargetKind::Posix {
+                                dir: m.dir.join(a.base.trim_start_matches('/')),
+                                role: PosixRole::Fuse,
+                            },
                             in_flight: None,
                             batch: None,
                         });
@@ -215,13 +221,20 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
                 None => notes.push("FUSE target left out: no cluster configuration".into()),
             },
             dir => targets.push(TargetSpec {
-                kind: TargetKind::Posix { dir: Path::new(dir).join(a.base.trim_start_matches('/')), role: PosixRole::Fuse },
+                kind: TargetKind::Posix {
+                    dir: Path::new(dir).join(a.base.trim_start_matches('/')),
+                    role: PosixRole::Fuse,
+                },
                 in_flight: None,
                 batch: None,
             }),
         }
         let local = a.local_dir.clone().unwrap_or_else(std::env::temp_dir);
-        targets.push(TargetSpec { kind: TargetKind::Posix { dir: local, role: PosixRole::Local }, in_flight: None, batch: None });
+        targets.push(TargetSpec {
+            kind: TargetKind::Posix { dir: local, role: PosixRole::Local },
+            in_flight: None,
+            batch: None,
+        });
         targets.push(TargetSpec::parse("tmpfs", None, &a.base)?);
     } else {
         for t in &a.targets {
@@ -271,9 +284,11 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
             println!("wrote {}", path.display());
         }
     }
-    let everything = serde_json::json!({ "machine": machine, "scale": scale, "cases": results, "checks": checks, "notes": notes });
+    let everything =
+        serde_json::json!({ "machine": machine, "scale": scale, "cases": results, "checks": checks, "notes": notes });
     if let Some(p) = &a.save {
-        std::fs::write(p, serde_json::to_string_pretty(&everything)?).with_context(|| format!("cannot write {}", p.display()))?;
+        std::fs::write(p, serde_json::to_string_pretty(&everything)?)
+            .with_context(|| format!("cannot write {}", p.display()))?;
     }
     if a.json {
         println!("{}", serde_json::to_string_pretty(&everything)?);
@@ -339,7 +354,9 @@ async fn run_cases(
         }
         v
     };
-    let md_phases = |kinds: &[PhaseKind]| kinds.iter().map(|k| Phase { kind: *k, label: k.name().into(), drop_caches: false }).collect::<Vec<_>>();
+    let md_phases = |kinds: &[PhaseKind]| {
+        kinds.iter().map(|k| Phase { kind: *k, label: k.name().into(), drop_caches: false }).collect::<Vec<_>>()
+    };
     let mut results = Vec::new();
     for case in cases {
         let t0 = Instant::now();
@@ -386,7 +403,12 @@ async fn run_cases(
                     let client = control_client(c, timeout)?;
                     let _ = client.set_layout(&a.base, LayoutSpec::default()).await;
                 }
-                base_bench(case, Workload::Md(md), md_phases(&[PhaseKind::Create, PhaseKind::Stat, PhaseKind::Unlink]), t)
+                base_bench(
+                    case,
+                    Workload::Md(md),
+                    md_phases(&[PhaseKind::Create, PhaseKind::Stat, PhaseKind::Unlink]),
+                    t,
+                )
             }
             "md-hard" => {
                 let md = MdSpec { files: scale.md_hard_files, shared_dir: true, size: 3901, shift: true, verify: true };
@@ -405,8 +427,18 @@ async fn run_cases(
         }
         let rep = run_bench(&bench, |run| {
             if human && !a.quiet {
-                let p: Vec<String> =
-                    run.phases.iter().map(|p| format!("{} {} {}", p.label, fmt_rate(p.metric()), if p.kind.is_io() { "MiB/s" } else { "op/s" })).collect();
+                let p: Vec<String> = run
+                    .phases
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{} {} {}",
+                            p.label,
+                            fmt_rate(p.metric()),
+                            if p.kind.is_io() { "MiB/s" } else { "op/s" }
+                        )
+                    })
+                    .collect();
                 println!("   run {} {:<10} {}", run.rep + 1, run.target, p.join(", "));
             }
         })
@@ -479,7 +511,9 @@ pub struct Machine {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn fs_type(p: &Path) -> String {
@@ -504,7 +538,8 @@ fn fs_type(p: &Path) -> String {
 
 /// Year-month-day hour:minute UTC from the system clock (no time zone database needed).
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0) as i64;
     let days = secs.div_euclid(86400);
     let rem = secs.rem_euclid(86400);
     // Howard Hinnant's civil-from-days.
@@ -566,7 +601,8 @@ impl Machine {
 }
 
 /// Text after this line in the old report is kept when the suite rewrites it.
-pub const KEEP_MARKER: &str = "<!-- Everything below this line is kept when `shoal bench suite` rewrites this file. -->";
+pub const KEEP_MARKER: &str =
+    "<!-- Everything below this line is kept when `shoal bench suite` rewrites this file. -->";
 
 fn opt(v: Option<f64>) -> String {
     v.map(|x| format!("{x:.2}")).unwrap_or_else(|| "–".into())
@@ -598,7 +634,11 @@ fn markdown(
     let _ = writeln!(s, "* CPU: {} ({} cores), memory {:.1} GiB, Linux {}", m.cpu, m.cores, m.memory_gib, m.kernel);
     if let Some(c) = config {
         let servers = shoal_placement_count(c);
-        let _ = writeln!(s, "* Cluster: {servers} `shoald` servers on this machine (loopback TCP), config `{}`", c.display());
+        let _ = writeln!(
+            s,
+            "* Cluster: {servers} `shoald` servers on this machine (loopback TCP), config `{}`",
+            c.display()
+        );
     }
     for t in targets {
         let _ = writeln!(s, "* Target `{}`: {}", t.label(), t.location());
@@ -630,10 +670,22 @@ fn markdown(
     let _ = writeln!(s, "|---|---|---|");
     for c in results {
         let from = match c.case.as_str() {
-            "io-easy" => format!("IO500 ior-easy (file per process, 1 MiB transfers, fsync); {} per process", fmt_bytes(scale.io_easy_block as f64)),
-            "io-hard" => format!("IO500 ior-hard (one shared file, 47,008-byte interleaved transfers); {} segments", scale.io_hard_segments),
-            "md-easy" => format!("IO500 mdtest-easy (directory per process, empty files); {} files per process", scale.md_easy_files),
-            "md-hard" => format!("IO500 mdtest-hard (one shared directory, 3,901-byte files); {} files per process", scale.md_hard_files),
+            "io-easy" => format!(
+                "IO500 ior-easy (file per process, 1 MiB transfers, fsync); {} per process",
+                fmt_bytes(scale.io_easy_block as f64)
+            ),
+            "io-hard" => format!(
+                "IO500 ior-hard (one shared file, 47,008-byte interleaved transfers); {} segments",
+                scale.io_hard_segments
+            ),
+            "md-easy" => format!(
+                "IO500 mdtest-easy (directory per process, empty files); {} files per process",
+                scale.md_easy_files
+            ),
+            "md-hard" => format!(
+                "IO500 mdtest-hard (one shared directory, 3,901-byte files); {} files per process",
+                scale.md_hard_files
+            ),
             _ => String::new(),
         };
         let _ = writeln!(s, "| {} | {} | {} |", c.case, c.description, from);

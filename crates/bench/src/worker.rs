@@ -214,13 +214,15 @@ impl Worker {
                 };
                 let meta = Client::from_config(config, opts.clone())
                     .with_context(|| format!("cannot use the cluster configuration {}", config.display()))?;
-                let paths = Client::from_config(config, ClientOptions { cache_ttl: Duration::from_secs(3600), ..opts })?;
+                let paths =
+                    Client::from_config(config, ClientOptions { cache_ttl: Duration::from_secs(3600), ..opts })?;
                 let mut n = Native { meta, paths, own_dir: None, peer_dir: None };
                 if let Workload::Md(md) = &job.workload {
                     let own = format!("{}/{}", job.run_dir, md_dir_name(md, job.rank));
                     let peer = format!("{}/{}", job.run_dir, md_dir_name(md, peer_rank(&job, md.shift)));
                     n.own_dir = Some(n.paths.resolve(&own, true).await.with_context(|| format!("resolve {own}"))?.ino);
-                    n.peer_dir = Some(n.paths.resolve(&peer, true).await.with_context(|| format!("resolve {peer}"))?.ino);
+                    n.peer_dir =
+                        Some(n.paths.resolve(&peer, true).await.with_context(|| format!("resolve {peer}"))?.ino);
                 } else {
                     // Warm the path cache: the run directory resolves without a request.
                     n.paths.resolve(&job.run_dir, true).await.with_context(|| format!("resolve {}", job.run_dir))?;
@@ -235,7 +237,13 @@ impl Worker {
                 Backend::Posix { run_dir }
             }
         };
-        Ok(Worker { job, backend, progress: Arc::new(AtomicU64::new(0)), out: None, stop: Arc::new(AtomicBool::new(false)) })
+        Ok(Worker {
+            job,
+            backend,
+            progress: Arc::new(AtomicU64::new(0)),
+            out: None,
+            stop: Arc::new(AtomicBool::new(false)),
+        })
     }
 
     /// Run one phase, starting at `start_at_ns` (CLOCK_MONOTONIC).
@@ -398,7 +406,8 @@ impl Worker {
                 dt = mono_ns() - t0;
             } else {
                 let t0 = mono_ns();
-                let got = read_full_at(&file, &mut buf, off).with_context(|| format!("read {} at {off}", path.display()))?;
+                let got =
+                    read_full_at(&file, &mut buf, off).with_context(|| format!("read {} at {off}", path.display()))?;
                 dt = mono_ns() - t0;
                 if got != t {
                     bad.fetch_add(1, Ordering::Relaxed);
@@ -446,7 +455,8 @@ impl Worker {
         let (verified_ref, bad_ref) = (&verified, &bad);
         let (own_path, peer_path) = (&own_path, &peer_path);
         if let Some(b) = self.job.target.batch {
-            let batchable = matches!(kind, PhaseKind::Stat | PhaseKind::Unlink) || (kind == PhaseKind::Create && size == 0);
+            let batchable =
+                matches!(kind, PhaseKind::Stat | PhaseKind::Unlink) || (kind == PhaseKind::Create && size == 0);
             if batchable {
                 return self.native_md_batched(n, md, kind, b as u64).await;
             }
@@ -471,7 +481,8 @@ impl Worker {
                     n.meta.lookup(peer_dir, &md_item_name(peer, i)).await?;
                 }
                 PhaseKind::ReadFiles => {
-                    let f = n.paths.open(&format!("{peer_path}/{}", md_item_name(peer, i)), OpenFlags::read_only()).await?;
+                    let f =
+                        n.paths.open(&format!("{peer_path}/{}", md_item_name(peer, i)), OpenFlags::read_only()).await?;
                     let data = if size > 0 { f.read_at(0, size).await? } else { Default::default() };
                     f.close().await?;
                     check_small(&data, size, self.job.seed, i, md.verify, verified_ref, bad_ref);
@@ -558,9 +569,18 @@ impl Worker {
             match kind {
                 PhaseKind::Create => {
                     let p = format!("{own}/{}", md_item_name(rank, i));
-                    let data = if size > 0 { pattern::make(size, pattern::file_seed(self.job.seed, i), 0) } else { Vec::new() };
+                    let data = if size > 0 {
+                        pattern::make(size, pattern::file_seed(self.job.seed, i), 0)
+                    } else {
+                        Vec::new()
+                    };
                     let t0 = mono_ns();
-                    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&p).with_context(|| format!("create {p}"))?;
+                    let mut f = std::fs::OpenOptions::new()
+                        .write(true)
+                        .create(true)
+                        .truncate(false)
+                        .open(&p)
+                        .with_context(|| format!("create {p}"))?;
                     if size > 0 {
                         f.write_all(&data).with_context(|| format!("write {p}"))?;
                     }
@@ -780,7 +800,11 @@ mod tests {
         Job {
             rank,
             nprocs,
-            target: TargetSpec { kind: TargetKind::Posix { dir: dir.into(), role: PosixRole::Other }, in_flight: None, batch: None },
+            target: TargetSpec {
+                kind: TargetKind::Posix { dir: dir.into(), role: PosixRole::Other },
+                in_flight: None,
+                batch: None,
+            },
             in_flight,
             run_dir: dir.to_str().unwrap().to_string(),
             workload,
@@ -838,7 +862,13 @@ mod tests {
     async fn posix_mdtest_phases() {
         let dir = tempfile::tempdir().unwrap();
         for shared in [false, true] {
-            let md = MdSpec { files: 50, shared_dir: shared, size: if shared { 3901 } else { 0 }, shift: true, verify: true };
+            let md = MdSpec {
+                files: 50,
+                shared_dir: shared,
+                size: if shared { 3901 } else { 0 },
+                shift: true,
+                verify: true,
+            };
             for rank in 0..2 {
                 std::fs::create_dir_all(dir.path().join(md_dir_name(&md, rank))).unwrap();
             }

@@ -48,7 +48,17 @@ pub fn mode_string(kind: shoal_client::FileKind, perm: u32) -> String {
         shoal_client::FileKind::Symlink => 'l',
         shoal_client::FileKind::File => '-',
     });
-    let bits = [(0o400, 'r'), (0o200, 'w'), (0o100, 'x'), (0o040, 'r'), (0o020, 'w'), (0o010, 'x'), (0o004, 'r'), (0o002, 'w'), (0o001, 'x')];
+    let bits = [
+        (0o400, 'r'),
+        (0o200, 'w'),
+        (0o100, 'x'),
+        (0o040, 'r'),
+        (0o020, 'w'),
+        (0o010, 'x'),
+        (0o004, 'r'),
+        (0o002, 'w'),
+        (0o001, 'x'),
+    ];
     for (i, (bit, c)) in bits.iter().enumerate() {
         let mut ch = if perm & bit != 0 { *c } else { '-' };
         if i == 2 && perm & 0o4000 != 0 {

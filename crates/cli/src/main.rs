@@ -144,7 +144,9 @@ fn one_line(e: &anyhow::Error) -> String {
     let outer = outer.join(": ");
     let first = ce.context.split(": ").next().unwrap_or("");
     match first.split_once(' ') {
-        Some((_, target)) if !outer.is_empty() && outer.contains(target) => format!("{outer}: {}", ce.cause()).replace('\n', " "),
+        Some((_, target)) if !outer.is_empty() && outer.contains(target) => {
+            format!("{outer}: {}", ce.cause()).replace('\n', " ")
+        }
         _ => full,
     }
 }

@@ -19,7 +19,12 @@ fn runs(report: &Value) -> &Vec<Value> {
 }
 
 fn phase<'a>(run: &'a Value, label: &str) -> &'a Value {
-    run["phases"].as_array().unwrap().iter().find(|p| p["label"] == label).unwrap_or_else(|| panic!("no phase {label} in {run}"))
+    run["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["label"] == label)
+        .unwrap_or_else(|| panic!("no phase {label} in {run}"))
 }
 
 fn u(v: &Value) -> u64 {
@@ -52,7 +57,31 @@ fn io_file_per_process_counts_and_verifies_on_native_and_posix() {
     let posix = format!("posix:{}", local.path().display());
     let r = run_json(
         &c,
-        &["bench", "io", "-T", &format!("native,{posix}"), "-n", "2", "-F", "-t", "64K", "-b", "1M", "-s", "2", "-e", "-R", "-C", "--stripe-count", "-1", "--stripe-size", "64K", "--warm-read", "--json", "-q"],
+        &[
+            "bench",
+            "io",
+            "-T",
+            &format!("native,{posix}"),
+            "-n",
+            "2",
+            "-F",
+            "-t",
+            "64K",
+            "-b",
+            "1M",
+            "-s",
+            "2",
+            "-e",
+            "-R",
+            "-C",
+            "--stripe-count",
+            "-1",
+            "--stripe-size",
+            "64K",
+            "--warm-read",
+            "--json",
+            "-q",
+        ],
     );
     let all = runs(&r);
     assert_eq!(all.len(), 2);
@@ -92,7 +121,10 @@ fn io_shared_file_interleaved_random_keeps_exact_sizes() {
     // IO500 ior-hard pattern, small: 47,008-byte blocks interleaved, random order.
     let r = run_json(
         &c,
-        &["bench", "io", "-T", "native", "-n", "2", "-t", "47008", "-b", "47008", "-s", "6", "-z", "-e", "-R", "--keep", "--json", "-q"],
+        &[
+            "bench", "io", "-T", "native", "-n", "2", "-t", "47008", "-b", "47008", "-s", "6", "-z", "-e", "-R",
+            "--keep", "--json", "-q",
+        ],
     );
     let run = &runs(&r)[0];
     assert_eq!(u(&phase(run, "write")["bytes"]), 2 * 6 * 47008);
@@ -108,7 +140,10 @@ fn io_shared_file_interleaved_random_keeps_exact_sizes() {
 fn md_easy_creates_what_it_reports_with_one_request_per_op() {
     let c = Cluster::start(4);
     // Create only, and keep: the files must be there, 150 in each process's directory.
-    let r = run_json(&c, &["bench", "md", "-T", "native", "-n", "2", "-N", "150", "--phases", "create", "--keep", "--json", "-q"]);
+    let r = run_json(
+        &c,
+        &["bench", "md", "-T", "native", "-n", "2", "-N", "150", "--phases", "create", "--keep", "--json", "-q"],
+    );
     let run = &runs(&r)[0];
     assert_eq!(u(&phase(run, "create")["ops"]), 300);
     let dirs = shoal_ls(&c, "/shoal-bench");
@@ -130,7 +165,12 @@ fn md_easy_creates_what_it_reports_with_one_request_per_op() {
             let p = phase(run, label);
             assert_eq!(u(&p["ops"]), 400);
             let s = &p["servers"];
-            let total: u64 = s["per_server"].as_array().unwrap().iter().map(|d| u(&d["client_requests"]) + u(&d["peer_requests"])).sum();
+            let total: u64 = s["per_server"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| u(&d["client_requests"]) + u(&d["peer_requests"]))
+                .sum();
             assert_eq!(total, 400, "{} {label}: one request per operation: {s}", run["target"]);
             let op = match label {
                 "stat" => "lookup",
@@ -175,12 +215,27 @@ fn md_hard_shared_directory_reads_back_every_byte() {
     let r = run_json(
         &c,
         &[
-            "bench", "md", "-T", &format!("native,posix:{}", local.path().display()), "-n", "3", "-N", "40", "--shared-dir", "--size", "3901",
-            "--shift", "--verify", "--dirs", "--json", "-q",
+            "bench",
+            "md",
+            "-T",
+            &format!("native,posix:{}", local.path().display()),
+            "-n",
+            "3",
+            "-N",
+            "40",
+            "--shared-dir",
+            "--size",
+            "3901",
+            "--shift",
+            "--verify",
+            "--dirs",
+            "--json",
+            "-q",
         ],
     );
     for run in runs(&r) {
-        let labels: Vec<&str> = run["phases"].as_array().unwrap().iter().map(|p| p["label"].as_str().unwrap()).collect();
+        let labels: Vec<&str> =
+            run["phases"].as_array().unwrap().iter().map(|p| p["label"].as_str().unwrap()).collect();
         assert_eq!(labels, vec!["mkdir", "create", "stat", "read", "unlink", "rmdir"]);
         for p in run["phases"].as_array().unwrap() {
             assert_eq!(u(&p["ops"]), 120, "{p}");
@@ -205,7 +260,23 @@ fn compare_sweep_and_plots() {
     let svg = tmp.path().join("md.svg");
     let r = run_json(
         &c,
-        &["bench", "md", "-T", &targets, "--compare", "--reps", "2", "-n", "1", "-N", "30", "--plot", svg.to_str().unwrap(), "--json", "-q"],
+        &[
+            "bench",
+            "md",
+            "-T",
+            &targets,
+            "--compare",
+            "--reps",
+            "2",
+            "-n",
+            "1",
+            "-N",
+            "30",
+            "--plot",
+            svg.to_str().unwrap(),
+            "--json",
+            "-q",
+        ],
     );
     // Alternating: native, local, tmpfs, native, local, tmpfs.
     let order: Vec<&str> = runs(&r).iter().map(|r| r["target"].as_str().unwrap()).collect();
@@ -225,7 +296,21 @@ fn compare_sweep_and_plots() {
     // A sweep of the transfer size, charted as PNG; the human table on the terminal.
     let png = tmp.path().join("bw.png");
     let (code, out, err) = c.shoal(&[
-        "bench", "io", "-T", "native", "-n", "1", "-F", "-b", "256K", "-R", "--sweep", "transfer=16K,64K,256K", "--plot", png.to_str().unwrap(), "-q",
+        "bench",
+        "io",
+        "-T",
+        "native",
+        "-n",
+        "1",
+        "-F",
+        "-b",
+        "256K",
+        "-R",
+        "--sweep",
+        "transfer=16K,64K,256K",
+        "--plot",
+        png.to_str().unwrap(),
+        "-q",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     assert_eq!(out.matches("target native").count(), 3, "{out}");
@@ -257,17 +342,42 @@ fn quick_suite_writes_the_report() {
     let c = Cluster::start(4);
     let tmp = tempfile::tempdir().unwrap();
     let doc = tmp.path().join("benchmarks.md");
-    std::fs::write(&doc, "old\n<!-- Everything below this line is kept when `shoal bench suite` rewrites this file. -->\nmy notes\n").unwrap();
+    std::fs::write(
+        &doc,
+        "old\n<!-- Everything below this line is kept when `shoal bench suite` rewrites this file. -->\nmy notes\n",
+    )
+    .unwrap();
     let shm = tmp.path().join("shm");
     std::fs::create_dir_all(&shm).unwrap();
     let targets = format!("native,local:{},tmpfs:{}", tmp.path().display(), shm.display());
     let save = tmp.path().join("suite.json");
     let (code, out, err) = c.shoal(&[
-        "bench", "suite", "--scale", "quick", "--reps", "1", "-T", &targets, "--doc", doc.to_str().unwrap(), "--save", save.to_str().unwrap(), "-q",
+        "bench",
+        "suite",
+        "--scale",
+        "quick",
+        "--reps",
+        "1",
+        "-T",
+        &targets,
+        "--doc",
+        doc.to_str().unwrap(),
+        "--save",
+        save.to_str().unwrap(),
+        "-q",
     ]);
     assert_eq!(code, 0, "{out}\n{err}");
     let md = std::fs::read_to_string(&doc).unwrap();
-    for needle in ["# Benchmarks", "## Machine", "## io-easy", "## io-hard", "## md-easy", "## md-hard", "Targets of issue #4", "Per server, `native`"] {
+    for needle in [
+        "# Benchmarks",
+        "## Machine",
+        "## io-easy",
+        "## io-hard",
+        "## md-easy",
+        "## md-hard",
+        "Targets of issue #4",
+        "Per server, `native`",
+    ] {
         assert!(md.contains(needle), "{needle} missing from:\n{md}");
     }
     assert!(!md.starts_with("old"), "rewritten");
@@ -275,7 +385,8 @@ fn quick_suite_writes_the_report() {
     let all: Value = serde_json::from_str(&std::fs::read_to_string(&save).unwrap()).unwrap();
     // The single-request criterion is measured and met (not a timing: a count).
     let checks = all["checks"].as_array().unwrap();
-    let single: Vec<&Value> = checks.iter().filter(|c| c["what"].as_str().unwrap().contains("server requests per op")).collect();
+    let single: Vec<&Value> =
+        checks.iter().filter(|c| c["what"].as_str().unwrap().contains("server requests per op")).collect();
     assert_eq!(single.len(), 3);
     for c in single {
         assert_eq!(c["met"], true, "{c}");
@@ -369,7 +480,9 @@ fn mpirun_shoal(c: &Cluster, np: usize, args: &[&str], env: &[(&str, &str)]) -> 
 /// Entries of a Shoal directory (names only; empty when it does not exist).
 fn shoal_names(c: &Cluster, path: &str) -> Vec<String> {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async { c.uncached_client().readdir(path).await.map(|v| v.into_iter().map(|e| e.name).collect()).unwrap_or_default() })
+    rt.block_on(async {
+        c.uncached_client().readdir(path).await.map(|v| v.into_iter().map(|e| e.name).collect()).unwrap_or_default()
+    })
 }
 
 #[test]
@@ -389,7 +502,10 @@ fn mpirun_ranks_are_the_benchmark_processes() {
     assert_eq!(u(&mpi["ranks"]), 3, "{mpi}");
     let hosts: Vec<&str> = mpi["hosts"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
     assert_eq!(hosts.len(), 3);
-    assert!(hosts.iter().all(|h| !hosts.iter().filter(|o| o == &h).skip(1).any(|_| true)), "one process per rank: {hosts:?}");
+    assert!(
+        hosts.iter().all(|h| !hosts.iter().filter(|o| o == &h).skip(1).any(|_| true)),
+        "one process per rank: {hosts:?}"
+    );
     let run = &runs(&r)[0];
     let p = phase(run, "create");
     assert_eq!((u(&p["ops"]), u(&p["procs"])), (180, 3));
@@ -418,7 +534,10 @@ fn mpirun_ranks_are_the_benchmark_processes() {
     assert_eq!(out.matches("mpirun: 3 ranks").count(), 1, "{out}");
     assert_eq!(out.matches("target native").count(), 1, "{out}");
     for label in ["create", "stat", "unlink"] {
-        assert!(out.contains(&format!("servers during {label}: per operation 1.00 client + 0.00 peer requests")), "{out}");
+        assert!(
+            out.contains(&format!("servers during {label}: per operation 1.00 client + 0.00 peer requests")),
+            "{out}"
+        );
     }
 
     // IOR, file per process, reads shifted to the next rank, every byte checked; clocks
@@ -517,11 +636,16 @@ fn mpirun_rank_missing_or_gone_fails_the_run_naming_it() {
     let (code, out, err) = finish(&mut child, tmp.path(), "mpirun", limit);
     assert_ne!(code, 0, "{out}\n{err}");
     // (Rank 1 is named too if this machine was too busy to start it within the time.)
-    assert!(err.contains("shoal: rank 2 did not arrive within 5 s") || err.contains("shoal: ranks 1, 2 did not arrive within 5 s"), "{err}");
+    assert!(
+        err.contains("shoal: rank 2 did not arrive within 5 s")
+            || err.contains("shoal: ranks 1, 2 did not arrive within 5 s"),
+        "{err}"
+    );
 
     // By hand (the launcher's variables set for each process), so that a rank can be
     // killed in the middle of a phase without the launcher stopping the others first.
-    let big = ["bench", "md", "-N", "10000000", "--phases", "create", "-q", "--rendezvous", "", "--rendezvous-timeout", "60"];
+    let big =
+        ["bench", "md", "-N", "10000000", "--phases", "create", "-q", "--rendezvous", "", "--rendezvous-timeout", "60"];
     let with_file = |name: &str| -> Vec<String> {
         let f = tmp.path().join(name).display().to_string();
         big.iter().map(|a| if a.is_empty() { f.clone() } else { a.to_string() }).collect()
@@ -565,8 +689,18 @@ fn mpirun_rank_missing_or_gone_fails_the_run_naming_it() {
 
     // Rank 0 never comes: the others give up after their rendezvous timeout, naming the file.
     let f = tmp.path().join("rv3").display().to_string();
-    let mut lone = start_rank(&c, tmp.path(), "job-c", 1, 2, &["bench", "md", "-N", "10", "-q", "--rendezvous", &f, "--rendezvous-timeout", "2"]);
+    let mut lone = start_rank(
+        &c,
+        tmp.path(),
+        "job-c",
+        1,
+        2,
+        &["bench", "md", "-N", "10", "-q", "--rendezvous", &f, "--rendezvous-timeout", "2"],
+    );
     let (code, _, err) = finish(&mut lone, tmp.path(), "rank1", limit);
     assert_eq!(code, 1, "{err}");
-    assert!(err.contains("rank 1: could not join rank 0 within 2 s through the rendezvous file") && err.contains("rv3"), "{err}");
+    assert!(
+        err.contains("rank 1: could not join rank 0 within 2 s through the rendezvous file") && err.contains("rv3"),
+        "{err}"
+    );
 }

@@ -159,14 +159,18 @@ fn cluster_up_and_down_manage_real_processes() {
     assert_eq!(out.trim(), "kept");
     let (code, _, _) = shoal_cmd(None, &["cluster", "down", "--dir", &ds]);
     assert_eq!(code, 0);
-    let (code, _, _) = shoal_cmd(None, &["cluster", "up", "--servers", "0", "--dir", &dir.path().join("zero").to_string_lossy()]);
+    let (code, _, _) =
+        shoal_cmd(None, &["cluster", "up", "--servers", "0", "--dir", &dir.path().join("zero").to_string_lossy()]);
     assert_eq!(code, 1);
 }
 
 #[test]
 fn demo_runs_to_completion() {
     let dir = tempfile::tempdir().unwrap();
-    let (code, out, err) = shoal_cmd(None, &["demo", "--size-mib", "16", "--files", "200", "--dir", &dir.path().join("demo").to_string_lossy()]);
+    let (code, out, err) = shoal_cmd(
+        None,
+        &["demo", "--size-mib", "16", "--files", "200", "--dir", &dir.path().join("demo").to_string_lossy()],
+    );
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
 }

@@ -18,7 +18,11 @@ async fn work_unit(fs: &Client, i: u32) -> Vec<(String, u64, usize)> {
     acked.push((dir.clone(), 0, 0));
     for (name, len, spec) in [
         ("small", 3_000usize, None),
-        ("striped", 300_000, Some(LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(4), ..Default::default() })),
+        (
+            "striped",
+            300_000,
+            Some(LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(4), ..Default::default() }),
+        ),
     ] {
         let path = format!("{dir}/{name}");
         let seed = i as u64 * 10 + len as u64;
@@ -52,7 +56,11 @@ async fn verify(fs: &Client, acked: &[(String, u64, usize)]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_a_server_during_a_workload_loses_nothing_acknowledged() {
     let mut cluster = Cluster::start(4);
-    let fs = Client::from_config(&cluster.config, shoal_client::ClientOptions { timeout: Duration::from_secs(5), ..cluster.options() }).unwrap();
+    let fs = Client::from_config(
+        &cluster.config,
+        shoal_client::ClientOptions { timeout: Duration::from_secs(5), ..cluster.options() },
+    )
+    .unwrap();
     fs.mkdir("/w", 0o755).await.unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -97,7 +105,11 @@ async fn kill_9_of_a_server_during_a_workload_loses_nothing_acknowledged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_server_gives_an_error_not_a_hang_and_service_resumes() {
     let mut cluster = Cluster::start(2);
-    let fs = Client::from_config(&cluster.config, shoal_client::ClientOptions { timeout: Duration::from_secs(3), ..cluster.options() }).unwrap();
+    let fs = Client::from_config(
+        &cluster.config,
+        shoal_client::ClientOptions { timeout: Duration::from_secs(3), ..cluster.options() },
+    )
+    .unwrap();
     let spec = LayoutSpec { stripe_count: Some(2), stripe_size: Some(4096), ..Default::default() };
     let f = fs.create("/both", 0o644, Some(spec)).await.unwrap();
     f.write_at(0, &pattern(5, 0, 16384)).await.unwrap();

@@ -79,7 +79,8 @@ fn files_directories_symlinks_and_hard_links() {
     for i in 0..2500 {
         File::create(m.p(&format!("big/f{i:05}"))).unwrap();
     }
-    let mut seen: Vec<String> = fs::read_dir(m.p("big")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut seen: Vec<String> =
+        fs::read_dir(m.p("big")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     seen.sort();
     assert_eq!(seen.len(), 2500);
     seen.dedup();
@@ -146,7 +147,10 @@ fn error_numbers() {
     fs::set_permissions(m.p("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
     fs::write(m.p("tmp/roots"), b"r").unwrap();
     let out = sh_as(NOBODY, &m.path, "echo n > tmp/mine && rm tmp/mine && rm -f tmp/roots");
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"), "{out:?}");
+    assert!(
+        !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("Operation not permitted"),
+        "{out:?}"
+    );
     assert!(m.p("tmp/roots").exists() && !m.p("tmp/mine").exists());
 }
 
@@ -472,7 +476,8 @@ fn extended_attributes() {
     assert!(xattr_get(&m.path, "shoal.layout").unwrap().contains("stripe_count="));
     assert_eq!(xattr_set(&f, "shoal.layout", b"stripe_count=2", 0), libc::EPERM);
     // Another user may not set attributes on root's file.
-    let out = sh_as(NOBODY, &m.path, "/usr/bin/python3 -c \"import os; os.setxattr('f', 'user.x', b'1')\" 2>&1 || true");
+    let out =
+        sh_as(NOBODY, &m.path, "/usr/bin/python3 -c \"import os; os.setxattr('f', 'user.x', b'1')\" 2>&1 || true");
     assert!(String::from_utf8_lossy(&out.stdout).contains("Permission denied"), "{out:?}");
 }
 
@@ -521,7 +526,8 @@ fn advisory_locks_between_processes() {
     let run = |kind: &str| sh(work, &format!("./locker {kind} '{}'", m.p("lockfile").display()));
     assert_eq!(run("fcntl").trim(), "locked");
     // Hold a POSIX write lock on bytes 5..15 here: another process sees it (and our pid).
-    let fl = libc::flock { l_type: libc::F_WRLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: 5, l_len: 10, l_pid: 0 };
+    let fl =
+        libc::flock { l_type: libc::F_WRLCK as i16, l_whence: libc::SEEK_SET as i16, l_start: 5, l_len: 10, l_pid: 0 };
     assert_eq!(unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETLK, &fl) }, 0);
     assert_eq!(run("fcntl").trim(), format!("busy pid={}", std::process::id()));
     let un = libc::flock { l_type: libc::F_UNLCK as i16, ..fl };
@@ -547,7 +553,14 @@ fn mmap_reads_and_writes() {
     let f = OpenOptions::new().read(true).write(true).create(true).open(m.p("mapped")).unwrap();
     f.set_len(len as u64).unwrap();
     unsafe {
-        let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, f.as_raw_fd(), 0);
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
         assert_ne!(p, libc::MAP_FAILED);
         let s = std::slice::from_raw_parts_mut(p as *mut u8, len);
         for (i, b) in s.iter_mut().enumerate() {

@@ -15,7 +15,11 @@ use std::process::Command;
 fn set_mtime(p: &Path, secs: i64, nsecs: i64) {
     let c = fuse_common::cstr(p);
     let t = [libc::timespec { tv_sec: secs, tv_nsec: nsecs }, libc::timespec { tv_sec: secs, tv_nsec: nsecs }];
-    assert_eq!(unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), t.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) }, 0, "{p:?}");
+    assert_eq!(
+        unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), t.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) },
+        0,
+        "{p:?}"
+    );
 }
 
 /// A source tree with what archivers must keep: nested directories, empty and large and
@@ -110,10 +114,13 @@ fn link_groups(root: &Path) -> Vec<Vec<String>> {
             by_ino.entry(md.ino()).or_default().push(rel.clone());
         }
     }
-    let mut groups: Vec<Vec<String>> = by_ino.into_values().map(|mut g| {
-        g.sort();
-        g
-    }).collect();
+    let mut groups: Vec<Vec<String>> = by_ino
+        .into_values()
+        .map(|mut g| {
+            g.sort();
+            g
+        })
+        .collect();
     groups.sort();
     groups
 }
@@ -169,7 +176,13 @@ fn cp_a_and_tar_round_trips_keep_everything() {
     fs::create_dir(m.p("tar")).unwrap();
     sh(local.path(), &format!("tar -C src -cf - . | tar -C '{}' -xpf -", m.p("tar").display()));
     assert_same_tree(&src, &m.p("tar"), false, "tar onto the mount");
-    sh(local.path(), &format!("tar -C '{}' -cf archive.tar . && mkdir back-tar && tar -C back-tar -xpf archive.tar", m.p("tar").display()));
+    sh(
+        local.path(),
+        &format!(
+            "tar -C '{}' -cf archive.tar . && mkdir back-tar && tar -C back-tar -xpf archive.tar",
+            m.p("tar").display()
+        ),
+    );
     assert_same_tree(&src, &local.path().join("back-tar"), false, "tar back");
     // A tar archive written to and read from the mount itself.
     sh(local.path(), &format!("tar -C src -czf '{}' .", m.p("t.tgz").display()));
@@ -211,7 +224,8 @@ fn git_init_add_commit_status() {
     }
     let c = Cluster::start(3);
     let m = Mount::new(&c, &[]);
-    let git = "git -c user.name=Shoal -c user.email=shoal@example.org -c init.defaultBranch=main -c core.fsmonitor=false";
+    let git =
+        "git -c user.name=Shoal -c user.email=shoal@example.org -c init.defaultBranch=main -c core.fsmonitor=false";
     sh(&m.path, &format!("{git} init -q repo"));
     let repo = m.p("repo");
     make_tree(&repo.join("tree"));
@@ -274,11 +288,20 @@ fn sqlite_written_by_two_processes() {
     let m = Mount::new(&c, &[]);
     for mode in ["delete", "wal"] {
         let db = m.p(&format!("{mode}.db"));
-        sh(&m.path, &format!("sqlite3 '{}' 'PRAGMA journal_mode={mode}; CREATE TABLE t(id INTEGER PRIMARY KEY, who TEXT, v BLOB);'", db.display()));
+        sh(
+            &m.path,
+            &format!(
+                "sqlite3 '{}' 'PRAGMA journal_mode={mode}; CREATE TABLE t(id INTEGER PRIMARY KEY, who TEXT, v BLOB);'",
+                db.display()
+            ),
+        );
         let script = |who: &str| {
             let mut s = String::from(".timeout 20000\n");
             for i in 0..150 {
-                s.push_str(&format!("BEGIN IMMEDIATE; INSERT INTO t(who, v) VALUES('{who}', randomblob({})); COMMIT;\n", 100 + i * 37));
+                s.push_str(&format!(
+                    "BEGIN IMMEDIATE; INSERT INTO t(who, v) VALUES('{who}', randomblob({})); COMMIT;\n",
+                    100 + i * 37
+                ));
             }
             s
         };
@@ -286,7 +309,13 @@ fn sqlite_written_by_two_processes() {
         for who in ["a", "b"] {
             let path = m.dir.path().join(format!("{mode}-{who}.sql"));
             fs::write(&path, script(who)).unwrap();
-            kids.push(Command::new("sh").arg("-c").arg(format!("sqlite3 '{}' < '{}'", db.display(), path.display())).spawn().unwrap());
+            kids.push(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!("sqlite3 '{}' < '{}'", db.display(), path.display()))
+                    .spawn()
+                    .unwrap(),
+            );
         }
         for mut k in kids {
             assert!(k.wait().unwrap().success(), "{mode}: a writer failed");

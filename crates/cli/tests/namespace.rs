@@ -18,7 +18,10 @@ async fn ten_thousand_files_from_four_clients_listed_exactly_once() {
             futures::stream::iter(0..2500u32)
                 .map(|i| {
                     let fs = fs.clone();
-                    async move { fs.create_at(fs.resolve("/shared", true).await?.ino, &format!("c{c}-{i:05}"), 0o644, true, None).await }
+                    async move {
+                        fs.create_at(fs.resolve("/shared", true).await?.ino, &format!("c{c}-{i:05}"), 0o644, true, None)
+                            .await
+                    }
                 })
                 .buffer_unordered(16)
                 .for_each(|r| async move {
@@ -130,7 +133,11 @@ async fn links_symlinks_and_directories_behave_like_posix() {
     let long = format!("/d/{}", "n".repeat(256));
     assert_eq!(fs.create(&long, 0o644, None).await.err().unwrap().errno, Errno::ENAMETOOLONG);
     assert_eq!(
-        fs.open("/d/e/hard", OpenFlags { create: true, exclusive: true, write: true, ..Default::default() }).await.err().unwrap().errno,
+        fs.open("/d/e/hard", OpenFlags { create: true, exclusive: true, write: true, ..Default::default() })
+            .await
+            .err()
+            .unwrap()
+            .errno,
         Errno::EEXIST
     );
     assert_eq!(fs.open("/d/e", OpenFlags::write_only()).await.err().unwrap().errno, Errno::EISDIR);
@@ -273,7 +280,8 @@ async fn unlinked_files_lose_their_objects_everywhere_in_batches() {
     fs.mkdir("/gc", 0o755).await.unwrap();
     let files = 200usize;
     // 4 KiB stripes over all servers and 16 KiB per file: one object on each server.
-    let layout = shoal_client::LayoutSpec { stripe_size: Some(4096), stripe_count: Some(u32::MAX), ..Default::default() };
+    let layout =
+        shoal_client::LayoutSpec { stripe_size: Some(4096), stripe_count: Some(u32::MAX), ..Default::default() };
     futures::stream::iter(0..files)
         .map(|i| {
             let (fs, layout) = (fs.clone(), layout.clone());

@@ -11,7 +11,11 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 fn hello() -> Vec<u8> {
-    let req = Request { cred: Cred::root(), map_version: 0, op: Op::Hello { protocol_version: shoal_proto::PROTOCOL_VERSION, client: "fuzz".into() } };
+    let req = Request {
+        cred: Cred::root(),
+        map_version: 0,
+        op: Op::Hello { protocol_version: shoal_proto::PROTOCOL_VERSION, client: "fuzz".into() },
+    };
     let mut v = Vec::new();
     Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);
     v
@@ -37,12 +41,8 @@ fn poke(addr: &str, bytes: &[u8]) {
 fn garbage_frames_close_only_their_connection() {
     let c = Cluster::start(1);
     let addr = c.addr(0);
-    let mut cases: Vec<Vec<u8>> = vec![
-        vec![],
-        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
-        vec![0xff; 100],
-        hello()[..10].to_vec(),
-    ];
+    let mut cases: Vec<Vec<u8>> =
+        vec![vec![], b"GET / HTTP/1.1\r\n\r\n".to_vec(), vec![0xff; 100], hello()[..10].to_vec()];
     // A valid hello followed by a frame claiming a 4 GiB body.
     let mut huge = hello();
     let mut h = [0u8; HEADER_LEN];
@@ -65,13 +65,16 @@ fn garbage_frames_close_only_their_connection() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(300));
     let a2 = addr.clone();
     runner
-        .run(&(proptest::collection::vec(any::<u8>(), 0..300), any::<bool>(), 0usize..200), |(bytes, with_hello, cut)| {
-            let mut msg = if with_hello { hello() } else { Vec::new() };
-            msg.extend_from_slice(&bytes);
-            let cut = cut.min(msg.len());
-            poke(&a2, &msg[..msg.len() - cut]);
-            Ok(())
-        })
+        .run(
+            &(proptest::collection::vec(any::<u8>(), 0..300), any::<bool>(), 0usize..200),
+            |(bytes, with_hello, cut)| {
+                let mut msg = if with_hello { hello() } else { Vec::new() };
+                msg.extend_from_slice(&bytes);
+                let cut = cut.min(msg.len());
+                poke(&a2, &msg[..msg.len() - cut]);
+                Ok(())
+            },
+        )
         .unwrap();
 
     // Still serving, and still alive as a process.

@@ -301,7 +301,12 @@ impl Client {
         if map.version() <= failed.map().version() {
             return Ok(false);
         }
-        tracing::info!("cluster map reloaded from {}: version {} -> {}", path.display(), failed.map().version(), map.version());
+        tracing::info!(
+            "cluster map reloaded from {}: version {} -> {}",
+            path.display(),
+            failed.map().version(),
+            map.version()
+        );
         let pool = Arc::new(Pool::new(map.clone(), pool_options(&self.opts)));
         self.shared.maps.lock().push(Arc::new(map));
         let old = std::mem::replace(&mut *self.shared.pool.write(), pool);
@@ -320,7 +325,9 @@ impl Client {
     /// Look up `dir/name` at home(dir); if the entry's server does not hold the inode, ask
     /// the inode's home for the attributes. Served from the cache when fresh.
     pub async fn lookup(&self, dir: Ino, name: &str) -> Result<Attr> {
-        self.lookup_attr(dir, name, false).await.map_err(|e| e.within(format_args!("lookup {name:?} in directory {dir}")))
+        self.lookup_attr(dir, name, false)
+            .await
+            .map_err(|e| e.within(format_args!("lookup {name:?} in directory {dir}")))
     }
 
     pub(crate) async fn lookup_attr(&self, dir: Ino, name: &str, fresh: bool) -> Result<Attr> {
@@ -500,8 +507,7 @@ impl Client {
         layout: Option<LayoutSpec>,
     ) -> Result<Attr> {
         let now = Instant::now();
-        let op =
-            Op::Create { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777, exclusive, layout };
+        let op = Op::Create { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777, exclusive, layout };
         let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
         let a = self.attr_from(reply).await?;
         self.entered(dir, name, &a, now);
@@ -566,7 +572,9 @@ impl Client {
 
     /// Remove the name `dir/name` of a file or symlink (the inode goes with its last name).
     pub async fn unlink_at(&self, dir: Ino, name: &str) -> Result<()> {
-        self.remove_name(dir, name, false).await.map_err(|e| e.within(format_args!("unlink {name:?} in directory {dir}")))
+        self.remove_name(dir, name, false)
+            .await
+            .map_err(|e| e.within(format_args!("unlink {name:?} in directory {dir}")))
     }
 
     /// Remove the empty directory `dir/name`.
@@ -577,11 +585,8 @@ impl Client {
     pub(crate) async fn remove_name(&self, dir: Ino, name: &str, is_dir: bool) -> Result<()> {
         let now = Instant::now();
         let known = self.cache().entry(dir, name, now).flatten();
-        let op = if is_dir {
-            Op::Rmdir { dir, name: name.to_string() }
-        } else {
-            Op::Unlink { dir, name: name.to_string() }
-        };
+        let op =
+            if is_dir { Op::Rmdir { dir, name: name.to_string() } } else { Op::Unlink { dir, name: name.to_string() } };
         let r = self.call(To::Home(dir), op, Bytes::new()).await;
         self.name_removed(dir, name, known.map(|k| k.0), r.as_ref().map(|_| ()).map_err(|e| e.errno), now);
         self.cache().forget_attr(dir);
@@ -591,7 +596,14 @@ impl Client {
     /// Cache upkeep after a request to remove `dir/name`, sent at `asked`, answered
     /// `outcome`: the name is gone (or was already), or, after another failure, unknown.
     /// `known`: the inode the cache held for the name, whose attributes are now stale.
-    fn name_removed(&self, dir: Ino, name: &str, known: Option<Ino>, outcome: std::result::Result<(), Errno>, asked: Instant) {
+    fn name_removed(
+        &self,
+        dir: Ino,
+        name: &str,
+        known: Option<Ino>,
+        outcome: std::result::Result<(), Errno>,
+        asked: Instant,
+    ) {
         let c = self.cache();
         match outcome {
             Ok(()) => c.put_entry(dir, name, None, Instant::now()),
@@ -609,11 +621,18 @@ impl Client {
     /// per [`BATCH_MAX`] names (mdtest-style runs, tools that make many files at once). The
     /// outer error is the request's (unreachable server, …); each name has its own result,
     /// in order (EEXIST for one does not stop the others).
-    pub async fn create_many_at(&self, dir: Ino, names: &[String], perm: u32, exclusive: bool) -> Result<Vec<Result<Attr>>> {
+    pub async fn create_many_at(
+        &self,
+        dir: Ino,
+        names: &[String],
+        perm: u32,
+        exclusive: bool,
+    ) -> Result<Vec<Result<Attr>>> {
         let now = Instant::now();
         let perm = perm & !self.opts.umask & 0o7777;
         let ops = names.iter().map(|name| BatchOp::Create { dir, name: name.clone(), perm, exclusive, layout: None });
-        let replies = self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("create in directory {dir}")))?;
+        let replies =
+            self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("create in directory {dir}")))?;
         let mut out = Vec::with_capacity(replies.len());
         for (name, r) in names.iter().zip(replies) {
             let a = match r {
@@ -633,7 +652,8 @@ impl Client {
     pub async fn lookup_many(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<Attr>>> {
         let now = Instant::now();
         let ops = names.iter().map(|name| BatchOp::Lookup { dir, name: name.clone() });
-        let replies = self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("lookup in directory {dir}")))?;
+        let replies =
+            self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("lookup in directory {dir}")))?;
         let mut out = Vec::with_capacity(replies.len());
         for (name, r) in names.iter().zip(replies) {
             let a = match r {
@@ -743,13 +763,7 @@ impl Client {
         let c = self.cache();
         let src = c.entry(src_dir, src_name, now).flatten();
         let dst = c.entry(dst_dir, dst_name, now).flatten();
-        let op = Op::Rename {
-            src_dir,
-            src_name: src_name.to_string(),
-            dst_dir,
-            dst_name: dst_name.to_string(),
-            flags,
-        };
+        let op = Op::Rename { src_dir, src_name: src_name.to_string(), dst_dir, dst_name: dst_name.to_string(), flags };
         let r = self.call(To::Home(src_dir), op, Bytes::new()).await;
         c.forget_entry(src_dir, src_name);
         c.forget_entry(dst_dir, dst_name);
@@ -851,7 +865,14 @@ impl Client {
 
     /// Set extended attribute `name` of `ino`. `create_only` fails with EEXIST if it exists,
     /// `replace_only` with ENODATA if it does not.
-    pub async fn setxattr(&self, ino: Ino, name: &str, value: &[u8], create_only: bool, replace_only: bool) -> Result<()> {
+    pub async fn setxattr(
+        &self,
+        ino: Ino,
+        name: &str,
+        value: &[u8],
+        create_only: bool,
+        replace_only: bool,
+    ) -> Result<()> {
         let op = Op::SetXattr { ino, name: name.to_string(), value: value.to_vec(), create_only, replace_only };
         let r = self.call(To::Home(ino), op, Bytes::new()).await;
         r.and_then(|(reply, _)| expect_ok(reply)).map_err(|e| e.within(format_args!("setxattr {name:?} of {ino}")))

@@ -255,7 +255,8 @@ async fn write_pieces(client: Client, layout: Arc<Layout>, ino: Ino, offset: u64
             let server: ServerId = layout.servers[p.index as usize];
             let start = (p.file_offset - offset) as usize;
             let chunk = data.slice(start..start + p.len as usize);
-            let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local: server == home };
+            let op =
+                Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local: server == home };
             match client.call(To::Server(server), op, chunk).await {
                 Ok((Reply::Written { len }, _)) if len as u64 == p.len => Ok(()),
                 Ok((Reply::Written { len }, _)) => Err(Error::new(
@@ -363,7 +364,11 @@ impl File {
                 }
                 Err(e) if !w.awaited => {
                     if io.failed.is_none() {
-                        io.failed = Some(e.within(format_args!("an earlier write at {} of {} bytes", w.start, w.end - w.start)));
+                        io.failed = Some(e.within(format_args!(
+                            "an earlier write at {} of {} bytes",
+                            w.start,
+                            w.end - w.start
+                        )));
                     }
                 }
                 Err(_) => {} // its caller has it
@@ -499,7 +504,8 @@ impl File {
         let mut fresh = Vec::new();
         if io.writes.is_empty() {
             // Up to a chunk boundary, so that no piece is fetched in two parts.
-            let want = size.min(end.saturating_add(io.ra_window).div_ceil(READAHEAD_CHUNK).saturating_mul(READAHEAD_CHUNK));
+            let want =
+                size.min(end.saturating_add(io.ra_window).div_ceil(READAHEAD_CHUNK).saturating_mul(READAHEAD_CHUNK));
             // At most this many pieces ahead of the read (requests in flight).
             let cap = self.inner.client.max_in_flight().max(4);
             let mut added: Vec<Chunk> = Vec::new();
@@ -538,12 +544,8 @@ impl File {
         if !covers(&io.chunks, offset, end) {
             return None;
         }
-        let parts = io
-            .chunks
-            .iter()
-            .filter(|c| c.start < end && offset < c.end)
-            .map(|c| (c.start, c.data.clone()))
-            .collect();
+        let parts =
+            io.chunks.iter().filter(|c| c.start < end && offset < c.end).map(|c| (c.start, c.data.clone())).collect();
         Some((parts, fresh))
     }
 
@@ -604,7 +606,8 @@ impl File {
         let limit = inner.client.options().write_behind as u64;
         let behind = limit > 0 && !inner.append && len <= limit;
         let home = inner.client.home_of(inner.ino);
-        let reached_home = pieces(&inner.layout, offset, len).iter().any(|p| inner.layout.servers[p.index as usize] == home);
+        let reached_home =
+            pieces(&inner.layout, offset, len).iter().any(|p| inner.layout.servers[p.index as usize] == home);
         let mut data = Some(data);
         // Wait for room, and for any write in flight to the same bytes (their order at the
         // servers would be anyone's guess); then go.
@@ -620,11 +623,24 @@ impl File {
                 match overlapping.or(if full { io.writes.iter().find(|w| !w.awaited) } else { None }) {
                     Some(w) => w.done.clone(),
                     None => {
-                        let fut = write_pieces(inner.client.clone(), inner.layout.clone(), inner.ino, offset, data.take().unwrap_or_default());
+                        let fut = write_pieces(
+                            inner.client.clone(),
+                            inner.layout.clone(),
+                            inner.ino,
+                            offset,
+                            data.take().unwrap_or_default(),
+                        );
                         let done = fut.boxed().shared();
                         let id = io.next_write;
                         io.next_write += 1;
-                        io.writes.push(InFlight { id, start: offset, end, reached_home, awaited: !behind, done: done.clone() });
+                        io.writes.push(InFlight {
+                            id,
+                            start: offset,
+                            end,
+                            reached_home,
+                            awaited: !behind,
+                            done: done.clone(),
+                        });
                         if behind {
                             io.write_bytes += len;
                         }
@@ -781,7 +797,11 @@ impl File {
                 return Err(Error::bare(Errno::EINVAL));
             }
             self.flush_inner().await?;
-            let a = self.inner.client.setattr_inner(self.inner.ino, SetAttrs { size: Some(size), ..Default::default() }).await?;
+            let a = self
+                .inner
+                .client
+                .setattr_inner(self.inner.ino, SetAttrs { size: Some(size), ..Default::default() })
+                .await?;
             let mut io = self.inner.io.lock();
             io.chunks.clear();
             let mut st = self.inner.state.lock();

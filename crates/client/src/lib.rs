@@ -65,8 +65,8 @@ mod client;
 mod error;
 mod file;
 mod options;
-pub mod pathname;
 mod path_ops;
+pub mod pathname;
 
 pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, StatFs};

@@ -153,7 +153,8 @@ mod tests {
         assert!(!f.read && f.write && f.create && f.truncate && !f.exclusive);
         assert_eq!(f.perm, 0o600);
         assert_eq!(f.access_mask(), 2);
-        let f = OpenFlags::from_libc(libc::O_RDWR | libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644);
+        let f =
+            OpenFlags::from_libc(libc::O_RDWR | libc::O_APPEND | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC, 0o644);
         assert!(f.read && f.write && f.append && f.create && f.exclusive && !f.truncate);
         assert_eq!(f.access_mask(), 6);
     }

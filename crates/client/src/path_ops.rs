@@ -348,8 +348,12 @@ impl Client {
                 Ok(n + 1)
             }
             _ => {
-                self.on_parent(path, Errno::EISDIR, |dir, name| async move { self.remove_name(dir, &name, false).await })
-                    .await?;
+                self.on_parent(
+                    path,
+                    Errno::EISDIR,
+                    |dir, name| async move { self.remove_name(dir, &name, false).await },
+                )
+                .await?;
                 Ok(1)
             }
         }
@@ -544,7 +548,8 @@ impl Client {
     /// Create `path` (or truncate it if it exists) and open it for reading and writing.
     /// `layout` applies to a new file only.
     pub async fn create(&self, path: &str, perm: u32, layout: Option<LayoutSpec>) -> Result<File> {
-        let flags = OpenFlags { read: true, write: true, create: true, truncate: true, perm, layout, ..Default::default() };
+        let flags =
+            OpenFlags { read: true, write: true, create: true, truncate: true, perm, layout, ..Default::default() };
         self.open_path(path, flags).await.map_err(|e| e.within(format_args!("create {path}")))
     }
 

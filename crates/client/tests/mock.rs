@@ -87,7 +87,14 @@ impl Mock {
         }
     }
 
-    fn op(&self, map: &ClusterMap, me: ServerId, cred: &Cred, op: Op, data: Bytes) -> std::result::Result<(Reply, Bytes), Errno> {
+    fn op(
+        &self,
+        map: &ClusterMap,
+        me: ServerId,
+        cred: &Cred,
+        op: Op,
+        data: Bytes,
+    ) -> std::result::Result<(Reply, Bytes), Errno> {
         let ok = |r: Reply| Ok((r, Bytes::new()));
         // Routing checks: every request must reach the server placement names.
         let route = |ino: Ino| if map.home_of(ino) == me { Ok(()) } else { Err(Errno::EXDEV) };
@@ -355,7 +362,11 @@ async fn cluster(n: u32) -> (Arc<Mock>, ClusterMap) {
 }
 
 fn opts() -> ClientOptions {
-    ClientOptions { timeout: Duration::from_secs(5), cred: Cred { uid: 1000, gid: 1000, groups: vec![] }, ..Default::default() }
+    ClientOptions {
+        timeout: Duration::from_secs(5),
+        cred: Cred { uid: 1000, gid: 1000, groups: vec![] },
+        ..Default::default()
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -518,7 +529,7 @@ async fn stale_cache_is_retried_fresh() {
     assert!(b.stat("/x/y").await.is_ok()); // b caches /x and /x/y
     a.remove_all("/x").await.unwrap();
     a.mkdir_all("/x/y", 0o755).await.unwrap(); // same names, new inodes
-    // b's cached /x is gone on the server: b must notice and walk afresh.
+                                               // b's cached /x is gone on the server: b must notice and walk afresh.
     b.mkdir("/x/y/z", 0o755).await.unwrap();
     assert!(a.stat("/x/y/z").await.is_ok());
 }

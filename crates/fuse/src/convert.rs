@@ -231,7 +231,6 @@ mod tests {
         assert_eq!(dir_default_text(None), "stripe_size=inherit stripe_count=inherit first_server=any policy=inherit");
     }
 
-
     #[test]
     fn groups_of_this_process() {
         let g = groups_of(std::process::id());

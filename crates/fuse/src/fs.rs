@@ -839,7 +839,8 @@ impl Shared {
                         let page: Vec<_> = page.into_iter().filter(|d| !d.name.starts_with(HIDDEN_PREFIX)).collect();
                         // Symlinks may stand for special files: find out (in parallel, once
                         // per inode) so that d_type is right.
-                        let kinds = futures::future::join_all(page.iter().map(|d| self.special_of(d.ino, d.kind))).await;
+                        let kinds =
+                            futures::future::join_all(page.iter().map(|d| self.special_of(d.ino, d.kind))).await;
                         let entries = page.into_iter().zip(kinds).map(|(d, sp)| {
                             let kind = sp.map(|x| x.kind).unwrap_or_else(|| convert::kind(d.kind));
                             (d.name, d.ino.0, kind)
@@ -1031,7 +1032,8 @@ impl Filesystem for ShoalFs {
             let _ = cfg.set_max_readahead(nearest);
         }
         let _ = cfg.set_max_background(o.max_background);
-        let mut wanted = vec![InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_CACHE_SYMLINKS];
+        let mut wanted =
+            vec![InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_CACHE_SYMLINKS];
         if o.keep_cache {
             wanted.push(InitFlags::FUSE_AUTO_INVAL_DATA);
         }
@@ -1131,7 +1133,16 @@ impl Filesystem for ShoalFs {
         });
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         if self.read_only() {
             return reply.error(raw(libc::EROFS));
         }
@@ -1581,7 +1592,16 @@ impl Filesystem for ShoalFs {
         });
     }
 
-    fn fallocate(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, length: u64, mode: i32, reply: ReplyEmpty) {
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
         if self.read_only() {
             return reply.error(raw(libc::EROFS));
         }

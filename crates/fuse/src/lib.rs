@@ -63,9 +63,7 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
     if !Path::new("/dev/fuse").exists() {
         bail!("/dev/fuse does not exist: load the fuse module (modprobe fuse) or give the container the device");
     }
-    let mountpoint = mountpoint
-        .canonicalize()
-        .with_context(|| format!("mount point {}", mountpoint.display()))?;
+    let mountpoint = mountpoint.canonicalize().with_context(|| format!("mount point {}", mountpoint.display()))?;
     if !mountpoint.is_dir() {
         bail!("mount point {} is not a directory", mountpoint.display());
     }

@@ -94,9 +94,27 @@ impl Default for MountOptions {
 }
 
 /// Options that only matter to mount(8) or /etc/fstab and are accepted and ignored.
-const IGNORED: &[&str] = &["defaults", "auto", "noauto", "user", "users", "nouser", "nofail", "_netdev", "rw", "relatime", "norelatime", "strictatime", "lazytime", "nolazytime", "loud", "silent"];
+const IGNORED: &[&str] = &[
+    "defaults",
+    "auto",
+    "noauto",
+    "user",
+    "users",
+    "nouser",
+    "nofail",
+    "_netdev",
+    "rw",
+    "relatime",
+    "norelatime",
+    "strictatime",
+    "lazytime",
+    "nolazytime",
+    "loud",
+    "silent",
+];
 
-const FLAGS: &[&str] = &["dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "sync", "async", "dirsync"];
+const FLAGS: &[&str] =
+    &["dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "sync", "async", "dirsync"];
 
 fn seconds(key: &str, v: &str) -> Result<Duration> {
     let s: f64 = v.parse().map_err(|_| anyhow!("option {key}={v}: not a number of seconds"))?;

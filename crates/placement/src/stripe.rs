@@ -27,10 +27,8 @@ pub fn resolve_layout(
         return Err(Errno::EINVAL);
     }
     let count = count.min(n).max(1);
-    let policy = spec
-        .and_then(|s| s.policy)
-        .or_else(|| dir_default.and_then(|s| s.policy))
-        .unwrap_or(map.cluster.policy);
+    let policy =
+        spec.and_then(|s| s.policy).or_else(|| dir_default.and_then(|s| s.policy)).unwrap_or(map.cluster.policy);
     let first = spec
         .and_then(|s| s.first_server)
         .or_else(|| dir_default.and_then(|s| s.first_server))

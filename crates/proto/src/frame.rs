@@ -251,7 +251,8 @@ mod tests {
     use proptest::prelude::*;
 
     fn sample() -> Vec<u8> {
-        let req = Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let req =
+            Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
         let f = Frame::request(42, &req, Bytes::from_static(b"xyz")).unwrap();
         let mut v = Vec::new();
         f.encode_into(&mut v);
@@ -270,7 +271,8 @@ mod tests {
 
     #[test]
     fn head_then_data_is_the_encoding() {
-        let req = Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let req =
+            Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
         let f = Frame::request(42, &req, Bytes::from_static(b"xyz")).unwrap();
         let mut v = f.head();
         v.extend_from_slice(&f.data);
@@ -286,13 +288,17 @@ mod tests {
         assert_eq!(n, v.len());
         assert_eq!(f.request_id, 7);
         assert_eq!(&f.data[..], b"12345");
-        assert_eq!(v[..HEADER_LEN + f.body.len()], Frame::reply(7, &reply, Bytes::from_static(b"12345")).unwrap().head()[..]);
+        assert_eq!(
+            v[..HEADER_LEN + f.body.len()],
+            Frame::reply(7, &reply, Bytes::from_static(b"12345")).unwrap().head()[..]
+        );
         assert!(Frame::reply_head(7, &reply, MAX_DATA + 1).is_err());
     }
 
     #[tokio::test]
     async fn frames_are_read_whole_from_a_trickling_stream() {
-        let req = Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let req =
+            Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
         let data: Bytes = (0..100_000u32).map(|i| i as u8).collect::<Vec<u8>>().into();
         let f = Frame::request(9, &req, data.clone()).unwrap();
         let mut wire = Vec::new();

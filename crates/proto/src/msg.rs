@@ -230,52 +230,138 @@ pub struct Request {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
     /// First frame on every connection.
-    Hello { protocol_version: u32, client: String },
+    Hello {
+        protocol_version: u32,
+        client: String,
+    },
 
     // ---- namespace: sent to the home server of `dir` ----
-    Lookup { dir: Ino, name: String },
-    Create { dir: Ino, name: String, perm: u32, exclusive: bool, layout: Option<LayoutSpec> },
-    Mkdir { dir: Ino, name: String, perm: u32 },
-    Symlink { dir: Ino, name: String, target: String },
+    Lookup {
+        dir: Ino,
+        name: String,
+    },
+    Create {
+        dir: Ino,
+        name: String,
+        perm: u32,
+        exclusive: bool,
+        layout: Option<LayoutSpec>,
+    },
+    Mkdir {
+        dir: Ino,
+        name: String,
+        perm: u32,
+    },
+    Symlink {
+        dir: Ino,
+        name: String,
+        target: String,
+    },
     /// Make `dir/name` a new name of `ino`.
-    Link { ino: Ino, dir: Ino, name: String },
-    Unlink { dir: Ino, name: String },
-    Rmdir { dir: Ino, name: String },
+    Link {
+        ino: Ino,
+        dir: Ino,
+        name: String,
+    },
+    Unlink {
+        dir: Ino,
+        name: String,
+    },
+    Rmdir {
+        dir: Ino,
+        name: String,
+    },
     /// Sent to the home server of `src_dir`, which coordinates.
-    Rename { src_dir: Ino, src_name: String, dst_dir: Ino, dst_name: String, flags: RenameFlags },
+    Rename {
+        src_dir: Ino,
+        src_name: String,
+        dst_dir: Ino,
+        dst_name: String,
+        flags: RenameFlags,
+    },
     /// Entries with names strictly after `after` (in byte order), at most `limit`.
-    ReadDir { dir: Ino, after: Option<String>, limit: u32 },
+    ReadDir {
+        dir: Ino,
+        after: Option<String>,
+        limit: u32,
+    },
 
     // ---- inodes: sent to the home server of `ino` ----
-    GetAttr { ino: Ino },
-    SetAttr { ino: Ino, set: SetAttrs },
+    GetAttr {
+        ino: Ino,
+    },
+    SetAttr {
+        ino: Ino,
+        set: SetAttrs,
+    },
     /// Set a directory's default layout for new files.
-    SetDirLayout { ino: Ino, spec: LayoutSpec },
-    ReadLink { ino: Ino },
+    SetDirLayout {
+        ino: Ino,
+        spec: LayoutSpec,
+    },
+    ReadLink {
+        ino: Ino,
+    },
     /// Check access as access(2) does: `mask` of R_OK=4, W_OK=2, X_OK=1 (0 = exists).
-    Access { ino: Ino, mask: u32 },
+    Access {
+        ino: Ino,
+        mask: u32,
+    },
     /// Raise the recorded size to at least `size` (after writes to other servers), and
     /// update mtime.
-    ExtendSize { ino: Ino, size: u64 },
-    SetXattr { ino: Ino, name: String, value: Vec<u8>, create_only: bool, replace_only: bool },
-    GetXattr { ino: Ino, name: String },
-    ListXattr { ino: Ino },
-    RemoveXattr { ino: Ino, name: String },
+    ExtendSize {
+        ino: Ino,
+        size: u64,
+    },
+    SetXattr {
+        ino: Ino,
+        name: String,
+        value: Vec<u8>,
+        create_only: bool,
+        replace_only: bool,
+    },
+    GetXattr {
+        ino: Ino,
+        name: String,
+    },
+    ListXattr {
+        ino: Ino,
+    },
+    RemoveXattr {
+        ino: Ino,
+        name: String,
+    },
 
     // ---- data: sent to the server holding object `index` of `ino` ----
     /// Reply carries the bytes in the frame's data section (short at end of object).
-    Read { ino: Ino, index: u32, offset: u64, len: u32 },
+    Read {
+        ino: Ino,
+        index: u32,
+        offset: u64,
+        len: u32,
+    },
     /// The bytes are the frame's data section. If `inode_local` the server also holds the
     /// inode and raises its size to `file_end` (so a small-file write is one request).
-    Write { ino: Ino, index: u32, offset: u64, file_end: u64, inode_local: bool },
+    Write {
+        ino: Ino,
+        index: u32,
+        offset: u64,
+        file_end: u64,
+        inode_local: bool,
+    },
     /// Make the objects of `ino` on this server, and this server's metadata log, durable.
-    Fsync { ino: Ino, data_only: bool },
+    Fsync {
+        ino: Ino,
+        data_only: bool,
+    },
 
     /// Several namespace operations in one request (many creates, stats or unlinks), each
     /// addressed to this server as it would be alone; at most [`BATCH_MAX`]. The server runs
     /// them one after the other and answers `Reply::Batch` with one result each, in order:
     /// one failing does not stop the others. No data section either way.
-    Batch { ops: Vec<BatchOp> },
+    Batch {
+        ops: Vec<BatchOp>,
+    },
 
     // ---- whole server ----
     StatFs,
@@ -283,22 +369,47 @@ pub enum Op {
 
     // ---- server to server ----
     /// Create the directory object (inode + empty entry set) on its home server.
-    PeerMkdirObject { attr: Attr, op_id: u64 },
+    PeerMkdirObject {
+        attr: Attr,
+        op_id: u64,
+    },
     /// Remove a directory object if it is empty (ENOTEMPTY otherwise). Idempotent.
-    PeerRmdirObject { ino: Ino, op_id: u64 },
+    PeerRmdirObject {
+        ino: Ino,
+        op_id: u64,
+    },
     /// Add `delta` to an inode's link count; at zero the inode and its objects go.
     /// Applied at most once per `op_id`.
-    PeerLinkDelta { ino: Ino, delta: i32, op_id: u64 },
+    PeerLinkDelta {
+        ino: Ino,
+        delta: i32,
+        op_id: u64,
+    },
     /// Insert (or replace) `dst_dir/dst_name` with `entry` as the second step of a rename
     /// coordinated by the source directory's server. Applied at most once per `op_id`.
-    PeerRenameIn { dst_dir: Ino, dst_name: String, entry: DirEntry, noreplace: bool, op_id: u64 },
+    PeerRenameIn {
+        dst_dir: Ino,
+        dst_name: String,
+        entry: DirEntry,
+        noreplace: bool,
+        op_id: u64,
+    },
     /// Set a moved directory's parent pointer.
-    PeerSetParent { ino: Ino, parent: Ino },
+    PeerSetParent {
+        ino: Ino,
+        parent: Ino,
+    },
     /// Delete these data objects (file, object index) held by this server: the objects of
     /// deleted files, many files per request. Idempotent.
-    PeerDeleteObjects { objects: Vec<(Ino, u32)> },
+    PeerDeleteObjects {
+        objects: Vec<(Ino, u32)>,
+    },
     /// Cut this server's object `index` of `ino` to `len` bytes. Idempotent.
-    PeerTruncateObject { ino: Ino, index: u32, len: u64 },
+    PeerTruncateObject {
+        ino: Ino,
+        index: u32,
+        len: u64,
+    },
 }
 
 impl Op {
@@ -394,7 +505,9 @@ impl BatchReply {
             Reply::Entry(e) => BatchReply::Entry(e),
             Reply::Attr(a) => BatchReply::Attr(a),
             Reply::Error { errno, message } => BatchReply::Error { errno, message },
-            other => BatchReply::Error { errno: Errno::EPROTO, message: format!("unexpected reply in a batch: {other:?}") },
+            other => {
+                BatchReply::Error { errno: Errno::EPROTO, message: format!("unexpected reply in a batch: {other:?}") }
+            }
         }
     }
 
@@ -412,17 +525,26 @@ impl BatchReply {
 /// A reply. Errors carry an errno and a human sentence naming the cause.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    Hello { protocol_version: u32, server: ServerId, map_version: u64 },
+    Hello {
+        protocol_version: u32,
+        server: ServerId,
+        map_version: u64,
+    },
     Ok,
     Entry(EntryOut),
     Attr(Attr),
-    DirEntries { entries: Vec<DirEntry>, more: bool },
+    DirEntries {
+        entries: Vec<DirEntry>,
+        more: bool,
+    },
     Link(String),
     Xattr(Vec<u8>),
     XattrNames(Vec<String>),
     /// Answer to `Read`: the bytes are in the data section.
     Data,
-    Written { len: u32 },
+    Written {
+        len: u32,
+    },
     /// `PeerLinkDelta`: the new link count.
     NLink(u32),
     /// `PeerRenameIn`: the entry the rename replaced, which the coordinator must unlink.
@@ -432,8 +554,13 @@ pub enum Reply {
     /// Answer to `Batch`: one result per operation, in order.
     Batch(Vec<BatchReply>),
     /// The sender routed with an older cluster map; reload the map and retry.
-    StaleMap { current: u64 },
-    Error { errno: Errno, message: String },
+    StaleMap {
+        current: u64,
+    },
+    Error {
+        errno: Errno,
+        message: String,
+    },
 }
 
 impl Reply {

@@ -357,11 +357,8 @@ mod tests {
         while let Some(f) = Frame::read_from(&mut rd).await.unwrap() {
             let seed = f.data.first().copied().unwrap_or(0);
             let intact = f.data.iter().enumerate().all(|(i, &b)| b == seed.wrapping_add(i as u8));
-            let reply = if intact {
-                Reply::Written { len: f.data.len() as u32 }
-            } else {
-                Reply::StatFs(StatFsOut::default())
-            };
+            let reply =
+                if intact { Reply::Written { len: f.data.len() as u32 } } else { Reply::StatFs(StatFsOut::default()) };
             Frame::reply(f.request_id, &reply, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
         }
     }

@@ -50,7 +50,12 @@ pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool)
 
 /// [`handle`] as a boxed future: the entry point for steps a server addresses to itself
 /// (a peer step whose target is local), which would otherwise make handler futures recursive.
-pub fn handle_boxed(st: Arc<State>, req: Request, data: Bytes, from_peer: bool) -> BoxFuture<'static, (Reply, Payload)> {
+pub fn handle_boxed(
+    st: Arc<State>,
+    req: Request,
+    data: Bytes,
+    from_peer: bool,
+) -> BoxFuture<'static, (Reply, Payload)> {
     Box::pin(async move { handle(&st, req, data, from_peer).await })
 }
 

@@ -116,8 +116,11 @@ async fn delete_round(st: &Arc<State>, files: Vec<(Ino, GcRecord)>) -> R<()> {
             first_err.get_or_insert(e);
         }
     }
-    let done: Vec<Ino> =
-        files.iter().filter(|(_, rec)| rec.layout.servers.iter().all(|s| !failed.contains(s))).map(|(ino, _)| *ino).collect();
+    let done: Vec<Ino> = files
+        .iter()
+        .filter(|(_, rec)| rec.layout.servers.iter().all(|s| !failed.contains(s)))
+        .map(|(ino, _)| *ino)
+        .collect();
     if !done.is_empty() {
         st.store(move |st| {
             let mut t = st.meta.txn();
@@ -189,7 +192,8 @@ pub async fn recover_once(st: &Arc<State>, all: bool) {
         }
     };
     let now = shoal_proto::msg::Timestamp::now().secs;
-    let due: Vec<(Ino, GcRecord)> = gcs.into_iter().filter(|(_, rec)| all || now - rec.created >= GC_GRACE_SECS).collect();
+    let due: Vec<(Ino, GcRecord)> =
+        gcs.into_iter().filter(|(_, rec)| all || now - rec.created >= GC_GRACE_SECS).collect();
     if let Err(e) = delete_files_objects(st, due).await {
         tracing::debug!("recovery: objects of some deleted files not deleted yet: {e}");
     }

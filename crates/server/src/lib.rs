@@ -226,7 +226,11 @@ fn check_format(meta: &MetaStore, id: ServerId, dir: &std::path::Path) -> anyhow
         Some(v) => {
             let found = <[u8; 4]>::try_from(v.as_slice()).ok().map(u32::from_be_bytes);
             if found != Some(FORMAT_VERSION) {
-                bail!("data directory {} has format {:?}; this shoald reads format {FORMAT_VERSION}", dir.display(), found);
+                bail!(
+                    "data directory {} has format {:?}; this shoald reads format {FORMAT_VERSION}",
+                    dir.display(),
+                    found
+                );
             }
             if let Some(owner) = meta.get_raw(key::SERVER).map_err(err)? {
                 let owner = <[u8; 4]>::try_from(owner.as_slice()).ok().map(u32::from_be_bytes);

@@ -93,7 +93,13 @@ impl Locks {
     /// [`Locks::lock_names`] waiting at most `wait` for pins. Steps that other servers wait
     /// for use a short wait: two servers each holding a pin while asking the other for the
     /// other's pinned name must not wait for each other (EBUSY makes one of them back off).
-    pub async fn lock_names_within(&self, inos: &[Ino], names: &[(Ino, &str)], owner: u64, wait: Duration) -> R<Guard<'_>> {
+    pub async fn lock_names_within(
+        &self,
+        inos: &[Ino],
+        names: &[(Ino, &str)],
+        owner: u64,
+        wait: Duration,
+    ) -> R<Guard<'_>> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             // Register interest before looking, so an unpin between the check and the wait
@@ -104,7 +110,10 @@ impl Locks {
             let guard = self.lock(inos).await;
             let blocked = {
                 let pins = self.pins.lock();
-                names.iter().find(|(d, n)| pins.get(&(*d, n.to_string())).is_some_and(|&o| o != owner || owner == 0)).cloned()
+                names
+                    .iter()
+                    .find(|(d, n)| pins.get(&(*d, n.to_string())).is_some_and(|&o| o != owner || owner == 0))
+                    .cloned()
             };
             let Some((dir, name)) = blocked else { return Ok(guard) };
             drop(guard);

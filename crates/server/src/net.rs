@@ -98,7 +98,9 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
     let from_peer = match first.request_body() {
         Ok(Request { op: Op::Hello { protocol_version, client }, .. }) => {
             if protocol_version != PROTOCOL_VERSION {
-                let msg = format!("protocol version {protocol_version} not supported (this server speaks {PROTOCOL_VERSION})");
+                let msg = format!(
+                    "protocol version {protocol_version} not supported (this server speaks {PROTOCOL_VERSION})"
+                );
                 tracing::warn!("connection from {addr} ({client}): {msg}");
                 send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
                 return;
@@ -107,7 +109,8 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
             let from_peer = client.starts_with("shoald");
             st.counters.request("hello", from_peer);
             st.counters.received(first.body.len());
-            let hello = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() };
+            let hello =
+                Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() };
             send_now(&mut wr, first.request_id, &hello).await;
             // Other servers name themselves "shoald …" (see lib.rs); their requests count
             // as peer traffic.
@@ -115,7 +118,8 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
         }
         Ok(_) => {
             tracing::warn!("connection from {addr}: first request is not Hello, closing");
-            send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, "the first request must be Hello")).await;
+            send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, "the first request must be Hello"))
+                .await;
             return;
         }
         Err(e) => {
@@ -172,7 +176,8 @@ async fn read_requests(
             cost = cost.max(*len as usize);
         }
         let cost = cost.clamp(1, MAX_IN_FLIGHT_BYTES) as u32;
-        let (Ok(p_count), Ok(p_bytes)) = (count.clone().acquire_owned().await, bytes.clone().acquire_many_owned(cost).await)
+        let (Ok(p_count), Ok(p_bytes)) =
+            (count.clone().acquire_owned().await, bytes.clone().acquire_many_owned(cost).await)
         else {
             break;
         };

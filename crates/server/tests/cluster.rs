@@ -5,7 +5,8 @@ use bytes::Bytes;
 use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind};
 use shoal_proto::msg::{
-    Attr, BatchOp, BatchReply, Cred, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, Request, SetAttrs, BATCH_MAX,
+    Attr, BatchOp, BatchReply, Cred, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, Request, SetAttrs,
+    BATCH_MAX,
 };
 use shoal_proto::{Errno, Ino, ServerId, PROTOCOL_VERSION, ROOT_INO};
 use shoal_rpc::{Pool, PoolOptions};
@@ -213,7 +214,13 @@ async fn create_lookup_getattr_unlink() {
     }
 
     // xattrs
-    let set = Op::SetXattr { ino: e.ino, name: "user.k".into(), value: b"v".to_vec(), create_only: true, replace_only: false };
+    let set = Op::SetXattr {
+        ino: e.ino,
+        name: "user.k".into(),
+        value: b"v".to_vec(),
+        create_only: true,
+        replace_only: false,
+    };
     c.op(set.clone()).await.unwrap();
     assert_eq!(c.op(set).await.unwrap_err(), Errno::EEXIST);
     assert_eq!(c.op(Op::GetXattr { ino: e.ino, name: "user.k".into() }).await.unwrap(), Reply::Xattr(b"v".to_vec()));
@@ -239,7 +246,13 @@ async fn batches_run_every_operation_and_answer_each() {
     let c = Cluster::start(1).await;
     let home = c.home(ROOT_INO);
     let before = c.status(home).await.counters;
-    let create = |name: &str, exclusive| BatchOp::Create { dir: ROOT_INO, name: name.into(), perm: 0o644, exclusive, layout: None };
+    let create = |name: &str, exclusive| BatchOp::Create {
+        dir: ROOT_INO,
+        name: name.into(),
+        perm: 0o644,
+        exclusive,
+        layout: None,
+    };
     let ops = vec![
         create("a", true),
         create("a", true),
@@ -272,7 +285,8 @@ async fn batches_run_every_operation_and_answer_each() {
     assert!(matches!(&replies[9], BatchReply::Error { errno: Errno::EINVAL, .. }), "{:?}", replies[9]);
     // One request; each operation counted under its own name.
     let after = c.status(home).await.counters;
-    let count = |cs: &shoal_proto::msg::Counters, n: &str| cs.ops.iter().find(|(k, _)| k == n).map(|(_, v)| *v).unwrap_or(0);
+    let count =
+        |cs: &shoal_proto::msg::Counters, n: &str| cs.ops.iter().find(|(k, _)| k == n).map(|(_, v)| *v).unwrap_or(0);
     assert_eq!(after.client_requests - before.client_requests, 2, "the batch and the status request");
     assert_eq!(count(&after, "batch") - count(&before, "batch"), 1);
     assert_eq!(count(&after, "create") - count(&before, "create"), 2);
@@ -348,7 +362,13 @@ async fn rename_across_servers() {
 
     // A file moves from the root to a directory on the other server: the inode stays home.
     let f = c.create(ROOT_INO, "f").await;
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: "f".into(), dst_dir: remote, dst_name: "g".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: "f".into(),
+        dst_dir: remote,
+        dst_name: "g".into(),
+        flags: RenameFlags::default(),
+    };
     c.op(op).await.unwrap();
     assert_eq!(c.lookup(ROOT_INO, "f").await.unwrap_err(), Errno::ENOENT);
     let g = c.lookup(remote, "g").await.unwrap();
@@ -358,7 +378,13 @@ async fn rename_across_servers() {
 
     // Rename onto an existing file on the other side replaces it (its inode goes).
     let h = c.create(ROOT_INO, "h").await;
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: "h".into(), dst_dir: remote, dst_name: "g".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: "h".into(),
+        dst_dir: remote,
+        dst_name: "g".into(),
+        flags: RenameFlags::default(),
+    };
     c.op(op).await.unwrap();
     assert_eq!(c.lookup(remote, "g").await.unwrap().ino, h.ino);
     assert_eq!(c.op(Op::GetAttr { ino: f.ino }).await.unwrap_err(), Errno::ENOENT);
@@ -375,7 +401,13 @@ async fn rename_across_servers() {
     // A directory moves across servers: parent pointer and link counts follow.
     let root_nlink = c.getattr(ROOT_INO).await.nlink;
     let lname = find_name(&c, ROOT_INO, local).await;
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: lname.clone(), dst_dir: remote, dst_name: "moved".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: lname.clone(),
+        dst_dir: remote,
+        dst_name: "moved".into(),
+        flags: RenameFlags::default(),
+    };
     c.op(op).await.unwrap();
     assert_eq!(c.getattr(local).await.parent, Some(remote));
     assert_eq!(c.getattr(ROOT_INO).await.nlink, root_nlink - 1);
@@ -383,14 +415,32 @@ async fn rename_across_servers() {
 
     // A directory cannot move into its own subtree.
     let rname = find_name(&c, ROOT_INO, remote).await;
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: rname.clone(), dst_dir: local, dst_name: "loop".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: rname.clone(),
+        dst_dir: local,
+        dst_name: "loop".into(),
+        flags: RenameFlags::default(),
+    };
     assert_eq!(c.op(op).await.unwrap_err(), Errno::EINVAL);
 
     // Same-server rename within the root; and a no-op rename.
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: "i".into(), dst_dir: ROOT_INO, dst_name: "j".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: "i".into(),
+        dst_dir: ROOT_INO,
+        dst_name: "j".into(),
+        flags: RenameFlags::default(),
+    };
     c.op(op).await.unwrap();
     assert!(c.lookup(ROOT_INO, "j").await.is_ok());
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: "j".into(), dst_dir: ROOT_INO, dst_name: "j".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: "j".into(),
+        dst_dir: ROOT_INO,
+        dst_name: "j".into(),
+        flags: RenameFlags::default(),
+    };
     c.op(op).await.unwrap();
 
     // A hard link into the remote directory and an unlink of a name whose inode is elsewhere.
@@ -408,9 +458,21 @@ async fn rename_across_servers() {
     let e1 = c.mkdir(remote, "e1").await.unwrap();
     let e2 = c.mkdir(remote, "e2").await.unwrap();
     c.create(e2.ino, "inside").await;
-    let op = Op::Rename { src_dir: remote, src_name: "e1".into(), dst_dir: remote, dst_name: "e2".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: remote,
+        src_name: "e1".into(),
+        dst_dir: remote,
+        dst_name: "e2".into(),
+        flags: RenameFlags::default(),
+    };
     assert_eq!(c.op(op).await.unwrap_err(), Errno::ENOTEMPTY);
-    let op = Op::Rename { src_dir: remote, src_name: "e2".into(), dst_dir: remote, dst_name: "e1".into(), flags: RenameFlags::default() };
+    let op = Op::Rename {
+        src_dir: remote,
+        src_name: "e2".into(),
+        dst_dir: remote,
+        dst_name: "e1".into(),
+        flags: RenameFlags::default(),
+    };
     c.op(op).await.unwrap();
     assert_eq!(c.lookup(remote, "e1").await.unwrap().ino, e2.ino);
     assert_eq!(c.op(Op::GetAttr { ino: e1.ino }).await.unwrap_err(), Errno::ENOENT);
@@ -443,7 +505,9 @@ async fn write_read_truncate_objects() {
     assert_eq!(c.getattr(e.ino).await.size, 4111);
     let read = |server: ServerId, index: u32, offset: u64, len: u32| {
         let c = &c;
-        async move { c.call_as(server, &Cred::root(), Op::Read { ino: e.ino, index, offset, len }, Bytes::new()).await.unwrap() }
+        async move {
+            c.call_as(server, &Cred::root(), Op::Read { ino: e.ino, index, offset, len }, Bytes::new()).await.unwrap()
+        }
     };
     let (r, d) = read(layout.servers[1], 1, 0, 100).await;
     assert_eq!(r, Reply::Data);
@@ -473,7 +537,11 @@ async fn write_read_truncate_objects() {
 
 async fn raw_hello(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let hello = Request { cred: Cred::root(), map_version: 0, op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into() } };
+    let hello = Request {
+        cred: Cred::root(),
+        map_version: 0,
+        op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into() },
+    };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);
     s.write_all(&buf).await.unwrap();
@@ -530,7 +598,8 @@ async fn malformed_frames_close_only_their_connection() {
 
     // A wrong protocol version is refused.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let hello = Request { cred: Cred::root(), map_version: 0, op: Op::Hello { protocol_version: 999, client: "old".into() } };
+    let hello =
+        Request { cred: Cred::root(), map_version: 0, op: Op::Hello { protocol_version: 999, client: "old".into() } };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);
     s.write_all(&buf).await.unwrap();
@@ -548,9 +617,14 @@ async fn restart_keeps_data_and_recovery_rolls_back_unfinished_mkdir() {
     let root_home = c.home(ROOT_INO);
     let other = ServerId(1 - root_home.0);
     let f = c.create(ROOT_INO, "kept").await;
-    c.call_as(root_home, &Cred::root(), Op::Write { ino: f.ino, index: 0, offset: 0, file_end: 3, inode_local: true }, Bytes::from_static(b"abc"))
-        .await
-        .unwrap();
+    c.call_as(
+        root_home,
+        &Cred::root(),
+        Op::Write { ino: f.ino, index: 0, offset: 0, file_end: 3, inode_local: true },
+        Bytes::from_static(b"abc"),
+    )
+    .await
+    .unwrap();
 
     // With the other server down, a mkdir whose directory object would live there fails
     // with EIO and leaves an intent.
@@ -584,7 +658,10 @@ async fn restart_keeps_data_and_recovery_rolls_back_unfinished_mkdir() {
     }
     assert_eq!(left, 0);
     assert_eq!(c.getattr(f.ino).await.size, 3);
-    let (_, d) = c.call_as(root_home, &Cred::root(), Op::Read { ino: f.ino, index: 0, offset: 0, len: 10 }, Bytes::new()).await.unwrap();
+    let (_, d) = c
+        .call_as(root_home, &Cred::root(), Op::Read { ino: f.ino, index: 0, offset: 0, len: 10 }, Bytes::new())
+        .await
+        .unwrap();
     assert_eq!(&d[..], b"abc");
     // the name is free again
     c.mkdir(ROOT_INO, &failed).await.unwrap();
@@ -605,7 +682,8 @@ impl Cluster {
     }
 
     async fn rename(&self, cred: &Cred, src_dir: Ino, src: &str, dst_dir: Ino, dst: &str) -> Result<Reply, Errno> {
-        let op = Op::Rename { src_dir, src_name: src.into(), dst_dir, dst_name: dst.into(), flags: RenameFlags::default() };
+        let op =
+            Op::Rename { src_dir, src_name: src.into(), dst_dir, dst_name: dst.into(), flags: RenameFlags::default() };
         self.op_as(cred, op).await
     }
 
@@ -685,7 +763,11 @@ async fn sticky_directories_and_ownership() {
     c.op_as(&root, Op::Unlink { dir: tmp, name: "mine".into() }).await.unwrap();
 
     // chmod/chown rules through the server
-    let f = match c.op_as(&alice, Op::Create { dir: public, name: "f".into(), perm: 0o600, exclusive: true, layout: None }).await.unwrap() {
+    let f = match c
+        .op_as(&alice, Op::Create { dir: public, name: "f".into(), perm: 0o600, exclusive: true, layout: None })
+        .await
+        .unwrap()
+    {
         Reply::Entry(e) => e.ino,
         other => panic!("{other:?}"),
     };
@@ -724,7 +806,8 @@ async fn concurrent_namespace_changes_stay_consistent() {
                     c.op(Op::Unlink { dir: to, name: name.clone() }).await.unwrap();
                 }
                 // everyone also fights over one shared name
-                let shared = Op::Create { dir: dirs[0], name: "shared".into(), perm: 0o644, exclusive: false, layout: None };
+                let shared =
+                    Op::Create { dir: dirs[0], name: "shared".into(), perm: 0o644, exclusive: false, layout: None };
                 c.op(shared).await.unwrap();
                 let _ = c.rename(&Cred::root(), dirs[0], "shared", dirs[1], "shared").await;
                 let _ = c.rename(&Cred::root(), dirs[1], "shared", dirs[0], "shared").await;

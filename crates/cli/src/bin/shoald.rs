@@ -68,7 +68,8 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let opts = shoal_server::ServerOptions { config: args.config, id: args.id, data_dir: args.data_dir, listen: args.listen };
+    let opts =
+        shoal_server::ServerOptions { config: args.config, id: args.id, data_dir: args.data_dir, listen: args.listen };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -10,8 +10,10 @@ use anyhow::Result;
 pub use shoal_bench::BenchCmd;
 
 pub async fn run(ctx: &Ctx, c: BenchCmd) -> Result<()> {
-    shoal_bench::run(ctx.config.clone(), ctx.timeout, c).await.map_err(|e| match e.downcast_ref::<shoal_bench::UsageError>() {
-        Some(u) => super::usage(u.0.clone()),
-        None => e,
+    shoal_bench::run(ctx.config.clone(), ctx.timeout, c).await.map_err(|e| {
+        match e.downcast_ref::<shoal_bench::UsageError>() {
+            Some(u) => super::usage(u.0.clone()),
+            None => e,
+        }
     })
 }

@@ -44,7 +44,9 @@ impl Loc {
     fn join(&self, name: &str) -> Loc {
         match self {
             Loc::Local(p) => Loc::Local(p.join(name)),
-            Loc::Shoal(p) => Loc::Shoal(if p == "/" { format!("/{name}") } else { format!("{}/{name}", p.trim_end_matches('/')) }),
+            Loc::Shoal(p) => {
+                Loc::Shoal(if p == "/" { format!("/{name}") } else { format!("{}/{name}", p.trim_end_matches('/')) })
+            }
         }
     }
     fn name(&self) -> String {
@@ -115,7 +117,13 @@ async fn children(client: &Client, loc: &Loc) -> Result<Vec<String>> {
             }
             v
         }
-        Loc::Shoal(p) => client.readdir(p).await.with_context(|| format!("cannot list {}", loc.show()))?.into_iter().map(|e| e.name).collect(),
+        Loc::Shoal(p) => client
+            .readdir(p)
+            .await
+            .with_context(|| format!("cannot list {}", loc.show()))?
+            .into_iter()
+            .map(|e| e.name)
+            .collect(),
     })
 }
 
@@ -169,7 +177,9 @@ pub async fn cp(ctx: &Ctx, a: CpArgs) -> Result<()> {
             Step::Symlink(s, d) => copy_symlink(&client, &s, &d).await?,
             Step::File(s, d, size, perm) => {
                 bar.set_message(s.show());
-                copy_file(&client, &s, &d, size, perm, &bar).await.with_context(|| format!("cannot copy {} to {}", s.show(), d.show()))?
+                copy_file(&client, &s, &d, size, perm, &bar)
+                    .await
+                    .with_context(|| format!("cannot copy {} to {}", s.show(), d.show()))?
             }
         }
     }
@@ -200,7 +210,9 @@ async fn copy_symlink(client: &Client, s: &Loc, d: &Loc) -> Result<()> {
         Loc::Shoal(p) => client.readlink(p).await?,
     };
     match d {
-        Loc::Local(p) => std::os::unix::fs::symlink(&target, p).with_context(|| format!("cannot create symlink {}", p.display()))?,
+        Loc::Local(p) => {
+            std::os::unix::fs::symlink(&target, p).with_context(|| format!("cannot create symlink {}", p.display()))?
+        }
         Loc::Shoal(p) => {
             client.symlink(&target, p).await.with_context(|| format!("cannot create symlink {}", d.show()))?;
         }
@@ -211,7 +223,9 @@ async fn copy_symlink(client: &Client, s: &Loc, d: &Loc) -> Result<()> {
 async fn copy_file(client: &Client, s: &Loc, d: &Loc, size: u64, perm: u32, bar: &ProgressBar) -> Result<()> {
     // Source.
     let local_src = match s {
-        Loc::Local(p) => Some(std::sync::Arc::new(std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?)),
+        Loc::Local(p) => {
+            Some(std::sync::Arc::new(std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?))
+        }
         Loc::Shoal(_) => None,
     };
     let shoal_src = match s {
@@ -221,7 +235,12 @@ async fn copy_file(client: &Client, s: &Loc, d: &Loc, size: u64, perm: u32, bar:
     // Destination.
     let local_dst = match d {
         Loc::Local(p) => {
-            let f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(p).with_context(|| format!("cannot create {}", p.display()))?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(p)
+                .with_context(|| format!("cannot create {}", p.display()))?;
             let _ = f.set_permissions(std::fs::Permissions::from_mode(perm));
             Some(std::sync::Arc::new(f))
         }

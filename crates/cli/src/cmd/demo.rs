@@ -52,7 +52,14 @@ pub async fn demo(_ctx: &Ctx, a: DemoArgs) -> Result<()> {
         Some(d) => (d.clone(), false),
         None => (std::env::temp_dir().join(format!("shoal-demo-{}", std::process::id())), true),
     };
-    let opts = UpOptions { servers: a.servers, dir: dir.clone(), base_port: None, stripe_size: None, stripe_count: None, policy: None };
+    let opts = UpOptions {
+        servers: a.servers,
+        dir: dir.clone(),
+        base_port: None,
+        stripe_size: None,
+        stripe_count: None,
+        policy: None,
+    };
     println!("== starting {} shoald servers under {}", a.servers, dir.display());
     let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;
     let result = run_job(&config, &a).await;
@@ -76,7 +83,10 @@ async fn run_job(config: &std::path::Path, a: &DemoArgs) -> Result<()> {
     client.mkdir_all("/demo/small", 0o755).await?;
     client.mkdir_all("/demo/moved", 0o755).await?;
     client
-        .set_layout("/demo/striped", LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(u32::MAX), ..Default::default() })
+        .set_layout(
+            "/demo/striped",
+            LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(u32::MAX), ..Default::default() },
+        )
         .await?;
 
     // 1. One large file striped over every server.
@@ -159,17 +169,36 @@ async fn run_job(config: &std::path::Path, a: &DemoArgs) -> Result<()> {
 
     // 5. What each server did.
     println!();
-    println!("layout of big.dat: stripe_size {} over servers {:?}", layout.stripe_size, layout.servers.iter().map(|s| s.0).collect::<Vec<_>>());
+    println!(
+        "layout of big.dat: stripe_size {} over servers {:?}",
+        layout.stripe_size,
+        layout.servers.iter().map(|s| s.0).collect::<Vec<_>>()
+    );
     println!("{:<6} {:>9} {:>9} {:>12} {:>12}", "server", "inodes", "objects", "requests", "bytes-in");
     for (id, st) in client.status_all().await {
         let st = st.with_context(|| format!("server {id} does not answer"))?;
-        println!("{:<6} {:>9} {:>9} {:>12} {:>12}", id.to_string(), st.inodes, st.data_objects, st.counters.client_requests, human_bytes(st.counters.bytes_received));
+        println!(
+            "{:<6} {:>9} {:>9} {:>12} {:>12}",
+            id.to_string(),
+            st.inodes,
+            st.data_objects,
+            st.counters.client_requests,
+            human_bytes(st.counters.bytes_received)
+        );
     }
     println!();
     println!("summary");
-    println!("  striped write  {:>8.1} MiB/s  ({} in {:.2} s, fsync at close)", a.size_mib as f64 / write_secs, human_bytes(size), write_secs);
+    println!(
+        "  striped write  {:>8.1} MiB/s  ({} in {:.2} s, fsync at close)",
+        a.size_mib as f64 / write_secs,
+        human_bytes(size),
+        write_secs
+    );
     println!("  read + verify  {:>8.1} MiB/s", a.size_mib as f64 / read_secs);
-    println!("  small files    {:>8.0} files/s (create + write + close, {created} files)", created as f64 / create_secs);
+    println!(
+        "  small files    {:>8.0} files/s (create + write + close, {created} files)",
+        created as f64 / create_secs
+    );
     println!("  listed {listed} entries, renamed across directories, hard and symbolic links checked");
     println!("all checks passed");
     Ok(())

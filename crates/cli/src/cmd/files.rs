@@ -159,7 +159,8 @@ fn parent_of(path: &str) -> String {
 
 pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<()> {
     let client = ctx.client()?;
-    let paths: Vec<String> = if a.paths.is_empty() { vec!["/".into()] } else { a.paths.iter().map(|p| only_shoal(p)).collect() };
+    let paths: Vec<String> =
+        if a.paths.is_empty() { vec!["/".into()] } else { a.paths.iter().map(|p| only_shoal(p)).collect() };
     let mut failed = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         let mut out = Vec::new();
@@ -212,13 +213,24 @@ pub async fn stat(ctx: &Ctx, a: StatArgs) -> Result<()> {
         println!("  File: {path}");
         println!("  Size: {:<12} Type: {kind}", attr.size);
         println!(" Inode: {:<12} Links: {}   Home: {}", attr.ino, attr.nlink, client.map().home_of(attr.ino));
-        println!("Access: ({:04o}/{})  Uid: {}  Gid: {}", attr.perm, mode_string(attr.kind, attr.perm), attr.uid, attr.gid);
+        println!(
+            "Access: ({:04o}/{})  Uid: {}  Gid: {}",
+            attr.perm,
+            mode_string(attr.kind, attr.perm),
+            attr.uid,
+            attr.gid
+        );
         println!("Access: {}.{:09}", time_string(attr.atime.secs), attr.atime.nsecs);
         println!("Modify: {}.{:09}", time_string(attr.mtime.secs), attr.mtime.nsecs);
         println!("Change: {}.{:09}", time_string(attr.ctime.secs), attr.ctime.nsecs);
         if let Some(l) = &attr.layout {
             let servers: Vec<String> = l.servers.iter().map(|s| s.to_string()).collect();
-            println!("Layout: stripe_size={} stripe_count={} servers={}", l.stripe_size, l.servers.len(), servers.join(","));
+            println!(
+                "Layout: stripe_size={} stripe_count={} servers={}",
+                l.stripe_size,
+                l.servers.len(),
+                servers.join(",")
+            );
         }
     }
     Ok(())
@@ -228,12 +240,8 @@ pub async fn mkdir(ctx: &Ctx, a: MkdirArgs) -> Result<()> {
     let client = ctx.client()?;
     for p in &a.paths {
         let path = only_shoal(p);
-        if a.parents {
-            client.mkdir_all(&path, a.mode).await
-        } else {
-            client.mkdir(&path, a.mode).await
-        }
-        .with_context(|| format!("cannot create directory {path}"))?;
+        if a.parents { client.mkdir_all(&path, a.mode).await } else { client.mkdir(&path, a.mode).await }
+            .with_context(|| format!("cannot create directory {path}"))?;
     }
     Ok(())
 }
@@ -246,7 +254,10 @@ pub async fn rm(ctx: &Ctx, a: RmArgs) -> Result<()> {
             let attr = client.lstat(&path).await?;
             if attr.kind == FileKind::Dir {
                 if !a.recursive {
-                    return Err(shoal_client::Error { errno: shoal_client::Errno::EISDIR, context: format!("{path} is a directory (use -r)") });
+                    return Err(shoal_client::Error {
+                        errno: shoal_client::Errno::EISDIR,
+                        context: format!("{path} is a directory (use -r)"),
+                    });
                 }
                 client.remove_all(&path).await.map(|_| ())
             } else {
@@ -283,14 +294,20 @@ pub async fn cat(ctx: &Ctx, a: CatArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     for p in &a.paths {
         let path = only_shoal(p);
-        let file = client.open(&path, shoal_client::OpenFlags::read_only()).await.with_context(|| format!("cannot open {path}"))?;
+        let file = client
+            .open(&path, shoal_client::OpenFlags::read_only())
+            .await
+            .with_context(|| format!("cannot open {path}"))?;
         if file.attr().kind == FileKind::Dir {
             anyhow::bail!("cannot read {path}: it is a directory");
         }
         let size = file.attr().size;
         let mut off = 0u64;
         while off < size {
-            let chunk = file.read_at(off, (8 << 20).min((size - off) as usize)).await.with_context(|| format!("cannot read {path}"))?;
+            let chunk = file
+                .read_at(off, (8 << 20).min((size - off) as usize))
+                .await
+                .with_context(|| format!("cannot read {path}"))?;
             if chunk.is_empty() {
                 break;
             }

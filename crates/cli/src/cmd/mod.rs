@@ -45,7 +45,9 @@ impl Ctx {
     pub fn client(&self) -> Result<Client> {
         let path = self.config_path()?;
         let opts = ClientOptions { timeout: self.timeout, ..ClientOptions::default() };
-        Client::from_config(&path, opts).map_err(anyhow::Error::from).with_context(|| "cannot use the cluster configuration")
+        Client::from_config(&path, opts)
+            .map_err(anyhow::Error::from)
+            .with_context(|| "cannot use the cluster configuration")
     }
 }
 

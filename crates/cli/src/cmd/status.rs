@@ -43,7 +43,10 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                 }
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"map_version": map.version(), "servers": rows}))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"map_version": map.version(), "servers": rows}))?
+        );
     } else {
         println!(
             "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>8}",
@@ -82,7 +85,10 @@ pub async fn df(ctx: &Ctx, a: DfArgs) -> Result<()> {
     let f = |n: u64| if a.human { human_bytes(n) } else { n.to_string() };
     let used = s.capacity_bytes.saturating_sub(s.free_bytes);
     let pct = if s.capacity_bytes > 0 { used * 100 / s.capacity_bytes } else { 0 };
-    println!("{:<12} {:>14} {:>14} {:>14} {:>5} {:>8} {:>8}", "filesystem", "size", "used", "avail", "use%", "inodes", "servers");
+    println!(
+        "{:<12} {:>14} {:>14} {:>14} {:>5} {:>8} {:>8}",
+        "filesystem", "size", "used", "avail", "use%", "inodes", "servers"
+    );
     println!(
         "{:<12} {:>14} {:>14} {:>14} {:>4}% {:>8} {:>8}",
         "shoal",

@@ -44,12 +44,15 @@ pub async fn setstripe(ctx: &Ctx, a: SetstripeArgs) -> Result<()> {
             bail!("server {f} is not in the cluster map");
         }
     }
-    let spec = LayoutSpec { stripe_size: a.size, stripe_count: count, first_server: a.first.map(ServerId), policy: a.policy };
+    let spec =
+        LayoutSpec { stripe_size: a.size, stripe_count: count, first_server: a.first.map(ServerId), policy: a.policy };
     match client.stat(&path).await {
         Ok(attr) if attr.kind == FileKind::Dir => {
             client.set_layout(&path, spec).await.with_context(|| format!("cannot set the default layout of {path}"))?;
         }
-        Ok(_) => bail!("{path} exists; the layout of a file is fixed when it is created (copy it to a new file instead)"),
+        Ok(_) => {
+            bail!("{path} exists; the layout of a file is fixed when it is created (copy it to a new file instead)")
+        }
         Err(e) if e.errno == shoal_client::Errno::ENOENT => {
             let f = client.create(&path, 0o666, Some(spec)).await.with_context(|| format!("cannot create {path}"))?;
             f.close().await?;
@@ -84,7 +87,10 @@ pub async fn getstripe(ctx: &Ctx, a: GetstripeArgs) -> Result<()> {
                     Some(c) if c > 0 => c.to_string(),
                     _ => format!("{} (cluster default)", defaults.stripe_count),
                 };
-                let size = spec.stripe_size.map(|s| s.to_string()).unwrap_or(format!("{} (cluster default)", defaults.stripe_size));
+                let size = spec
+                    .stripe_size
+                    .map(|s| s.to_string())
+                    .unwrap_or(format!("{} (cluster default)", defaults.stripe_size));
                 let first = spec.first_server.map(|s| s.to_string()).unwrap_or("by policy".into());
                 let policy = match spec.policy.unwrap_or(defaults.policy) {
                     PlacementPolicy::Same => "same",

@@ -49,7 +49,11 @@ impl Cluster {
     }
 
     fn spawn(&self, id: u32) -> Child {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.dir.path().join(format!("s{id}.log"))).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("s{id}.log")))
+            .unwrap();
         Command::new(env!("CARGO_BIN_EXE_shoald"))
             .arg("--config")
             .arg(&self.config)

@@ -58,7 +58,8 @@ pub fn apply_setattr(cred: &Cred, rec: &InodeRecord, set: &SetAttrs, now: Timest
     }
     if let Some(p) = set.perm {
         let against = perm::Owner { gid: n.gid, ..o };
-        n.perm = perm::chmod(cred, &against, p).map_err(|e| Fail::new(e, "only the owner or root may change the mode"))?;
+        n.perm =
+            perm::chmod(cred, &against, p).map_err(|e| Fail::new(e, "only the owner or root may change the mode"))?;
         changed = true;
     }
     if let Some(size) = set.size {
@@ -153,8 +154,9 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
         }
     }
     // Validate by resolving for a made-up file.
-    resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None)
-        .map_err(|e| Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)"))?;
+    resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None).map_err(|e| {
+        Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)")
+    })?;
     let _g = st.locks.lock(&[ino]).await;
     st.store(move |st| {
         let mut txn = st.meta.txn();
@@ -240,7 +242,9 @@ fn xattr_name_ok(name: &str) -> R<()> {
 
 fn xattr_denied(e: Errno, name: &str) -> Fail {
     match e {
-        Errno::ENOTSUP => Fail::new(e, format!("attribute namespace of {name:?} is not supported (user., trusted., security. are)")),
+        Errno::ENOTSUP => {
+            Fail::new(e, format!("attribute namespace of {name:?} is not supported (user., trusted., security. are)"))
+        }
         Errno::ENODATA => Fail::new(e, format!("no attribute {name:?}")),
         _ => Fail::new(e, format!("not allowed to access attribute {name:?}")),
     }
@@ -258,7 +262,10 @@ pub async fn set_xattr(
     st.require_home(ino)?;
     xattr_name_ok(&name)?;
     if value.len() > XATTR_VALUE_MAX {
-        return fail(Errno(libc::E2BIG), format!("attribute value of {} bytes (at most {XATTR_VALUE_MAX})", value.len()));
+        return fail(
+            Errno(libc::E2BIG),
+            format!("attribute value of {} bytes (at most {XATTR_VALUE_MAX})", value.len()),
+        );
     }
     if create_only && replace_only {
         return fail(Errno::EINVAL, "XATTR_CREATE and XATTR_REPLACE together");
@@ -361,18 +368,35 @@ mod tests {
         // chown by root clears set-id bits of a group-executable file
         let n = apply_setattr(&Cred::root(), &f, &SetAttrs { uid: Some(5), ..Default::default() }, now).unwrap();
         assert_eq!((n.uid, n.perm, n.ctime), (5, 0o755, now));
-        assert_eq!(apply_setattr(&alice, &f, &SetAttrs { uid: Some(5), ..Default::default() }, now).unwrap_err().errno, Errno::EPERM);
-        assert_eq!(apply_setattr(&eve, &f, &SetAttrs { perm: Some(0o777), ..Default::default() }, now).unwrap_err().errno, Errno::EPERM);
+        assert_eq!(
+            apply_setattr(&alice, &f, &SetAttrs { uid: Some(5), ..Default::default() }, now).unwrap_err().errno,
+            Errno::EPERM
+        );
+        assert_eq!(
+            apply_setattr(&eve, &f, &SetAttrs { perm: Some(0o777), ..Default::default() }, now).unwrap_err().errno,
+            Errno::EPERM
+        );
         let n = apply_setattr(&alice, &f, &SetAttrs { size: Some(10), ..Default::default() }, now).unwrap();
         assert_eq!((n.size, n.mtime), (10, now));
-        assert_eq!(apply_setattr(&eve, &f, &SetAttrs { size: Some(10), ..Default::default() }, now).unwrap_err().errno, Errno::EACCES);
+        assert_eq!(
+            apply_setattr(&eve, &f, &SetAttrs { size: Some(10), ..Default::default() }, now).unwrap_err().errno,
+            Errno::EACCES
+        );
         let at = Some(TimeSet::At(Timestamp { secs: 7, nsecs: 1 }));
-        assert_eq!(apply_setattr(&eve, &f, &SetAttrs { mtime: at, ..Default::default() }, now).unwrap_err().errno, Errno::EPERM);
-        let n = apply_setattr(&alice, &f, &SetAttrs { mtime: at, atime: Some(TimeSet::Now), ..Default::default() }, now).unwrap();
+        assert_eq!(
+            apply_setattr(&eve, &f, &SetAttrs { mtime: at, ..Default::default() }, now).unwrap_err().errno,
+            Errno::EPERM
+        );
+        let n =
+            apply_setattr(&alice, &f, &SetAttrs { mtime: at, atime: Some(TimeSet::Now), ..Default::default() }, now)
+                .unwrap();
         assert_eq!((n.mtime.secs, n.atime), (7, now));
         let mut d = file(1000, 0o755);
         d.kind = FileKind::Dir;
-        assert_eq!(apply_setattr(&alice, &d, &SetAttrs { size: Some(0), ..Default::default() }, now).unwrap_err().errno, Errno::EISDIR);
+        assert_eq!(
+            apply_setattr(&alice, &d, &SetAttrs { size: Some(0), ..Default::default() }, now).unwrap_err().errno,
+            Errno::EISDIR
+        );
         // nothing asked, nothing changed
         assert_eq!(apply_setattr(&alice, &f, &SetAttrs::default(), now).unwrap(), f);
     }

@@ -11,7 +11,7 @@ use crate::error::{fail, is_transport, Fail, R};
 use crate::locks::Locks;
 use crate::perm::{self, R_OK, S_ISGID, W_OK, X_OK};
 use crate::state::{derive_op, State};
-use crate::store::meta::{EntryRecord, Intent, InodeRecord, Txn};
+use crate::store::meta::{EntryRecord, InodeRecord, Intent, Txn};
 use shoal_proto::msg::{Cred, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, PATH_MAX, READDIR_MAX};
 use shoal_proto::{Errno, Ino, ROOT_INO};
 use std::sync::Arc;
@@ -91,11 +91,8 @@ pub async fn lookup(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
         let d = txn.dir(dir)?;
         perm::check(&cred, &d.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
         let e = txn.entry(dir, &name)?.ok_or_else(|| no_entry(dir, &name))?;
-        let attr = if st.is_home(e.ino) {
-            txn.inode(e.ino)?.cloned().map(|r| st.attr_of(e.ino, &r, true))
-        } else {
-            None
-        };
+        let attr =
+            if st.is_home(e.ino) { txn.inode(e.ino)?.cloned().map(|r| st.attr_of(e.ino, &r, true)) } else { None };
         Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr }))
     })
     .await
@@ -153,8 +150,14 @@ pub async fn create(
             }
             may_change(&cred, dir, &parent)?;
             let ino = st.alloc_ino(st.id)?;
-            let layout = shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
-                .map_err(|e| Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)"))?;
+            let layout =
+                shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
+                    .map_err(|e| {
+                        Fail::new(
+                            e,
+                            "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)",
+                        )
+                    })?;
             let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
             let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
             rec.layout = Some(layout);
@@ -168,7 +171,9 @@ pub async fn create(
     };
     match made {
         Made::New(ino, rec) => Ok(entry_reply(ino, &rec)),
-        Made::Existing(e, Some(rec)) => Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr: Some(st.attr_of(e.ino, &rec, false)) })),
+        Made::Existing(e, Some(rec)) => {
+            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr: Some(st.attr_of(e.ino, &rec, false)) }))
+        }
         Made::Existing(e, None) => {
             // The inode lives elsewhere (a hard link or a renamed file): ask its home, and
             // if that fails let the client ask.
@@ -182,7 +187,10 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
     st.require_home(dir)?;
     name_ok(&name)?;
     if target.len() > PATH_MAX {
-        return fail(Errno::ENAMETOOLONG, format!("symlink target of {} bytes is longer than {PATH_MAX}", target.len()));
+        return fail(
+            Errno::ENAMETOOLONG,
+            format!("symlink target of {} bytes is longer than {PATH_MAX}", target.len()),
+        );
     }
     if target.is_empty() || target.contains('\0') {
         return fail(Errno::ENOENT, "symlink target is empty or contains NUL");
@@ -734,7 +742,15 @@ fn replace_target(
 
 /// Point a moved directory at its new parent: in place if its inode is here, else through a
 /// `SetParent` intent acted on after the commit.
-fn set_parent(st: &State, txn: &mut Txn<'_>, after: &mut After, ino: Ino, parent: Ino, op: u64, now: shoal_proto::msg::Timestamp) -> R<()> {
+fn set_parent(
+    st: &State,
+    txn: &mut Txn<'_>,
+    after: &mut After,
+    ino: Ino,
+    parent: Ino,
+    op: u64,
+    now: shoal_proto::msg::Timestamp,
+) -> R<()> {
     if st.is_home(ino) {
         if txn.inode(ino)?.is_some() {
             let r = txn.inode_mut(ino)?;
@@ -809,9 +825,8 @@ async fn rename_local(
     let result = async {
         for _ in 0..ATTEMPTS {
             let (s1, d1) = (src_name.clone(), dst_name.clone());
-            let (se, te) = st
-                .store(move |st| Ok((st.meta.get_entry(src_dir, &s1)?, st.meta.get_entry(dst_dir, &d1)?)))
-                .await?;
+            let (se, te) =
+                st.store(move |st| Ok((st.meta.get_entry(src_dir, &s1)?, st.meta.get_entry(dst_dir, &d1)?))).await?;
             let se = se.ok_or_else(|| no_entry(src_dir, &src_name))?;
             if (src_dir == dst_dir && src_name == dst_name) || te.is_some_and(|t| t.ino == se.ino) {
                 // Same entry, or two names of one file: nothing to do (POSIX).
@@ -857,14 +872,20 @@ async fn rename_local(
                     if perm::sticky_needs_owner(&cred, &sd) {
                         let o = owner_or_need!(st, &mut txn, &known, se.ino);
                         if !perm::sticky_allows(&cred, &sd, o.uid) {
-                            return fail(Errno::EPERM, format!("directory {src_dir} is sticky and {src_name:?} is not yours"));
+                            return fail(
+                                Errno::EPERM,
+                                format!("directory {src_dir} is sticky and {src_name:?} is not yours"),
+                            );
                         }
                     }
                     if let Some(t) = te {
                         if perm::sticky_needs_owner(&cred, &dd) {
                             let o = owner_or_need!(st, &mut txn, &known, t.ino);
                             if !perm::sticky_allows(&cred, &dd, o.uid) {
-                                return fail(Errno::EPERM, format!("directory {dst_dir} is sticky and {dst_name:?} is not yours"));
+                                return fail(
+                                    Errno::EPERM,
+                                    format!("directory {dst_dir} is sticky and {dst_name:?} is not yours"),
+                                );
                             }
                         }
                     }
@@ -879,7 +900,9 @@ async fn rename_local(
                     }
                     let mut after = After::default();
                     if let (Some(t), false) = (te, flags.exchange) {
-                        if let Some(need) = replace_target(st, &mut txn, &mut after, dst_dir, t, rmdir_done, derive_op(op_id, 2), now)? {
+                        if let Some(need) =
+                            replace_target(st, &mut txn, &mut after, dst_dir, t, rmdir_done, derive_op(op_id, 2), now)?
+                        {
                             return Ok(Ren::RmdirTarget(need));
                         }
                     }
@@ -1021,14 +1044,18 @@ async fn rename_cross(
                 if perm::sticky_needs_owner(&cred, &sd) {
                     let o = owner_or_need!(st, &mut txn, &known, se.ino);
                     if !perm::sticky_allows(&cred, &sd, o.uid) {
-                        return fail(Errno::EPERM, format!("directory {src_dir} is sticky and {src_name:?} is not yours"));
+                        return fail(
+                            Errno::EPERM,
+                            format!("directory {src_dir} is sticky and {src_name:?} is not yours"),
+                        );
                     }
                 }
                 if se.kind == FileKind::Dir && cred.uid != 0 {
                     let o = owner_or_need!(st, &mut txn, &known, se.ino);
                     perm::check(&cred, &o, W_OK).map_err(|e| denied(e, format_args!("directory {}", se.ino)))?;
                 }
-                let intent = Intent::Rename { src_dir, src_name, dst_dir, dst_name, ino: se.ino, kind: se.kind, noreplace };
+                let intent =
+                    Intent::Rename { src_dir, src_name, dst_dir, dst_name, ino: se.ino, kind: se.kind, noreplace };
                 txn.put_intent(op_id, intent, now().secs);
                 txn.commit()?;
                 Ok(Step::Done(se))
@@ -1175,10 +1202,15 @@ pub async fn peer_rename_in(
                         if perm::sticky_needs_owner(&cred, &dd) {
                             let o = owner_or_need!(st, &mut txn, &known, t.ino);
                             if !perm::sticky_allows(&cred, &dd, o.uid) {
-                                return fail(Errno::EPERM, format!("directory {dst_dir} is sticky and {dst_name:?} is not yours"));
+                                return fail(
+                                    Errno::EPERM,
+                                    format!("directory {dst_dir} is sticky and {dst_name:?} is not yours"),
+                                );
                             }
                         }
-                        if let Some(need) = replace_target(st, &mut txn, &mut after, dst_dir, t, rmdir_done, derive_op(op_id, 2), now)? {
+                        if let Some(need) =
+                            replace_target(st, &mut txn, &mut after, dst_dir, t, rmdir_done, derive_op(op_id, 2), now)?
+                        {
                             return Ok(Ren::RmdirTarget(need));
                         }
                     }

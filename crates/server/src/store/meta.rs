@@ -30,11 +30,11 @@
 
 use crate::error::{Fail, R};
 use bincode::Options as _;
+use parking_lot::Mutex;
 use rocksdb::{BlockBasedOptions, Cache, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use shoal_proto::msg::{Attr, DirEntry, FileKind, Layout, LayoutSpec, Reply, Timestamp};
 use shoal_proto::{Errno, Ino};
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -142,9 +142,10 @@ pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
 /// Decode a value written by [`encode`]; any damage is EIO, never a panic.
 pub fn decode<T: DeserializeOwned>(what: &dyn std::fmt::Display, bytes: &[u8]) -> R<T> {
     match bytes.split_first() {
-        Some((&VALUE_FORMAT, rest)) => {
-            codec().with_limit(RECORD_LIMIT).deserialize(rest).map_err(|e| Fail::corrupt(format!("{what} does not decode: {e}")))
-        }
+        Some((&VALUE_FORMAT, rest)) => codec()
+            .with_limit(RECORD_LIMIT)
+            .deserialize(rest)
+            .map_err(|e| Fail::corrupt(format!("{what} does not decode: {e}"))),
         Some((v, _)) => Err(Fail::corrupt(format!("{what} has unknown value format {v}"))),
         None => Err(Fail::corrupt(format!("{what} is empty"))),
     }
@@ -241,15 +242,7 @@ pub enum Intent {
     Rmdir { dir: Ino, name: String, ino: Ino },
     /// Cross-server rename coordinated here: `dst_dir/dst_name` is being set on its home
     /// server, then `src_dir/src_name` goes. Rolled forward.
-    Rename {
-        src_dir: Ino,
-        src_name: String,
-        dst_dir: Ino,
-        dst_name: String,
-        ino: Ino,
-        kind: FileKind,
-        noreplace: bool,
-    },
+    Rename { src_dir: Ino, src_name: String, dst_dir: Ino, dst_name: String, ino: Ino, kind: FileKind, noreplace: bool },
     /// A moved directory's parent pointer (homed elsewhere) must become `parent`.
     SetParent { ino: Ino, parent: Ino },
 }
@@ -326,7 +319,13 @@ impl MetaStore {
         let mut wopts = WriteOptions::default();
         // Power-loss durability comes from sync_wal (every second and on fsync).
         wopts.set_sync(false);
-        Ok(MetaStore { db, wopts, committed: AtomicU64::new(0), flushed: AtomicU64::new(0), flush_lock: Mutex::new(()) })
+        Ok(MetaStore {
+            db,
+            wopts,
+            committed: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            flush_lock: Mutex::new(()),
+        })
     }
 
     pub fn get_raw(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
@@ -676,7 +675,10 @@ mod tests {
             atime: t,
             mtime: t,
             ctime: t,
-            layout: Some(Layout { stripe_size: 4096, servers: vec![shoal_proto::ServerId(0), shoal_proto::ServerId(2)] }),
+            layout: Some(Layout {
+                stripe_size: 4096,
+                servers: vec![shoal_proto::ServerId(0), shoal_proto::ServerId(2)],
+            }),
             dir_default: None,
             parent: None,
             target: Some("x".into()),
