@@ -8,3 +8,14 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shoal/target}"
 # rsync, sqlite3, git, make: programs the mount tests run on a real mount
 # openmpi-bin: mpirun, for the tests of `shoal bench io|md` under mpirun (no MPI library is linked)
 export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make openmpi-bin"
+
+# Install the Debian packages above that are missing (apt-get; sudo when not root).
+shoal_install_missing() {
+  local need=() pkg
+  for pkg in $SHOAL_DEBIAN_PACKAGES; do dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+  [ ${#need[@]} -gt 0 ] || return 0
+  echo "== installing Debian packages: ${need[*]}"
+  local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+}

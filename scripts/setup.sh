@@ -5,16 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
-need=()
-for pkg in $SHOAL_DEBIAN_PACKAGES; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  echo "== installing Debian packages: ${need[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
-fi
+shoal_install_missing
 if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found; install Rust (https://rustup.rs) and run this again" >&2
   exit 1
