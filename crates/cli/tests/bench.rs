@@ -500,6 +500,13 @@ fn mpirun_ranks_are_the_benchmark_processes() {
     assert_eq!(u(&r["procs"]), 3);
     let mpi = &r["mpi"];
     assert_eq!(u(&mpi["ranks"]), 3, "{mpi}");
+    // Every rank runs on this host (the launcher says so): rank 0 listened on, and
+    // published, a loopback address; nothing went to the host's other addresses.
+    let listen: std::net::SocketAddr = mpi["listen"].as_str().unwrap().parse().unwrap();
+    assert!(
+        matches!(listen.ip(), std::net::IpAddr::V4(ip) if ip.is_loopback()),
+        "rank 0 listened on {listen}, not on 127.0.0.0/8: {mpi}"
+    );
     let hosts: Vec<&str> = mpi["hosts"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
     assert_eq!(hosts.len(), 3);
     assert!(
@@ -595,6 +602,7 @@ fn start_rank(c: &Cluster, dir: &std::path::Path, job: &str, rank: usize, size: 
         .stdin(Stdio::null())
         .env("OMPI_COMM_WORLD_RANK", rank.to_string())
         .env("OMPI_COMM_WORLD_SIZE", size.to_string())
+        .env("OMPI_COMM_WORLD_LOCAL_SIZE", size.to_string())
         .env("PMIX_NAMESPACE", job)
         .arg("--config")
         .arg(&c.config)
