@@ -125,7 +125,8 @@ pub struct CommonArgs {
     #[arg(long, value_name = "FILE")]
     pub rendezvous: Option<PathBuf>,
     /// Under mpirun: where rank 0 listens for the other ranks: IP or HOST, optionally :PORT.
-    /// Default: this host's address on its default route (127.0.0.1 without one), a free port.
+    /// Default: $SHOAL_BENCH_ADDR; else 127.0.0.1 when the launcher says every rank runs on
+    /// this host, else the first address other than loopback of this host's name; a free port.
     #[arg(long, value_name = "ADDR")]
     pub rendezvous_addr: Option<String>,
     /// Under mpirun: seconds rank 0 waits for every other rank to connect, and the other

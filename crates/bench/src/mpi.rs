@@ -36,6 +36,9 @@ pub struct MpiEnv {
     /// The launcher's id of the job (PMIx namespace or Open MPI job id), when it gives one:
     /// names the rendezvous file and is checked in the handshake.
     pub job: Option<String>,
+    /// How many ranks of the job run on this host, when the launcher says: equal to `size`
+    /// means every rank is here, and rank 0 listens on loopback.
+    pub local_size: Option<u64>,
 }
 
 /// (rank variable, size variable) pairs, in the order they are tried: Open MPI, then
@@ -43,6 +46,10 @@ pub struct MpiEnv {
 const RANK_VARS: [(&str, &str); 3] =
     [("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE"), ("PMIX_RANK", "PMIX_SIZE")];
 const JOB_VARS: [&str; 2] = ["PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"];
+/// The number of the job's ranks on this host: Open MPI, MPICH/Hydra, PMIx.
+const LOCAL_SIZE_VARS: [&str; 3] = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE"];
+/// Where rank 0 listens when `--rendezvous-addr` is not given (same syntax).
+pub const ADDR_VAR: &str = "SHOAL_BENCH_ADDR";
 
 impl MpiEnv {
     /// The MPI job this process belongs to, from its environment; `None` when not started
@@ -60,9 +67,16 @@ impl MpiEnv {
                 bail!("{rv}={rank} and {sv}={size} do not describe a rank of a job");
             }
             let job = JOB_VARS.iter().find_map(|v| get(v)).map(|j| j.trim().to_string()).filter(|j| !j.is_empty());
-            return Ok(Some(MpiEnv { rank, size, job }));
+            // A value that is not a number is as good as none: the host question stays open.
+            let local_size = LOCAL_SIZE_VARS.iter().find_map(|v| get(v)).and_then(|n| n.trim().parse().ok());
+            return Ok(Some(MpiEnv { rank, size, job, local_size }));
         }
         Ok(None)
+    }
+
+    /// The launcher says that every rank of the job runs on this host.
+    pub fn one_host(&self) -> bool {
+        self.local_size == Some(self.size)
     }
 }
 
@@ -150,17 +164,28 @@ fn boot_id() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-/// This host's address on its default route (the interface a packet to the outside would
-/// leave by; a UDP "connect" sends nothing), or 127.0.0.1 on a host without one.
-pub fn default_ip() -> IpAddr {
-    let probe = || -> std::io::Result<IpAddr> {
-        let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
-        s.connect("192.0.2.1:9")?;
-        Ok(s.local_addr()?.ip())
-    };
-    match probe() {
-        Ok(ip) if !ip.is_unspecified() => ip,
-        _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
+/// The address rank 0 publishes for itself when nothing names one (and when it was told to
+/// listen on every interface): loopback when the launcher says every rank is on this host
+/// (nothing leaves the machine); otherwise the first address other than loopback that this
+/// host's name resolves to, the name the other hosts know it by. Without such an address,
+/// ranks on other hosts could not connect: an error asking for `--rendezvous-addr`, unless
+/// the launcher did not say where the ranks are (ranks started by hand), where loopback is
+/// the one address that serves the ranks of this host.
+pub fn own_ip(env: &MpiEnv) -> Result<IpAddr> {
+    let loopback = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    if env.one_host() {
+        return Ok(loopback);
+    }
+    let host = hostname();
+    let found = (host.as_str(), 0u16).to_socket_addrs().ok().and_then(|mut a| a.find(|a| !a.ip().is_loopback()));
+    match (found, env.local_size) {
+        (Some(a), _) => Ok(a.ip()),
+        (None, None) => Ok(loopback),
+        (None, Some(here)) => bail!(
+            "the ranks run on several hosts ({here} of {} on {host}) and the host name {host:?} resolves to no \
+             address but loopback: say where rank 0 listens with --rendezvous-addr ADDR or {ADDR_VAR}=ADDR",
+            env.size
+        ),
     }
 }
 
@@ -284,23 +309,19 @@ fn measure_all() -> bool {
 
 /// Rank 0: listen, publish the rendezvous file, wait for every other rank, start rank 0's
 /// own worker, measure the clocks. `timeout` bounds the wait for the ranks.
+/// `addr` is `--rendezvous-addr`; without it, `SHOAL_BENCH_ADDR`, then [`own_ip`].
 pub async fn gather(env: &MpiEnv, file: &Path, addr: Option<&str>, timeout: Duration) -> Result<Ranks> {
-    let want = match addr {
+    let named = addr.map(str::to_string).or_else(|| std::env::var(ADDR_VAR).ok().filter(|a| !a.trim().is_empty()));
+    let want = match &named {
         Some(a) => parse_listen_addr(a)?,
-        None => SocketAddr::new(default_ip(), 0),
+        None => SocketAddr::new(own_ip(env)?, 0),
     };
-    let listener = match tokio::net::TcpListener::bind(want).await {
-        Ok(l) => l,
-        // The default address may refuse a bind (a firewall, a stale route): fall back to
-        // loopback, which serves every rank on this host.
-        Err(_) if addr.is_none() => tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .context("cannot listen for the other ranks")?,
-        Err(e) => return Err(anyhow!("cannot listen on {want} for the other ranks: {e}")),
-    };
+    let listener = tokio::net::TcpListener::bind(want)
+        .await
+        .with_context(|| format!("cannot listen on {want} for the other ranks (choose with --rendezvous-addr)"))?;
     let mut listen = listener.local_addr()?;
     if listen.ip().is_unspecified() {
-        listen.set_ip(default_ip());
+        listen.set_ip(own_ip(env)?);
     }
     let run = random_run_id();
     let host = hostname();
@@ -523,13 +544,20 @@ mod tests {
             ("OMPI_COMM_WORLD_SIZE", "3"),
             ("PMIX_RANK", "2"),
             ("PMIX_NAMESPACE", "1414856705"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "3"),
         ])
         .unwrap()
         .unwrap();
-        assert_eq!(e, MpiEnv { rank: 2, size: 3, job: Some("1414856705".into()) });
-        // MPICH / Hydra.
-        let e = env_of(&[("PMI_RANK", "0"), ("PMI_SIZE", "4")]).unwrap().unwrap();
-        assert_eq!((e.rank, e.size, e.job), (0, 4, None));
+        assert_eq!(e, MpiEnv { rank: 2, size: 3, job: Some("1414856705".into()), local_size: Some(3) });
+        assert!(e.one_host());
+        // MPICH / Hydra: 2 of the 4 ranks on this host.
+        let e = env_of(&[("PMI_RANK", "0"), ("PMI_SIZE", "4"), ("MPI_LOCALNRANKS", "2")]).unwrap().unwrap();
+        assert_eq!((e.rank, e.size, e.job.clone(), e.local_size), (0, 4, None, Some(2)));
+        assert!(!e.one_host());
+        // No word on the hosts: not known to be one.
+        let e = env_of(&[("PMIX_RANK", "1"), ("PMIX_SIZE", "2")]).unwrap().unwrap();
+        assert_eq!(e.local_size, None);
+        assert!(!e.one_host());
         assert!(env_of(&[("PMI_RANK", "4"), ("PMI_SIZE", "4")]).is_err());
         assert!(env_of(&[("PMI_RANK", "x"), ("PMI_SIZE", "4")]).is_err());
         assert_eq!(env_of(&[("PMI_RANK", "1")]).unwrap(), None);
@@ -572,6 +600,9 @@ mod tests {
         assert_eq!(parse_listen_addr("[::1]:7").unwrap(), "[::1]:7".parse().unwrap());
         assert_eq!(parse_listen_addr("::1").unwrap(), "[::1]:0".parse().unwrap());
         assert!(parse_listen_addr("localhost").unwrap().ip().is_loopback());
+        // Every rank on this host: loopback, whatever this host's other addresses are.
+        let here = MpiEnv { rank: 0, size: 4, job: None, local_size: Some(4) };
+        assert_eq!(own_ip(&here).unwrap(), IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert_eq!(fmt_ranks(&[2]), "rank 2");
         assert_eq!(fmt_ranks(&[2, 5]), "ranks 2, 5");
     }
@@ -587,11 +618,11 @@ mod tests {
         let job = Some(format!("t{}", std::process::id()));
         let mut joins = Vec::new();
         for rank in 1..3 {
-            let env = MpiEnv { rank, size: 3, job: job.clone() };
+            let env = MpiEnv { rank, size: 3, job: job.clone(), local_size: Some(3) };
             let f = file.clone();
             joins.push(std::thread::spawn(move || serve_rank(&env, &f, Duration::from_secs(20))));
         }
-        let env0 = MpiEnv { rank: 0, size: 3, job: job.clone() };
+        let env0 = MpiEnv { rank: 0, size: 3, job: job.clone(), local_size: Some(3) };
         let mut ranks = gather(&env0, &file, Some("127.0.0.1"), Duration::from_secs(20)).await.unwrap();
         assert!(!file.exists(), "the rendezvous file is removed once everyone is there");
         let info = ranks.mpi.clone().unwrap();
@@ -611,14 +642,14 @@ mod tests {
 
         // Rank 2 never arrives: rank 0 names it (and rank 1 too, on a machine so busy that
         // rank 1 was not there in time either).
-        let env1 = MpiEnv { rank: 1, size: 3, job: job.clone() };
+        let env1 = MpiEnv { rank: 1, size: 3, job: job.clone(), local_size: Some(3) };
         let f = file.clone();
         let t = std::thread::spawn(move || join(&env1, &f, Duration::from_secs(5)).map(|_| ()));
         let err = format!("{:#}", gather(&env0, &file, Some("127.0.0.1"), Duration::from_secs(2)).await.err().unwrap());
         assert!(err.contains("rank 2 did not arrive") || err.contains("ranks 1, 2 did not arrive"), "{err}");
         let _ = t.join().unwrap();
         // A rank whose rank 0 never comes gives up, naming the file.
-        let env2 = MpiEnv { rank: 2, size: 3, job };
+        let env2 = MpiEnv { rank: 2, size: 3, job, local_size: Some(3) };
         let err = join(&env2, &file, Duration::from_millis(300)).err().unwrap();
         assert!(format!("{err:#}").contains("could not join rank 0"), "{err:#}");
     }

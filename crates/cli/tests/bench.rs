@@ -413,7 +413,8 @@ fn mpirun() -> Option<Command> {
     };
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let mut cmd = Command::new("mpirun");
-    cmd.env_remove("SHOAL_CONFIG").stdin(Stdio::null());
+    // The ranks pick their rendezvous address themselves (loopback: one host).
+    cmd.env_remove("SHOAL_CONFIG").env_remove("SHOAL_BENCH_ADDR").stdin(Stdio::null());
     if text.contains("Open MPI") || text.contains("OpenRTE") {
         cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1").arg("--oversubscribe");
     }
@@ -500,6 +501,13 @@ fn mpirun_ranks_are_the_benchmark_processes() {
     assert_eq!(u(&r["procs"]), 3);
     let mpi = &r["mpi"];
     assert_eq!(u(&mpi["ranks"]), 3, "{mpi}");
+    // Every rank runs on this host (the launcher says so): rank 0 listened on, and
+    // published, a loopback address; nothing went to the host's other addresses.
+    let listen: std::net::SocketAddr = mpi["listen"].as_str().unwrap().parse().unwrap();
+    assert!(
+        matches!(listen.ip(), std::net::IpAddr::V4(ip) if ip.is_loopback()),
+        "rank 0 listened on {listen}, not on 127.0.0.0/8: {mpi}"
+    );
     let hosts: Vec<&str> = mpi["hosts"].as_array().unwrap().iter().map(|h| h.as_str().unwrap()).collect();
     assert_eq!(hosts.len(), 3);
     assert!(
@@ -581,6 +589,19 @@ fn mpirun_ranks_are_the_benchmark_processes() {
     assert_eq!(shoal_names(&c, "/shoal-bench").len(), 1);
     assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
 
+    // SHOAL_BENCH_ADDR names where rank 0 listens (here another loopback address).
+    let (code, out, err) = mpirun_shoal(
+        &c,
+        3,
+        &["bench", "md", "-N", "5", "--phases", "create", "--json", "-q"],
+        &[("SHOAL_BENCH_ADDR", "127.0.0.2")],
+    )
+    .unwrap();
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    let r: Value = serde_json::from_str(&out).unwrap();
+    let listen: std::net::SocketAddr = r["mpi"]["listen"].as_str().unwrap().parse().unwrap();
+    assert_eq!(listen.ip().to_string(), "127.0.0.2", "{}", r["mpi"]);
+
     // -n other than the MPI size is a usage error.
     let (code, _, err) = mpirun_shoal(&c, 3, &["bench", "md", "-n", "2", "-N", "5", "-q"], &[]).unwrap();
     assert_ne!(code, 0);
@@ -592,9 +613,11 @@ fn mpirun_ranks_are_the_benchmark_processes() {
 fn start_rank(c: &Cluster, dir: &std::path::Path, job: &str, rank: usize, size: usize, args: &[&str]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
     cmd.env_remove("SHOAL_CONFIG")
+        .env_remove("SHOAL_BENCH_ADDR")
         .stdin(Stdio::null())
         .env("OMPI_COMM_WORLD_RANK", rank.to_string())
         .env("OMPI_COMM_WORLD_SIZE", size.to_string())
+        .env("OMPI_COMM_WORLD_LOCAL_SIZE", size.to_string())
         .env("PMIX_NAMESPACE", job)
         .arg("--config")
         .arg(&c.config)
