@@ -164,3 +164,29 @@ async fn fuse_mounts_and_native_clients_append_to_one_file_together() {
     }
     check_records(&read_all(&cluster, "/mixed").await, &[0, 1, 2, 3], 1000, REC);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_a_server_cannot_store_fails_and_leaves_the_size_as_it_was() {
+    let mut cluster = Cluster::start(4);
+    let client = cluster.client();
+    create(&client, "/log", 4).await;
+    let f = client.open("/log", OpenFlags { append: true, ..Default::default() }).await.unwrap();
+    assert_eq!(f.append(&record(0, 0, REC)).await.unwrap(), 0);
+    // The server of the second object goes away (not the inode's home, which places appends).
+    let home = client.home_of(f.ino());
+    let gone = f.layout().servers[1];
+    assert_ne!(gone, home);
+    cluster.kill9(gone.0);
+    // 150,000 bytes from offset 100 touch objects 0, 1 and 2.
+    let err = f.write(&record(0, 1, 150_000)).await.unwrap_err();
+    assert_eq!(err.errno, shoal_proto::Errno::EIO, "{err}");
+    assert!(err.to_string().contains(&format!("append at server {home}")), "{err}");
+    assert_eq!(cluster.uncached_client().stat("/log").await.unwrap().size, REC as u64, "the size did not move");
+    // Back: the next append goes where the failed one would have, whole.
+    cluster.restart(gone.0);
+    assert_eq!(f.append(&record(0, 1, 150_000)).await.unwrap(), REC as u64);
+    f.close().await.unwrap();
+    let data = read_all(&cluster, "/log").await;
+    assert_eq!(data.len(), REC + 150_000);
+    assert!(data[..REC] == record(0, 0, REC)[..] && data[REC..] == record(0, 1, 150_000)[..]);
+}

@@ -733,6 +733,15 @@ impl File {
             let ino = inner.ino;
             let r = inner.client.call(To::Home(ino), Op::Append { ino }, piece).await;
             inner.client.cache().forget_attr(ino);
+            let r = r.map_err(|e| {
+                // The home server answers for the servers it stores pieces on (EIO when one
+                // of them does not answer): say which server placed the append.
+                if e.context.is_empty() {
+                    e.within(format_args!("append at server {}", inner.client.home_of(ino)))
+                } else {
+                    e
+                }
+            });
             let offset = match r? {
                 (Reply::Appended { offset }, _) => offset,
                 (other, _) => return Err(unexpected(&other)),
