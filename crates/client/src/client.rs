@@ -104,6 +104,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::StaleMap { .. } => "StaleMap",
         Reply::Batch(_) => "Batch",
         Reply::Error { .. } => "Error",
+        Reply::Appended { .. } => "Appended",
     }
 }
 

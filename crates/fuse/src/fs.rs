@@ -126,6 +126,9 @@ pub(crate) struct Node {
 #[derive(Clone)]
 struct Fh {
     node: Arc<Node>,
+    /// Opened with O_APPEND: every write goes to the end of the file as the servers know
+    /// it, whatever offset the kernel sends (see [`Shared::write`]).
+    append: bool,
 }
 
 /// A directory being listed: pages fetched so far, `.` and `..` first.
@@ -641,7 +644,7 @@ impl Shared {
         }
         let ff = self.open_flags_for(&node.file, flags);
         let fh = self.new_fh();
-        self.fhs.lock().insert(fh, Fh { node });
+        self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
         Ok((fh, ff))
     }
 
@@ -672,6 +675,13 @@ impl Shared {
         if skip {
             ff |= FopenFlags::FOPEN_NOFLUSH;
         }
+        // O_APPEND: the kernel would place the data in its page cache at the end of the
+        // file as this mount knows it, which is not where the servers put it when other
+        // clients append too; without the cache, every write goes straight to the mount,
+        // which appends it at the servers (and nothing stale is cached at the wrong place).
+        if flags & libc::O_APPEND != 0 {
+            ff |= FopenFlags::FOPEN_DIRECT_IO;
+        }
         ff
     }
 
@@ -688,7 +698,7 @@ impl Shared {
                 let node = self.acquire_created(&a).map_err(e)?;
                 let ff = self.open_flags_for(&node.file, flags);
                 let fh = self.new_fh();
-                self.fhs.lock().insert(fh, Fh { node });
+                self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
                 Ok((a, fh, ff))
             }
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
@@ -725,10 +735,24 @@ impl Shared {
         Ok(data)
     }
 
-    async fn write(&self, fh: FileHandle, offset: u64, data: Bytes) -> Res<u32> {
-        let n = self.fh(fh)?;
-        let len = n.file.write_bytes_at(offset, data).await.map_err(e)?;
-        n.size_hint.fetch_max(offset + len as u64, Ordering::Relaxed);
+    /// A write. On a descriptor opened with O_APPEND (or with `append`: the kernel says the
+    /// descriptor has it now) the kernel's `offset` is its own idea of the size, stale as
+    /// soon as another client appends: it is ignored, and the inode's home server places
+    /// the data at the end in one atomic step (`File::append_bytes`). Each request is one
+    /// atomic append, so a write(2) of up to `max_write` bytes is (the kernel splits larger
+    /// ones). Writes of pages from the page cache (`from_cache`: mmap, write-back cache)
+    /// are positional whatever descriptor the kernel picked to send them.
+    async fn write(&self, fh: FileHandle, offset: u64, data: Bytes, append: bool, from_cache: bool) -> Res<u32> {
+        let f = self.fhs.lock().get(&fh.0).cloned().ok_or(raw(libc::EBADF))?;
+        let n = f.node;
+        let len = data.len() as u64;
+        let at = if (f.append || append) && !from_cache {
+            n.file.append_bytes(data).await.map_err(e)?
+        } else {
+            n.file.write_bytes_at(offset, data).await.map_err(e)?;
+            offset
+        };
+        n.size_hint.fetch_max(at + len, Ordering::Relaxed);
         Ok(len as u32)
     }
 
@@ -1370,8 +1394,8 @@ impl Filesystem for ShoalFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: KOpenFlags,
+        write_flags: WriteFlags,
+        flags: KOpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -1379,8 +1403,12 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let data = Bytes::copy_from_slice(data);
+        // The kernel passes the descriptor's flags with each write: an O_APPEND set with
+        // fcntl after the open shows here.
+        let append = flags.0 & libc::O_APPEND != 0;
+        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         self.spawn(move |sh| async move {
-            match sh.write(fh, offset, data).await {
+            match sh.write(fh, offset, data, append, from_cache).await {
                 Ok(n) => reply.written(n),
                 Err(err) => reply.error(err),
             }

@@ -410,6 +410,17 @@ pub enum Op {
         index: u32,
         len: u64,
     },
+
+    // ---- added after version 3 shipped: kept last so the earlier variants keep their codes ----
+    /// Append the data section to the end of `ino`'s file, atomically: sent to the inode's
+    /// home server, which (under the inode's lock) takes the recorded size as the offset,
+    /// stores every piece of the range (on itself, and with `Write`s to the servers holding
+    /// the other objects), then raises the size, and answers `Appended { offset }`. Appends
+    /// from any number of clients therefore never overlap, and one that was answered is
+    /// complete. At most `MAX_DATA` bytes.
+    Append {
+        ino: Ino,
+    },
 }
 
 impl Op {
@@ -449,6 +460,7 @@ impl Op {
             Op::PeerSetParent { .. } => "peer_set_parent",
             Op::PeerDeleteObjects { .. } => "peer_delete_objects",
             Op::PeerTruncateObject { .. } => "peer_truncate_object",
+            Op::Append { .. } => "append",
         }
     }
 
@@ -560,6 +572,10 @@ pub enum Reply {
     Error {
         errno: Errno,
         message: String,
+    },
+    /// Answer to `Append`: where the bytes went (the file's size before them).
+    Appended {
+        offset: u64,
     },
 }
 

@@ -132,6 +132,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         Op::Write { ino, index, offset, file_end, inode_local } => {
             data::write(st, ino, index, offset, file_end, inode_local, data).await?
         }
+        Op::Append { ino } => data::append(st, ino, data).await?,
         Op::Fsync { ino, data_only } => data::fsync(st, ino, data_only).await?,
         Op::StatFs => data::statfs(st).await?,
         Op::Status => data::status(st).await?,

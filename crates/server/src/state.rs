@@ -251,6 +251,15 @@ impl State {
         self.pool.call(server, cred, op, Bytes::new()).await.map(|(r, _)| r)
     }
 
+    /// Send a `Write` of `data` to another server (an append's pieces on objects held
+    /// elsewhere, see `ops::data::append`). Unlike [`State::peer_as`] it does not write the
+    /// metadata log out first: what the peer does (store bytes) depends on no metadata of
+    /// ours, and the append publishes its size only after every piece is acknowledged.
+    pub async fn peer_write(self: &Arc<Self>, server: ServerId, op: Op, data: Bytes) -> Result<Reply, Errno> {
+        self.counters.peer_sent();
+        self.pool.call(server, &Cred::root(), op, data).await.map(|(r, _)| r)
+    }
+
     /// Attributes of any inode: from the local store or from its home server.
     pub async fn getattr(self: &Arc<Self>, ino: Ino) -> R<Attr> {
         if self.is_home(ino) {
