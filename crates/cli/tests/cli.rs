@@ -275,7 +275,8 @@ fn bad_cluster_maps_are_refused_by_clients_and_servers_with_one_line_naming_the_
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let good = shoal_placement::ClusterMap::local(1, port, dir.path());
-    let cases: Vec<(&str, Box<dyn Fn(&mut shoal_placement::ClusterMap)>, &str)> = vec![
+    type Tweak = Box<dyn Fn(&mut shoal_placement::ClusterMap)>;
+    let cases: Vec<(&str, Tweak, &str)> = vec![
         (
             "dup-addr",
             Box::new(|m| {

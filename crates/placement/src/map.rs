@@ -226,7 +226,7 @@ impl ClusterMap {
             return Err("every server is marked out; at least one must be up or down to hold data".into());
         }
         let ss = self.cluster.stripe_size;
-        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || ss % STRIPE_SIZE_MIN != 0 {
+        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
             return Err(format!("cluster.stripe_size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
         }
         let sc = self.cluster.stripe_count;

@@ -13,7 +13,7 @@ use shoal_proto::{Errno, Ino, ServerId};
 /// after one is marked out, and files must still be creatable there.
 pub fn check_spec(map: &ClusterMap, spec: &LayoutSpec) -> Result<(), String> {
     if let Some(ss) = spec.stripe_size {
-        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || ss % STRIPE_SIZE_MIN != 0 {
+        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
             return Err(format!("stripe size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
         }
     }

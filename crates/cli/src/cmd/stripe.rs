@@ -48,7 +48,7 @@ pub async fn setstripe(ctx: &Ctx, a: SetstripeArgs) -> Result<()> {
         LayoutSpec { stripe_size: a.size, stripe_count: count, first_server: a.first.map(ServerId), policy: a.policy };
     // Said here with the command's own words; the server refuses the same (EINVAL).
     let map = client.map();
-    if let Err(m) = shoal_placement::check_spec(&map, &spec) {
+    if let Err(m) = shoal_placement::check_spec(map, &spec) {
         let all = if count.is_some_and(|c| c != u32::MAX && c as usize > map.placeable().count()) {
             " (-c -1 stripes over all of them)"
         } else {
