@@ -333,3 +333,22 @@ fn setstripe_over_more_servers_than_the_cluster_has_is_refused_by_the_cli_and_th
     assert_eq!(fs.lstat("/native").unwrap_err().errno, shoal_client::Errno::ENOENT);
     assert_eq!(fs.set_layout("/dir", wide).unwrap_err().errno, shoal_client::Errno::EINVAL);
 }
+
+#[test]
+fn rm_r_that_fails_midway_says_where_and_a_rerun_finishes_the_job() {
+    let mut c = Cluster::start(2);
+    // Directories are spread round-robin, so the tree has directories on both servers.
+    for i in 0..8 {
+        ok(&c, &["mkdir", "-p", &format!("/t/d{i}/e")]);
+        ok(&c, &["setstripe", &format!("/t/d{i}/e/f")]);
+    }
+    c.kill9(1);
+    let (code, _, err) = c.shoal(&["--timeout", "2", "rm", "-r", "/t"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("shoal: cannot remove /t: "), "names the path: {err}");
+    assert!(err.contains("unreachable"), "and the cause: {err}");
+    c.restart(1);
+    ok(&c, &["rm", "-r", "/t"]);
+    assert_eq!(ok(&c, &["ls", "/"]), "");
+}
