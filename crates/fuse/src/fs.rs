@@ -1494,16 +1494,37 @@ impl Filesystem for ShoalFs {
         self.spawn(move |sh| async move {
             match sh.root.statfs().await {
                 Ok(s) => {
-                    const FRSIZE: u64 = 4096;
-                    let blocks = s.capacity_bytes / FRSIZE;
-                    let bfree = s.free_bytes / FRSIZE;
+                    // One block size for both fields: IOR and mdtest compute the size as
+                    // f_blocks × f_bsize, df as f_blocks × f_frsize, and a larger f_bsize
+                    // made the first 256 times too big. (The I/O size hint for programs is
+                    // st_blksize, the stripe size, from getattr.)
+                    const BLOCK: u64 = 4096;
+                    let blocks = s.capacity_bytes / BLOCK;
+                    let bfree = s.free_bytes / BLOCK;
                     // Inodes are not a fixed resource: report one free per free 4 KiB.
                     let ffree = bfree;
-                    reply.statfs(blocks, bfree, bfree, s.inodes + ffree, ffree, 1 << 20, 255, FRSIZE as u32);
+                    reply.statfs(blocks, bfree, bfree, s.inodes + ffree, ffree, BLOCK as u32, 255, BLOCK as u32);
                 }
                 Err(err) => reply.error(e(err)),
             }
         });
+    }
+
+    /// No ioctl is implemented: ENOTTY ("not a terminal / no such control"), what a plain
+    /// file gives `isatty()` (Python runs it on every open) and what callers probing for a
+    /// feature expect. Overridden because fuser's default logs a warning for each call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(raw(libc::ENOTTY));
     }
 
     fn setxattr(

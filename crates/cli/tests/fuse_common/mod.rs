@@ -44,20 +44,26 @@ pub fn is_fuse_mount(path: &Path) -> bool {
 impl Mount {
     /// Mount `cluster` with `allow_other` plus `extra` options (`-o` syntax).
     pub fn new(cluster: &Cluster, extra: &[&str]) -> Mount {
+        let mut opts = vec!["allow_other"];
+        opts.extend_from_slice(extra);
+        Mount::with_args(cluster, &["-o", &opts.join(",")])
+    }
+
+    /// Mount `cluster` with exactly these arguments of `shoal mount` (no options added).
+    pub fn with_args(cluster: &Cluster, args: &[&str]) -> Mount {
         let dir = tempfile::Builder::new().prefix("shoal-mnt-").tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = dir.path().join("m");
         std::fs::create_dir(&path).unwrap();
         let log = dir.path().join("mount.log");
-        let mut opts = vec!["allow_other"];
-        opts.extend_from_slice(extra);
         let logf = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
             .env_remove("SHOAL_CONFIG")
             .env("SHOAL_LOG", "info")
             .arg("--config")
             .arg(&cluster.config)
-            .args(["mount", "--foreground", "-o", &opts.join(",")])
+            .args(["mount", "--foreground"])
+            .args(args)
             .arg(&path)
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())

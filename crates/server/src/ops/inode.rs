@@ -153,6 +153,7 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
             return fail(Errno::EINVAL, format!("server {f} is not in the cluster map"));
         }
     }
+    shoal_placement::check_spec(&st.map, &spec).map_err(|m| Fail::new(Errno::EINVAL, m))?;
     // Validate by resolving for a made-up file.
     resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None).map_err(|e| {
         Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)")
