@@ -51,6 +51,8 @@ fn default_state() -> ServerState {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// A misspelt key (`stripe_cout`) is an error, not a silently applied default.
+#[serde(deny_unknown_fields)]
 pub struct ServerEntry {
     pub id: u32,
     /// `host:port` the server listens on and clients connect to.
@@ -83,6 +85,8 @@ fn default_policy() -> PlacementPolicy {
 
 /// Cluster-wide settings and the defaults new files get when nothing else says.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// A misspelt key (`stripe_cout`) is an error, not a silently applied default.
+#[serde(deny_unknown_fields)]
 pub struct ClusterDefaults {
     #[serde(default)]
     pub name: String,
@@ -145,18 +149,33 @@ fn same_addr(a: &str, b: &str) -> bool {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// A misspelt key (`stripe_cout`) is an error, not a silently applied default.
+#[serde(deny_unknown_fields)]
 pub struct ClusterMap {
     pub cluster: ClusterDefaults,
     #[serde(rename = "server")]
     pub servers: Vec<ServerEntry>,
 }
 
+/// One line for a TOML error: where (line number) and what, without the source excerpt that
+/// `toml::de::Error`'s `Display` adds over several lines.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim_end();
+    match e.span() {
+        Some(span) => format!(
+            "line {}: {what}",
+            text.as_bytes()[..span.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+        ),
+        None => what.to_string(),
+    }
+}
+
 impl ClusterMap {
     /// Read and validate a map from a TOML file.
     pub fn load(path: &Path) -> Result<ClusterMap, MapError> {
         let text = std::fs::read_to_string(path).map_err(|source| MapError::Read { path: path.into(), source })?;
-        let map: ClusterMap =
-            toml::from_str(&text).map_err(|e| MapError::Parse { path: path.into(), message: e.to_string() })?;
+        let map: ClusterMap = toml::from_str(&text)
+            .map_err(|e| MapError::Parse { path: path.into(), message: parse_message(&text, &e) })?;
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
         Ok(map)
     }
@@ -362,6 +381,22 @@ mod tests {
         let err = ClusterMap::load(&path).unwrap_err().to_string();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(err, format!("cluster config {}: cluster.version must be ≥ 1 (it is 0)", path.display()));
+    }
+
+    #[test]
+    fn a_misspelt_key_is_refused_in_one_line_naming_it() {
+        let dir = std::env::temp_dir().join(format!("shoal-map-typo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cluster.toml");
+        std::fs::write(
+            &path,
+            "[cluster]\nversion = 1\nstripe_cout = 2\n[[server]]\nid = 0\naddr = \"127.0.0.1:7400\"\n",
+        )
+        .unwrap();
+        let err = ClusterMap::load(&path).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("line 3") && err.contains("unknown field `stripe_cout`"), "{err}");
     }
 
     #[test]
