@@ -104,6 +104,7 @@ struct Shared {
     peers: Arc<Semaphore>,
     refusals: RateLog,
     silent: RateLog,
+    evictions: RateLog,
 }
 
 /// Accept connections until `shutdown` completes; then close them all.
@@ -118,6 +119,7 @@ pub async fn accept_loop(
         peers: Arc::new(Semaphore::new(limits.peer_reserve)),
         refusals: RateLog::new(),
         silent: RateLog::new(),
+        evictions: RateLog::new(),
     });
     let places = Arc::new(Semaphore::new(limits.max_connections));
     let refusing = Arc::new(Semaphore::new(REFUSING));
@@ -195,7 +197,7 @@ async fn make_room(
         // one of the two wins, so an established connection is never closed here.
         if state.compare_exchange(HANDSHAKING, EVICTED, Ordering::AcqRel, Ordering::Acquire).is_ok() {
             handle.abort();
-            shared.silent.warn(|| {
+            shared.evictions.warn(|| {
                 format!(
                     "connection limit {} reached: closed the oldest connection still without Hello to admit {addr}",
                     shared.limits.max_connections
