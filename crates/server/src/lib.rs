@@ -13,15 +13,18 @@
 //! # async fn f() -> anyhow::Result<()> {
 //! let opts = shoal_server::ServerOptions {
 //!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None,
+//!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
 //! ```
 
+mod conn_io;
 mod counters;
 mod dispatch;
 mod error;
 mod intents;
+mod limits;
 mod locks;
 mod net;
 mod ops;
@@ -55,6 +58,10 @@ pub struct ServerOptions {
     pub data_dir: Option<PathBuf>,
     /// Overrides the address to listen on (default: the map entry's `addr`).
     pub listen: Option<String>,
+    /// Connections held at once; 0 = derived from the descriptor limit (see `limits`).
+    pub max_connections: usize,
+    /// A connection that has not completed `Hello` within this time is closed.
+    pub handshake_timeout: Duration,
 }
 
 /// Timeout of a call to another server. Shorter than a client's, so that a client waiting
@@ -67,6 +74,7 @@ const WAL_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Server {
     state: Arc<State>,
     listen: String,
+    limits: limits::ConnLimits,
 }
 
 impl Server {
@@ -87,6 +95,7 @@ impl Server {
         })?;
         let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
         let id = ServerId(opts.id);
+        let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
         let (meta, data) = tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore)> {
             std::fs::create_dir_all(&dd).with_context(|| format!("cannot create data directory {}", dd.display()))?;
@@ -147,7 +156,7 @@ impl Server {
             tracing::info!("{} intents to replay", pending.len());
         }
         intents::pin_pending(&st, &pending);
-        Ok(Server { state, listen })
+        Ok(Server { state, listen, limits })
     }
 
     /// The address this server listens on unless told otherwise.
@@ -175,7 +184,7 @@ impl Server {
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
         let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
         let gc = tokio::spawn(intents::gc_loop(st.clone()));
-        net::accept_loop(st.clone(), listener, shutdown).await;
+        net::accept_loop(st.clone(), listener, self.limits, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
         wal.abort();
         recovery.abort();
@@ -208,6 +217,30 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Raise the descriptor limit and decide how many connections to take.
+fn conn_limits(opts: &ServerOptions, servers: usize) -> limits::ConnLimits {
+    let nofile = limits::raise_nofile();
+    let fits = limits::default_max_connections(nofile, servers);
+    let max_connections = match opts.max_connections {
+        0 => fits,
+        n => {
+            if n > fits {
+                tracing::warn!(
+                    "{n} connections may not fit in {nofile} descriptors with {} kept for files; \
+                     at most {fits} are safe (raise `ulimit -n`)",
+                    limits::reserved(servers)
+                );
+            }
+            n
+        }
+    };
+    tracing::info!(
+        "up to {max_connections} connections (descriptor limit {nofile}), handshake timeout {:?}",
+        opts.handshake_timeout
+    );
+    limits::ConnLimits { max_connections, handshake_timeout: opts.handshake_timeout, peer_reserve: 2 * servers }
 }
 
 fn now_secs() -> i64 {

@@ -281,6 +281,10 @@ pub struct GcRecord {
 
 /// Block cache of the metadata store: inodes and entries of a few million files.
 const META_BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// SST files RocksDB keeps open (its default is all of them): part of the descriptors a
+/// server keeps back from client connections (`limits`). 512 tables of 64 MiB are 32 GiB of
+/// metadata; beyond that RocksDB reopens tables as needed.
+pub const MAX_OPEN_FILES: i32 = 512;
 
 /// The RocksDB database.
 pub struct MetaStore {
@@ -302,6 +306,7 @@ impl MetaStore {
         opts.set_keep_log_file_num(4);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
+        opts.set_max_open_files(MAX_OPEN_FILES);
         // Group commit: see the module comment and flush_wal_to_os.
         opts.set_manual_wal_flush(true);
         // Most lookups on the create path miss (a new name, a fresh inode number): bloom
