@@ -108,7 +108,7 @@ fn space_needed(op: &Op, data: &Bytes) -> Option<u64> {
         | Op::Symlink { .. }
         | Op::Link { .. }
         | Op::SetXattr { .. }
-        | Op::PeerMkdirObject { .. } => Some(0),
+        | Op::PeerMkdirObject { .. } => Some(crate::store::space::RECORD_ROOM),
         _ => None,
     }
 }

@@ -144,7 +144,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                     (size, _) => {
                         if size.is_some_and(|s| s > rec.size) {
                             // A longer file is a promise of space (its hole reads as zeros).
-                            st.space.check(0)?;
+                            st.space.check(crate::store::space::RECORD_ROOM)?;
                         }
                         let mut txn = st.meta.txn();
                         txn.put_inode(ino, new.clone());

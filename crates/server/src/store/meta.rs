@@ -342,6 +342,10 @@ impl MetaStore {
         // failed write, and on a full disk the message reporting the failure is that message.
         // Errors reach our own log through the statuses RocksDB returns.
         opts.set_log_level(rocksdb::LogLevel::Header);
+        // A MANIFEST is preallocated in blocks of this size (4 MiB by default): opening the
+        // store on a nearly full disk would spend all the room on it and then fail to write
+        // the OPTIONS file (seen on a full 64 MiB tmpfs).
+        opts.set_manifest_preallocation_size(64 << 10);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
         // Group commit: see the module comment and flush_wal_to_os.

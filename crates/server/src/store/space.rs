@@ -24,6 +24,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const MIB: u64 = 1 << 20;
+/// Room a new namespace record (create, mkdir, link, xattr) is counted as needing: far more
+/// than its log record, so that when data writes of up to this size no longer fit, new names
+/// are refused too and the file system looks uniformly full.
+pub const RECORD_ROOM: u64 = 64 << 10;
 /// Free space below which reopening the metadata store is not tried (it would fail and
 /// leave the store closed, for reads too).
 const OPEN_ROOM: u64 = 2 * MIB;
