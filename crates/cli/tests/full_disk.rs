@@ -4,6 +4,7 @@
 //! elsewhere it prints why and passes, as the FUSE tests do without /dev/fuse).
 
 mod common;
+mod fuse_common;
 use common::{pattern, Cluster};
 use shoal_client::{Client, Errno, LayoutSpec, OpenFlags};
 use std::io::Write;
@@ -198,4 +199,49 @@ async fn a_full_disk_refuses_writes_with_enospc_and_the_servers_stay_up_and_reco
         assert!(cluster.alive(id), "server {id} died:\n{}", cluster.log(id));
     }
     drop(cluster);
+}
+
+#[test]
+fn write_and_close_on_a_mount_get_enospc_when_the_disk_is_full() {
+    if fuse_common::skip_without_fuse() {
+        return;
+    }
+    let Some(disk) = Tmpfs::mount(64) else { return };
+    let root = disk.path.clone();
+    let mut cluster = Cluster::start_with(4, |m| {
+        for s in &mut m.servers {
+            s.data_dir = Some(root.join(format!("s{}", s.id)));
+        }
+    });
+    let mount = fuse_common::Mount::new(&cluster, &[]);
+    let chunk = vec![3u8; MIB];
+    let mut refused = None;
+    'files: for n in 0..100 {
+        let mut f = match std::fs::File::create(mount.p(&format!("f{n}"))) {
+            Ok(f) => f,
+            Err(e) => {
+                refused = Some(("create", e));
+                break;
+            }
+        };
+        for _ in 0..4 {
+            if let Err(e) = f.write_all(&chunk) {
+                refused = Some(("write", e));
+                break 'files;
+            }
+        }
+        use std::os::fd::IntoRawFd;
+        // SAFETY: closing the descriptor this test owns, to see close(2)'s result.
+        if unsafe { libc::close(f.into_raw_fd()) } != 0 {
+            refused = Some(("close", std::io::Error::last_os_error()));
+            break;
+        }
+    }
+    let (call, err) = refused.expect("64 MiB never filled up");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{call}: {err}");
+    assert_ne!(call, "create", "data writes are refused before new names");
+    for id in 0..4 {
+        assert!(cluster.alive(id), "server {id} died on the full disk:\n{}", cluster.log(id));
+    }
+    drop(mount);
 }
