@@ -45,6 +45,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::data::DataStore;
 use store::meta::{key, InodeRecord, MetaStore, FORMAT_VERSION};
+use store::space::Space;
 use tokio::net::TcpListener;
 
 /// How a server is started (the `shoald` command line).
@@ -97,27 +98,33 @@ impl Server {
         let id = ServerId(opts.id);
         let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
-        let (meta, data) = tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore)> {
-            std::fs::create_dir_all(&dd).with_context(|| format!("cannot create data directory {}", dd.display()))?;
-            let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
-            check_format(&meta, id, &dd)?;
-            let data = DataStore::open(&dd.join("objects"))
-                .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
-            // Writes acknowledged before a restart were only in the page cache; make them
-            // durable now, since the dirty-object list that fsync relies on starts empty.
-            if let Err(e) = data.syncfs() {
-                tracing::warn!("syncfs {}: {e}", dd.display());
-            }
-            Ok((meta, data))
-        })
-        .await
-        .map_err(|e| anyhow!("start-up task failed: {e}"))??;
+        let (meta, data, space) =
+            tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore, Space)> {
+                std::fs::create_dir_all(&dd)
+                    .with_context(|| format!("cannot create data directory {}", dd.display()))?;
+                // On a nearly full disk, opening the store needs the reserve's space.
+                let space = Space::new(&dd);
+                space.prepare_for_open();
+                let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
+                check_format(&meta, id, &dd)?;
+                let data = DataStore::open(&dd.join("objects"))
+                    .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
+                // Writes acknowledged before a restart were only in the page cache; make them
+                // durable now, since the dirty-object list that fsync relies on starts empty.
+                if let Err(e) = data.syncfs() {
+                    tracing::warn!("syncfs {}: {e}", dd.display());
+                }
+                space.upkeep();
+                Ok((meta, data, space))
+            })
+            .await
+            .map_err(|e| anyhow!("start-up task failed: {e}"))??;
 
         let pool = Pool::new(
             map.clone(),
             PoolOptions { timeout: PEER_TIMEOUT, connections_per_server: 2, client_name: format!("shoald {id}") },
         );
-        let state = Arc::new(State::new(id, map, data_dir, meta, data, pool));
+        let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool));
 
         let st = state.clone();
         let pending = state
@@ -280,11 +287,28 @@ fn check_format(meta: &MetaStore, id: ServerId, dir: &std::path::Path) -> anyhow
     Ok(())
 }
 
+/// Every second: sync the metadata log, keep the reserve file (see `store::space`), and
+/// after a failed metadata write give the reserve back and reopen the store, so that it
+/// takes writes again as soon as there is room.
 async fn wal_sync_loop(st: Arc<State>) {
     loop {
         tokio::time::sleep(WAL_SYNC_INTERVAL).await;
-        if let Err(e) = st.blocking(|st| st.meta.sync_wal()).await {
-            tracing::warn!("WAL sync: {e}");
+        let r = st
+            .blocking(|st| {
+                st.space.upkeep();
+                if st.meta.failure().is_some() {
+                    st.space.release();
+                    if !st.space.room_to_open() {
+                        return Ok(());
+                    }
+                    st.meta.reopen()
+                } else {
+                    st.meta.sync_wal()
+                }
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("metadata log upkeep: {e}");
         }
     }
 }

@@ -5,6 +5,7 @@ use crate::error::{fail, Fail, R};
 use crate::locks::Locks;
 use crate::store::data::DataStore;
 use crate::store::meta::{GcRecord, InodeRecord, MetaStore};
+use crate::store::space::Space;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::rendezvous::mix64;
@@ -33,6 +34,8 @@ pub struct State {
     pub data_dir: PathBuf,
     pub meta: MetaStore,
     pub data: DataStore,
+    /// Free space on the data directory's disk: what is refused when it is nearly full.
+    pub space: Space,
     pub locks: Locks,
     /// Op ids of cross-server operations some task is driving right now; the recovery loop
     /// leaves their intents alone.
@@ -75,6 +78,7 @@ impl State {
         data_dir: PathBuf,
         meta: MetaStore,
         data: DataStore,
+        space: Space,
         pool: Pool,
     ) -> State {
         State {
@@ -83,6 +87,7 @@ impl State {
             data_dir,
             meta,
             data,
+            space,
             locks: Locks::new(),
             active: Arc::new(Mutex::new(HashSet::new())),
             pool,

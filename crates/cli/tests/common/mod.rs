@@ -196,3 +196,18 @@ pub async fn work_requests(client: &Client) -> Vec<u64> {
     }
     v
 }
+
+impl Cluster {
+    /// Process id of a running server (to stop it with SIGSTOP, say).
+    pub fn pid(&self, id: u32) -> u32 {
+        self.children[id as usize].as_ref().expect("server running").id()
+    }
+
+    /// Is the server process still running (not exited, not killed)?
+    pub fn alive(&mut self, id: u32) -> bool {
+        match self.children[id as usize].as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+}
