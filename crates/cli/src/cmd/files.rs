@@ -286,10 +286,10 @@ pub async fn rm(ctx: &Ctx, a: RmArgs) -> Result<()> {
             let attr = client.lstat(&path).await?;
             if attr.kind == FileKind::Dir {
                 if !a.recursive {
-                    return Err(shoal_client::Error {
-                        errno: shoal_client::Errno::EISDIR,
-                        context: format!("{path} is a directory (use -r)"),
-                    });
+                    return Err(shoal_client::Error::new(
+                        shoal_client::Errno::EISDIR,
+                        format!("{path} is a directory (use -r)"),
+                    ));
                 }
                 // By inode, so that every spelling of the root is caught: `/`, `shoal://`,
                 // `//`, `/.`, `/a/..`.

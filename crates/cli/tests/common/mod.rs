@@ -98,6 +98,14 @@ impl Cluster {
         }
     }
 
+    /// Send `signal` to a running server (SIGSTOP freezes it: its sockets stay open but
+    /// nothing answers; SIGCONT thaws it).
+    pub fn signal(&self, id: u32, signal: i32) {
+        let child = self.children[id as usize].as_ref().expect("server running");
+        // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0, "signal server {id}");
+    }
+
     /// Start a killed server again (same data directory) and wait until it accepts.
     pub fn restart(&mut self, id: u32) {
         assert!(self.children[id as usize].is_none(), "server {id} still running");
