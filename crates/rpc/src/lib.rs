@@ -40,11 +40,19 @@ pub struct PoolOptions {
     pub connections_per_server: usize,
     /// Name sent in the handshake (shows in server logs).
     pub client_name: String,
+    /// Session id sent in the handshake: a random id per client instance (0 for servers),
+    /// the owner of the orphans its unlinks leave (see `Op::ReleaseOrphan`).
+    pub session: u64,
 }
 
 impl Default for PoolOptions {
     fn default() -> Self {
-        PoolOptions { timeout: Duration::from_secs(30), connections_per_server: 2, client_name: "shoal-client".into() }
+        PoolOptions {
+            timeout: Duration::from_secs(30),
+            connections_per_server: 2,
+            client_name: "shoal-client".into(),
+            session: 0,
+        }
     }
 }
 
@@ -127,7 +135,7 @@ fn fail_all(broken: &AtomicBool, pending: &Pending) {
 }
 
 impl Conn {
-    async fn open(addr: &str, client_name: &str, map_version: u64) -> Result<(Conn, ServerId), Errno> {
+    async fn open(addr: &str, opts: &PoolOptions, map_version: u64) -> Result<(Conn, ServerId), Errno> {
         let stream = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!("connect {addr}: {e}");
             Errno::ENOTCONN
@@ -138,7 +146,11 @@ impl Conn {
         let hello = Request {
             cred: Cred::root(),
             map_version,
-            op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: client_name.to_string() },
+            op: Op::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: opts.client_name.clone(),
+                session: opts.session,
+            },
         };
         let f = Frame::request(0, &hello, Bytes::new()).map_err(|_| Errno::EPROTO)?;
         f.write_to(&mut wr).await.map_err(|_| Errno::ENOTCONN)?;
@@ -292,7 +304,7 @@ impl Pool {
             }
         }
         let entry = self.map.server(server).ok_or(Errno::EIO)?;
-        let (conn, id) = Conn::open(&entry.addr, &self.opts.client_name, self.map.version()).await?;
+        let (conn, id) = Conn::open(&entry.addr, &self.opts, self.map.version()).await?;
         if id != server {
             tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
             return Err(Errno::EIO);

@@ -95,8 +95,8 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
         tracing::warn!("connection from {addr}: first frame is a reply, closing");
         return;
     }
-    let from_peer = match first.request_body() {
-        Ok(Request { op: Op::Hello { protocol_version, client }, .. }) => {
+    let (from_peer, session) = match first.request_body() {
+        Ok(Request { op: Op::Hello { protocol_version, client, session }, .. }) => {
             if protocol_version != PROTOCOL_VERSION {
                 let msg = format!(
                     "protocol version {protocol_version} not supported (this server speaks {PROTOCOL_VERSION})"
@@ -114,7 +114,7 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
             send_now(&mut wr, first.request_id, &hello).await;
             // Other servers name themselves "shoald …" (see lib.rs); their requests count
             // as peer traffic.
-            from_peer
+            (from_peer, session)
         }
         Ok(_) => {
             tracing::warn!("connection from {addr}: first request is not Hello, closing");
@@ -128,6 +128,8 @@ async fn serve_conn(st: Arc<State>, stream: TcpStream, addr: SocketAddr) {
         }
     };
 
+    // While this connection lasts, the client session's orphans stay (orphans.rs).
+    let _connected = st.sessions.connected(session);
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let reader = read_requests(st.clone(), &mut rd, tx, addr, from_peer);
     let writer = write_replies(st.clone(), wr, rx, addr);

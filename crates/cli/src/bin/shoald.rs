@@ -35,6 +35,12 @@ struct Args {
     /// arranges). File I/O runs on a separate pool either way.
     #[arg(long, value_name = "N", default_value_t = 0, env = "SHOALD_THREADS")]
     threads: usize,
+
+    /// Seconds a file removed while a client had it open stays after that client's last
+    /// connection to this server closed (a client that died or lost touch: its files are
+    /// deleted then). A client that closes the file releases it at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, env = "SHOALD_ORPHAN_GRACE")]
+    orphan_grace: u64,
 }
 
 fn main() -> ExitCode {
@@ -68,8 +74,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let opts =
-        shoal_server::ServerOptions { config: args.config, id: args.id, data_dir: args.data_dir, listen: args.listen };
+    let opts = shoal_server::ServerOptions {
+        config: args.config,
+        id: args.id,
+        data_dir: args.data_dir,
+        listen: args.listen,
+        orphan_grace: std::time::Duration::from_secs(args.orphan_grace),
+    };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
