@@ -74,16 +74,21 @@ impl Client {
             Some(None) => return None,
             None => self.lookup(dir, name).await.ok()?.ino,
         };
-        open.is_open(ino).then(|| KeepOpen { ino, session: self.session() })
+        if !open.is_open(ino) {
+            return None;
+        }
+        // From now on the file may be an orphan (also if the reply is lost): its last close
+        // releases it, which does nothing if it is not one.
+        open.mark_orphaned(ino);
+        Some(KeepOpen { ino, session: self.session() })
     }
 
-    /// After an unlink or rename that carried `keep` succeeded: the file may now be an
-    /// orphan, to release at its last close. Its attributes are fetched afresh (link count
-    /// 0 if the name was its last), which also opens a connection to its home server if
-    /// there was none: the orphan stays while the session is connected there.
+    /// After an unlink or rename that carried `keep` succeeded: the attributes of the file
+    /// are fetched afresh (link count 0 if the name was its last), which also opens a
+    /// connection to its home server if there was none: an orphan stays while its session
+    /// is connected there.
     pub(crate) async fn kept(&self, keep: Option<KeepOpen>) {
         let Some(k) = keep else { return };
-        self.open_files().mark_orphaned(k.ino);
         if let Err(e) = self.getattr_fresh_inner(k.ino).await {
             tracing::debug!("attributes of {} after removing a name of it while open: {e}", k.ino);
         }

@@ -1038,6 +1038,7 @@ async fn rename_local(
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn rename_cross(
     st: &Arc<State>,
     cred: Cred,
@@ -1189,6 +1190,7 @@ pub async fn finish_rename_source(
 /// `PeerRenameIn` at the destination directory's home: put `dst_dir/dst_name` → `entry`,
 /// replacing (and taking out) an existing target under the rules of rename. Applied at most
 /// once per `op_id`; answers with the replaced entry.
+#[allow(clippy::too_many_arguments)]
 pub async fn peer_rename_in(
     st: &Arc<State>,
     cred: Cred,
