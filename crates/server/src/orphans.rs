@@ -136,7 +136,8 @@ pub async fn reclaim_loop(st: Arc<State>, grace: Duration) {
             }
         };
         for (ino, o) in orphans {
-            if !st.sessions.disconnected_for(o.session).is_some_and(|d| d >= grace) {
+            // Connected now, or not yet for long enough: keep it.
+            if st.sessions.disconnected_for(o.session).is_none_or(|d| d < grace) {
                 continue;
             }
             match delete_orphan(&st, ino, o.session).await {
