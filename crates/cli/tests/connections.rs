@@ -108,7 +108,11 @@ fn hello_frame() -> Vec<u8> {
     let req = Request {
         cred: Cred::root(),
         map_version: 0,
-        op: Op::Hello { protocol_version: shoal_proto::PROTOCOL_VERSION, client: "connections test".into() },
+        op: Op::Hello {
+            protocol_version: shoal_proto::PROTOCOL_VERSION,
+            client: "connections test".into(),
+            session: 0,
+        },
     };
     let mut v = Vec::new();
     Frame::request(0, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);

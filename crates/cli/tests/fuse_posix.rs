@@ -616,7 +616,7 @@ fn unlinked_open_files_and_special_files() {
     (&old).read_to_string(&mut s).unwrap();
     assert_eq!(s, "old");
     drop((f, old));
-    // After the last close the hidden names are gone (the native client lists the directory).
+    // Only the real name is listed (the native client lists the directory): no hidden names.
     std::thread::sleep(Duration::from_millis(300));
     let (_, listing, _) = c.shoal(&["ls", "-a", "/d"]);
     assert_eq!(listing.split_whitespace().filter(|n| !n.starts_with('.')).collect::<Vec<_>>(), ["target"], "{listing}");

@@ -14,7 +14,7 @@ fn hello() -> Vec<u8> {
     let req = Request {
         cred: Cred::root(),
         map_version: 0,
-        op: Op::Hello { protocol_version: shoal_proto::PROTOCOL_VERSION, client: "fuzz".into() },
+        op: Op::Hello { protocol_version: shoal_proto::PROTOCOL_VERSION, client: "fuzz".into(), session: 0 },
     };
     let mut v = Vec::new();
     Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);

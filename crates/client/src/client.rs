@@ -4,6 +4,7 @@
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
+use crate::open_files::{new_session, OpenFiles};
 use crate::options::ClientOptions;
 use bytes::Bytes;
 use futures::StreamExt;
@@ -34,6 +35,10 @@ struct Shared {
     /// Traffic counted by pools that were replaced.
     retired_traffic: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
     cache: Cache,
+    /// This client instance's session id, sent in every connection's handshake: servers
+    /// keep the files it removed while open for as long as it stays connected.
+    session: u64,
+    open_files: OpenFiles,
 }
 
 /// Handle to a Shoal cluster. Cheap to clone (clones share connections and cache),
@@ -125,11 +130,12 @@ fn map_error(e: MapError) -> Error {
     Error::new(errno, context)
 }
 
-fn pool_options(opts: &ClientOptions) -> PoolOptions {
+fn pool_options(opts: &ClientOptions, session: u64) -> PoolOptions {
     PoolOptions {
         timeout: opts.timeout,
         connections_per_server: opts.connections_per_server.max(1),
         client_name: format!("shoal-client pid {}", std::process::id()),
+        session,
     }
 }
 
@@ -186,7 +192,8 @@ impl Client {
     }
 
     fn build(map: ClusterMap, opts: ClientOptions, config: Option<PathBuf>) -> Client {
-        let pool = Pool::new(map.clone(), pool_options(&opts));
+        let session = new_session();
+        let pool = Pool::new(map.clone(), pool_options(&opts, session));
         Client {
             shared: Arc::new(Shared {
                 pool: RwLock::new(Arc::new(pool)),
@@ -195,6 +202,8 @@ impl Client {
                 reload: tokio::sync::Mutex::new(()),
                 retired_traffic: Mutex::new(HashMap::new()),
                 cache: Cache::new(opts.cache_ttl),
+                session,
+                open_files: OpenFiles::default(),
             }),
             opts: Arc::new(opts),
         }
@@ -254,6 +263,15 @@ impl Client {
         &self.shared.cache
     }
 
+    /// This client instance's session id (shared by clones and `with_cred` clients).
+    pub(crate) fn session(&self) -> u64 {
+        self.shared.session
+    }
+
+    pub(crate) fn open_files(&self) -> &OpenFiles {
+        &self.shared.open_files
+    }
+
     pub(crate) fn pool(&self) -> Arc<Pool> {
         self.shared.pool.read().clone()
     }
@@ -309,7 +327,7 @@ impl Client {
             failed.map().version(),
             map.version()
         );
-        let pool = Arc::new(Pool::new(map.clone(), pool_options(&self.opts)));
+        let pool = Arc::new(Pool::new(map.clone(), pool_options(&self.opts, self.shared.session)));
         self.shared.maps.lock().push(Arc::new(map));
         let old = std::mem::replace(&mut *self.shared.pool.write(), pool);
         let mut retired = self.shared.retired_traffic.lock();
@@ -586,13 +604,24 @@ impl Client {
 
     pub(crate) async fn remove_name(&self, dir: Ino, name: &str, is_dir: bool) -> Result<()> {
         let now = Instant::now();
-        let known = self.cache().entry(dir, name, now).flatten();
-        let op =
-            if is_dir { Op::Rmdir { dir, name: name.to_string() } } else { Op::Unlink { dir, name: name.to_string() } };
+        let cached = self.cache().entry(dir, name, now);
+        let known = cached.flatten();
+        let op = if is_dir {
+            Op::Rmdir { dir, name: name.to_string() }
+        } else {
+            let keep = self.keep_for(dir, name, cached).await;
+            Op::Unlink { dir, name: name.to_string(), keep }
+        };
+        let keep = match &op {
+            Op::Unlink { keep, .. } => *keep,
+            _ => None,
+        };
         let r = self.call(To::Home(dir), op, Bytes::new()).await;
         self.name_removed(dir, name, known.map(|k| k.0), r.as_ref().map(|_| ()).map_err(|e| e.errno), now);
         self.cache().forget_attr(dir);
-        expect_ok(r?.0)
+        expect_ok(r?.0)?;
+        self.kept(keep).await;
+        Ok(())
     }
 
     /// Cache upkeep after a request to remove `dir/name`, sent at `asked`, answered
@@ -764,8 +793,20 @@ impl Client {
         let now = Instant::now();
         let c = self.cache();
         let src = c.entry(src_dir, src_name, now).flatten();
-        let dst = c.entry(dst_dir, dst_name, now).flatten();
-        let op = Op::Rename { src_dir, src_name: src_name.to_string(), dst_dir, dst_name: dst_name.to_string(), flags };
+        let dst_cached = c.entry(dst_dir, dst_name, now);
+        let dst = dst_cached.flatten();
+        let keep = match (flags.exchange || flags.noreplace, dst) {
+            (true, _) | (false, Some((_, FileKind::Dir))) => None,
+            (false, _) => self.keep_for(dst_dir, dst_name, dst_cached).await,
+        };
+        let op = Op::Rename {
+            src_dir,
+            src_name: src_name.to_string(),
+            dst_dir,
+            dst_name: dst_name.to_string(),
+            flags,
+            keep,
+        };
         let r = self.call(To::Home(src_dir), op, Bytes::new()).await;
         c.forget_entry(src_dir, src_name);
         c.forget_entry(dst_dir, dst_name);
@@ -780,6 +821,7 @@ impl Client {
         c.forget_attr(src_dir);
         c.forget_attr(dst_dir);
         expect_ok(r?.0)?;
+        self.kept(keep).await;
         if !flags.exchange {
             let later = Instant::now();
             c.put_entry(src_dir, src_name, None, later);

@@ -93,6 +93,9 @@ struct Inner {
     /// Runtime to finish writes and publish a pending size on if the handle is dropped
     /// without `close`.
     runtime: Option<tokio::runtime::Handle>,
+    /// Counted among the client's open files (a regular file, until `close` or drop of the
+    /// last clone uncounts it): see `open_files.rs`.
+    counted: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -298,6 +301,10 @@ impl File {
             _ => Layout { stripe_size: 0, servers: Vec::new() },
         };
         let size = attr.size;
+        let counted = attr.kind == FileKind::File;
+        if counted {
+            client.open_files().opened(attr.ino);
+        }
         Ok(File {
             inner: Arc::new(Inner {
                 client,
@@ -311,6 +318,7 @@ impl File {
                 io: Mutex::new(Io::default()),
                 cursor: tokio::sync::Mutex::new(0),
                 runtime: tokio::runtime::Handle::try_current().ok(),
+                counted: std::sync::atomic::AtomicBool::new(counted),
             }),
         })
     }
@@ -931,13 +939,20 @@ impl File {
     /// after `close` returns, the data survives a power loss and every client that opens
     /// the file sees it and its size), else [`File::flush`]. Either way it waits for the
     /// writes in flight and reports a failure of any of them.
+    ///
+    /// Closing the client's last handle on a file whose last name this client removed
+    /// while it was open deletes the file (see `open_files.rs`).
     pub async fn close(self) -> Result<()> {
         let wrote = self.inner.state.lock().wrote;
-        if wrote {
-            self.fsync().await
-        } else {
-            self.flush().await
+        let r = if wrote { self.fsync().await } else { self.flush().await };
+        // The last clone: uncount here (not in drop), so the release is done when close returns.
+        if Arc::strong_count(&self.inner) == 1 && self.inner.counted.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            let client = &self.inner.client;
+            if client.open_files().closed(self.inner.ino) {
+                client.release_orphan(self.inner.ino).await;
+            }
         }
+        r
     }
 }
 
@@ -963,12 +978,22 @@ impl Drop for Inner {
     fn drop(&mut self) {
         let writes = std::mem::take(&mut self.io.get_mut().writes);
         let pending = self.state.get_mut().pending.take();
-        if writes.is_empty() && pending.is_none() {
+        let release = *self.counted.get_mut() && self.client.open_files().closed(self.ino);
+        if writes.is_empty() && pending.is_none() && !release {
             return;
         }
         let Some(rt) = &self.runtime else { return };
         let (client, ino) = (self.client.clone(), self.ino);
         rt.spawn(async move {
+            if release {
+                // Nothing to publish on a file about to go; its writes finish first, so
+                // none lands after the deletion.
+                for w in writes {
+                    let _ = w.done.await;
+                }
+                client.release_orphan(ino).await;
+                return;
+            }
             // Finish what is in flight, then publish the size it reached.
             let mut size = pending;
             for w in writes {

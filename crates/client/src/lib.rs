@@ -64,6 +64,7 @@ mod cache;
 mod client;
 mod error;
 mod file;
+mod open_files;
 mod options;
 mod path_ops;
 pub mod pathname;

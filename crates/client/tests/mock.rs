@@ -167,7 +167,7 @@ impl Mock {
                 fs.entries.get_mut(&dir).ok_or(Errno::ENOENT)?.insert(name, (ino, kind));
                 ok(Reply::Attr(a))
             }
-            Op::Unlink { dir, name } | Op::Rmdir { dir, name } => {
+            Op::Unlink { dir, name, .. } | Op::Rmdir { dir, name } => {
                 route(dir)?;
                 let &(ino, kind) = fs.entries.get(&dir).ok_or(Errno::ENOENT)?.get(&name).ok_or(Errno::ENOENT)?;
                 if kind == FileKind::Dir {

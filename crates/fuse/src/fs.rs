@@ -18,10 +18,10 @@
 //! sees the same size. The last release closes it (durable, see `sync_close`).
 //!
 //! **Unlinking an open file.** POSIX lets a process keep using a file after its last name
-//! is gone; Shoal servers delete an inode with its last name. So when the last name of a
-//! file that is open on this mount is removed (unlink, or rename over it), the mount first
-//! gives it a hidden name (`.shoal-unlinked-<ino>-<n>` in the same directory, not listed by
-//! readdir) and removes that name at the last close, as NFS clients do.
+//! is gone. The client (which counts the files it has open) tells the server so in the
+//! unlink or rename, and the server keeps the inode as an orphan, with no name and link
+//! count 0, until the mount's last descriptor closes (see `shoal_client`'s
+//! `open_files.rs`): the directory no longer holds the name, so it can be removed at once.
 //!
 //! **Special files.** Shoal's servers know regular files, directories and symbolic links.
 //! A FIFO, socket or device node made on the mount (mknod, mkfifo, bind of a Unix socket)
@@ -49,9 +49,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
-
-/// Prefix of the hidden names that keep unlinked-but-open files alive.
-pub(crate) const HIDDEN_PREFIX: &str = ".shoal-unlinked-";
 
 /// Extended attribute answered by the mount itself: a file's stripe layout, a directory's
 /// default layout. Read-only.
@@ -95,9 +92,6 @@ pub(crate) fn parse_special(target: &str) -> Option<Special> {
 /// Bound on the remembered symlink kinds (cleared when passed).
 const SPECIALS_MAX: usize = 1 << 20;
 
-/// Bound on the remembered names (see `Shared::names`).
-const NAMES_MAX: usize = 1 << 16;
-
 /// The attribute holding file capabilities.
 const CAPS_XATTR: &str = "security.capability";
 
@@ -117,8 +111,6 @@ pub(crate) struct Node {
     file: File,
     /// Descriptors (FUSE file handles) using it; changed under `Shared::nodes`' lock.
     opens: AtomicUsize,
-    /// Hidden names to remove at the last close (directory, name).
-    hidden: Mutex<Vec<(Ino, String)>>,
     /// Largest size this mount told the kernel; a read short of it refreshes the handle.
     size_hint: AtomicU64,
 }
@@ -161,15 +153,9 @@ pub(crate) struct Shared {
     /// Directory attributes, so that the kernel's permission checks after a change made
     /// through this mount cost no request (see `dircache.rs`).
     dir_attrs: DirCache,
-    /// The inode each name refers to as this mount last told the kernel (from lookups and
-    /// the replies that make names), and when. Within `entry_timeout` — as long as the
-    /// kernel itself trusts the name — an unlink or rename over a name known to be no
-    /// open file needs no lookup to find out whether it must protect an open file.
-    names: Mutex<HashMap<(u64, String), (u64, Instant)>>,
     /// Set once the session exists: lets the mount invalidate the kernel's caches.
     pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
     next_fh: AtomicU64,
-    hidden_seq: AtomicU64,
     inflight: AtomicUsize,
     idle: tokio::sync::Notify,
 }
@@ -218,10 +204,8 @@ impl Shared {
             told: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
             dir_attrs,
-            names: Mutex::new(HashMap::new()),
             notifier: std::sync::OnceLock::new(),
             next_fh: AtomicU64::new(1),
-            hidden_seq: AtomicU64::new(1),
             inflight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
         })
@@ -249,8 +233,6 @@ impl Shared {
         if let Some(n) = self.node(a.ino.0) {
             a.size = a.size.max(n.file.attr().size);
             n.size_hint.fetch_max(a.size, Ordering::Relaxed);
-            // Hidden names of an unlinked open file are not links anyone made.
-            a.nlink = a.nlink.saturating_sub(n.hidden.lock().len() as u32);
         }
         a
     }
@@ -325,12 +307,7 @@ impl Shared {
             return Ok(n.clone());
         }
         let size = file.attr().size;
-        let n = Arc::new(Node {
-            file,
-            opens: AtomicUsize::new(1),
-            hidden: Mutex::new(Vec::new()),
-            size_hint: AtomicU64::new(size),
-        });
+        let n = Arc::new(Node { file, opens: AtomicUsize::new(1), size_hint: AtomicU64::new(size) });
         map.insert(ino.0, n.clone());
         Ok(n)
     }
@@ -344,12 +321,7 @@ impl Shared {
             return Ok(n.clone());
         }
         let file = self.root.open_with_attr(a.clone(), OpenFlags::read_write())?;
-        let n = Arc::new(Node {
-            file,
-            opens: AtomicUsize::new(1),
-            hidden: Mutex::new(Vec::new()),
-            size_hint: AtomicU64::new(a.size),
-        });
+        let n = Arc::new(Node { file, opens: AtomicUsize::new(1), size_hint: AtomicU64::new(a.size) });
         map.insert(a.ino.0, n.clone());
         Ok(n)
     }
@@ -368,100 +340,38 @@ impl Shared {
 
     /// Undo one `acquire` (an open that failed after it).
     async fn drop_open(&self, node: &Arc<Node>, ino: Ino) {
-        if let Some(hidden) = self.release_node(node, ino) {
-            if let Err(err) = self.finish_node(node.clone(), hidden).await {
+        if self.release_node(node, ino) {
+            if let Err(err) = self.finish_node(node.clone()).await {
                 tracing::warn!("closing {ino} after a failed open: {err}");
             }
         }
     }
 
-    /// One descriptor fewer; at the last, the node leaves the table and its hidden names
-    /// are returned (the caller closes the handle and removes them).
-    fn release_node(&self, node: &Arc<Node>, ino: Ino) -> Option<Vec<(Ino, String)>> {
+    /// One descriptor fewer; true at the last, when the node has left the table (the
+    /// caller closes the handle).
+    fn release_node(&self, node: &Arc<Node>, ino: Ino) -> bool {
         let mut map = self.nodes.lock();
         if node.opens.fetch_sub(1, Ordering::AcqRel) != 1 {
-            return None;
+            return false;
         }
         if map.get(&ino.0).is_some_and(|n| Arc::ptr_eq(n, node)) {
             map.remove(&ino.0);
         }
-        Some(std::mem::take(&mut *node.hidden.lock()))
+        true
     }
 
-    /// Close a node's handle (durable if it wrote and `sync_close`) and drop its hidden names.
-    async fn finish_node(&self, node: Arc<Node>, hidden: Vec<(Ino, String)>) -> Result<(), Error> {
-        let file = node.file.clone();
-        let r = if self.opts.sync_close { file.close().await } else { file.flush().await };
-        for (dir, name) in hidden {
-            self.dir_attrs.changed(dir.0, 0);
-            if let Err(err) = self.root.unlink_at(dir, &name).await {
-                tracing::warn!("removing the hidden name {name:?} of a closed unlinked file: {err}");
-            }
-        }
-        r
-    }
-
-    /// Before a name is removed or replaced: if it is the last name of a file open on this
-    /// mount, give the file a hidden name so it outlives the removal. Returns the hidden
-    /// name to commit (after the removal succeeded) or undo.
-    async fn protect(&self, dir: Ino, name: &str) -> Option<(Arc<Node>, String)> {
-        if self.nodes.lock().is_empty() {
-            return None;
-        }
-        // The kernel removes the name as it knows it: the inode this mount told it, which
-        // it trusts for entry_timeout. Not open here: nothing to protect.
-        let known = self.names.lock().get(&(dir.0, name.to_string())).copied();
-        if known.is_some_and(|(ino, at)| at.elapsed() < self.opts.entry_timeout && self.node(ino).is_none()) {
-            return None;
-        }
-        let a = self.root.lookup(dir, name).await.ok()?;
-        if a.kind != FileKind::File || a.nlink > 1 {
-            return None;
-        }
-        let node = self.node(a.ino.0)?;
-        let hidden = format!("{HIDDEN_PREFIX}{:x}-{}", a.ino.0, self.hidden_seq.fetch_add(1, Ordering::Relaxed));
-        self.dir_attrs.changed(dir.0, 0);
-        match self.root.link_at(a.ino, dir, &hidden).await {
-            Ok(_) => Some((node, hidden)),
-            Err(err) => {
-                tracing::warn!("cannot keep open file {name:?} alive under a hidden name: {err}");
-                None
-            }
-        }
-    }
-
-    /// The kernel was told that `dir/name` is `ino`.
-    fn named(&self, dir: u64, name: &str, ino: u64) {
-        let mut m = self.names.lock();
-        if m.len() >= NAMES_MAX {
-            let ttl = self.opts.entry_timeout;
-            m.retain(|_, (_, at)| at.elapsed() < ttl);
-            if m.len() >= NAMES_MAX / 2 {
-                m.clear();
-            }
-        }
-        m.insert((dir, name.to_string()), (ino, Instant::now()));
-    }
-
-    /// `dir/name` was removed or replaced (or may have been).
-    fn unnamed(&self, dir: u64, name: &str) {
-        self.names.lock().remove(&(dir, name.to_string()));
-    }
-
-    async fn commit_hidden(&self, dir: Ino, protected: Option<(Arc<Node>, String)>, removed: bool) {
-        let Some((node, hidden)) = protected else { return };
-        if removed {
-            let map = self.nodes.lock();
-            let ino = node.file.ino().0;
-            if map.get(&ino).is_some_and(|n| Arc::ptr_eq(n, &node)) {
-                node.hidden.lock().push((dir, hidden));
-                return;
-            }
-        }
-        // The removal failed, or the file was closed meanwhile: the hidden name goes now.
-        self.dir_attrs.changed(dir.0, 0);
-        if let Err(err) = self.root.unlink_at(dir, &hidden).await {
-            tracing::warn!("removing hidden name {hidden:?}: {err}");
+    /// Close a node's handle (durable if it wrote and `sync_close`). The client deletes a
+    /// file whose last name was removed while open when its last handle goes: within
+    /// `close` when this was the last reference, else when the handle is dropped.
+    async fn finish_node(&self, node: Arc<Node>) -> Result<(), Error> {
+        let file = match Arc::try_unwrap(node) {
+            Ok(n) => n.file,
+            Err(n) => n.file.clone(),
+        };
+        if self.opts.sync_close {
+            file.close().await
+        } else {
+            file.flush().await
         }
     }
 
@@ -470,8 +380,7 @@ impl Shared {
         let nodes: Vec<Arc<Node>> = self.nodes.lock().drain().map(|(_, n)| n).collect();
         self.fhs.lock().clear();
         for n in nodes {
-            let hidden = std::mem::take(&mut *n.hidden.lock());
-            if let Err(err) = self.finish_node(n, hidden).await {
+            if let Err(err) = self.finish_node(n).await {
                 tracing::warn!("closing a file at unmount: {err}");
             }
         }
@@ -690,7 +599,6 @@ impl Shared {
         match user.create_at(Ino(parent), &name, mode & 0o7777, true, None).await {
             Ok(a) => {
                 self.dir_attrs.changed(parent, 0);
-                self.named(parent, &name, a.ino.0);
                 // A new file has no extended attributes: the kernel's capability check
                 // before each write is answered from memory.
                 self.no_caps_known(a.ino.0);
@@ -704,7 +612,6 @@ impl Shared {
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
                 // Made by someone else since the kernel looked: open it like any file.
                 let a = user.lookup(Ino(parent), &name).await.map_err(e)?;
-                self.named(parent, &name, a.ino.0);
                 match a.kind {
                     FileKind::File => {}
                     FileKind::Dir => return Err(raw(libc::EISDIR)),
@@ -860,7 +767,6 @@ impl Shared {
                         if let Some(last) = page.last() {
                             s.after = Some(last.name.clone());
                         }
-                        let page: Vec<_> = page.into_iter().filter(|d| !d.name.starts_with(HIDDEN_PREFIX)).collect();
                         // Symlinks may stand for special files: find out (in parallel, once
                         // per inode) so that d_type is right.
                         let kinds =
@@ -1080,7 +986,6 @@ impl Filesystem for ShoalFs {
             match sh.user(who).lookup(Ino(parent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
-                    sh.named(parent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) if err.errno.0 == libc::ENOENT && !sh.opts.negative_timeout.is_zero() => {
@@ -1202,10 +1107,7 @@ impl Filesystem for ShoalFs {
                 },
             };
             match r {
-                Ok(a) => {
-                    sh.named(parent.0, &name, a.ino.0);
-                    sh.reply_entry(reply, &a).await
-                }
+                Ok(a) => sh.reply_entry(reply, &a).await,
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -1223,7 +1125,6 @@ impl Filesystem for ShoalFs {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 1);
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
-                    sh.named(parent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) => reply.error(e(err)),
@@ -1238,14 +1139,10 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         self.spawn(move |sh| async move {
-            let dir = Ino(parent.0);
-            let protected = sh.protect(dir, &name).await;
-            let r = sh.user(who).unlink_at(dir, &name).await;
-            sh.unnamed(parent.0, &name);
+            let r = sh.user(who).unlink_at(Ino(parent.0), &name).await;
             if r.is_ok() {
                 sh.dir_attrs.changed(parent.0, 0);
             }
-            sh.commit_hidden(dir, protected, r.is_ok()).await;
             match r {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
@@ -1264,7 +1161,6 @@ impl Filesystem for ShoalFs {
                 Ok(()) => {
                     sh.dir_attrs.changed(parent.0, -1);
                     sh.dir_attrs.removed(parent.0, &name);
-                    sh.unnamed(parent.0, &name);
                     reply.ok()
                 }
                 Err(err) => reply.error(e(err)),
@@ -1287,7 +1183,6 @@ impl Filesystem for ShoalFs {
             match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 0);
-                    sh.named(parent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) => reply.error(e(err)),
@@ -1320,15 +1215,11 @@ impl Filesystem for ShoalFs {
         let who = Who::of(req);
         self.spawn(move |sh| async move {
             let (src, dst) = (Ino(parent.0), Ino(newparent.0));
-            let protected = if rf.noreplace || rf.exchange { None } else { sh.protect(dst, &newname).await };
             let r = sh.user(who).rename_at(src, &name, dst, &newname, rf).await;
             // Both directories changed, and a moved or replaced directory with them (link
             // counts, parent): start afresh, whatever the outcome (a failure across servers
             // may have done part of it).
             sh.dir_attrs.clear();
-            sh.unnamed(parent.0, &name);
-            sh.unnamed(newparent.0, &newname);
-            sh.commit_hidden(dst, protected, r.is_ok()).await;
             match r {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
@@ -1346,7 +1237,6 @@ impl Filesystem for ShoalFs {
             match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(newparent.0, 0);
-                    sh.named(newparent.0, &name, a.ino.0);
                     sh.reply_entry(reply, &a).await
                 }
                 Err(err) => reply.error(e(err)),
@@ -1441,10 +1331,7 @@ impl Filesystem for ShoalFs {
         let Some(f) = self.sh.fhs.lock().remove(&fh.0) else { return reply.error(raw(libc::EBADF)) };
         let last = self.sh.release_node(&f.node, Ino(ino.0));
         self.spawn(move |sh| async move {
-            let r = match last {
-                Some(hidden) => sh.finish_node(f.node, hidden).await,
-                None => Ok(()),
-            };
+            let r = if last { sh.finish_node(f.node).await } else { Ok(()) };
             match r {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),

@@ -28,4 +28,4 @@ pub use ids::{Ino, ServerId, ROOT_INO};
 
 /// Version of the wire protocol spoken in the handshake. Bump on any incompatible change
 /// to [`msg`] or [`frame`].
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;

@@ -190,6 +190,16 @@ pub struct RenameFlags {
     pub exchange: bool,
 }
 
+/// Carried by an unlink or rename from a client that has file `ino` open: if the name
+/// removed is `ino`'s last, the inode's home keeps it as an *orphan* of client `session`
+/// (no name, link count 0, data and attributes intact) until that session sends
+/// [`Op::ReleaseOrphan`] or stays disconnected for the server's grace period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeepOpen {
+    pub ino: Ino,
+    pub session: u64,
+}
+
 /// How a server is doing: capacity, contents and what it has served.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerStatus {
@@ -252,6 +262,10 @@ pub enum Op {
     Hello {
         protocol_version: u32,
         client: String,
+        /// Random id of the client instance (0 for servers): owns the orphans its unlinks
+        /// leave (see [`KeepOpen`]); a server reclaims them once no connection of this
+        /// session has been open for its grace period.
+        session: u64,
     },
 
     // ---- namespace: sent to the home server of `dir` ----
@@ -285,6 +299,8 @@ pub enum Op {
     Unlink {
         dir: Ino,
         name: String,
+        /// The sender has this file open: if the name is its last, keep it as an orphan.
+        keep: Option<KeepOpen>,
     },
     Rmdir {
         dir: Ino,
@@ -297,6 +313,8 @@ pub enum Op {
         dst_dir: Ino,
         dst_name: String,
         flags: RenameFlags,
+        /// The sender has the target open: if it loses its last name, keep it as an orphan.
+        keep: Option<KeepOpen>,
     },
     /// Entries with names strictly after `after` (in byte order), at most `limit`.
     ReadDir {
@@ -403,6 +421,8 @@ pub enum Op {
         ino: Ino,
         delta: i32,
         op_id: u64,
+        /// At zero, keep the inode as an orphan of this client session instead of deleting it.
+        orphan_of: Option<u64>,
     },
     /// Insert (or replace) `dst_dir/dst_name` with `entry` as the second step of a rename
     /// coordinated by the source directory's server. Applied at most once per `op_id`.
@@ -412,6 +432,8 @@ pub enum Op {
         entry: DirEntry,
         noreplace: bool,
         op_id: u64,
+        /// As in `Rename`: the client session that has the replaced target open.
+        keep: Option<KeepOpen>,
     },
     /// Set a moved directory's parent pointer.
     PeerSetParent {
@@ -439,6 +461,13 @@ pub enum Op {
     /// complete. At most `MAX_DATA` bytes.
     Append {
         ino: Ino,
+    },
+    /// Sent to the home server of `ino` at the last close of a file this client session
+    /// kept open after removing its last name: delete the orphan inode and its objects.
+    /// Nothing happens unless `ino` is an orphan of `session` (idempotent).
+    ReleaseOrphan {
+        ino: Ino,
+        session: u64,
     },
 }
 
@@ -480,6 +509,7 @@ impl Op {
             Op::PeerDeleteObjects { .. } => "peer_delete_objects",
             Op::PeerTruncateObject { .. } => "peer_truncate_object",
             Op::Append { .. } => "append",
+            Op::ReleaseOrphan { .. } => "release_orphan",
         }
     }
 
@@ -511,7 +541,7 @@ impl BatchOp {
             BatchOp::Create { dir, name, perm, exclusive, layout } => Op::Create { dir, name, perm, exclusive, layout },
             BatchOp::Mkdir { dir, name, perm } => Op::Mkdir { dir, name, perm },
             BatchOp::Symlink { dir, name, target } => Op::Symlink { dir, name, target },
-            BatchOp::Unlink { dir, name } => Op::Unlink { dir, name },
+            BatchOp::Unlink { dir, name } => Op::Unlink { dir, name, keep: None },
             BatchOp::Rmdir { dir, name } => Op::Rmdir { dir, name },
             BatchOp::GetAttr { ino } => Op::GetAttr { ino },
         }

@@ -43,11 +43,19 @@ pub struct PoolOptions {
     pub connections_per_server: usize,
     /// Name sent in the handshake (shows in server logs).
     pub client_name: String,
+    /// Session id sent in the handshake: a random id per client instance (0 for servers),
+    /// the owner of the orphans its unlinks leave (see `Op::ReleaseOrphan`).
+    pub session: u64,
 }
 
 impl Default for PoolOptions {
     fn default() -> Self {
-        PoolOptions { timeout: Duration::from_secs(30), connections_per_server: 2, client_name: "shoal-client".into() }
+        PoolOptions {
+            timeout: Duration::from_secs(30),
+            connections_per_server: 2,
+            client_name: "shoal-client".into(),
+            session: 0,
+        }
     }
 }
 
@@ -240,7 +248,7 @@ impl Conn {
     /// included) is counted in `live`.
     async fn open(
         addr: &str,
-        client_name: &str,
+        opts: &PoolOptions,
         map_version: u64,
         live: Arc<Liveness>,
     ) -> Result<(Conn, ServerId), CallError> {
@@ -254,7 +262,11 @@ impl Conn {
         let hello = Request {
             cred: Cred::root(),
             map_version,
-            op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: client_name.to_string() },
+            op: Op::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                client: opts.client_name.clone(),
+                session: opts.session,
+            },
         };
         let f = Frame::request(0, &hello, Bytes::new())
             .map_err(|e| CallError::transport(Errno::EPROTO, format!("cannot encode the handshake: {e}")))?;
@@ -431,7 +443,7 @@ impl Pool {
         }
         let entry =
             self.map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
-        let (conn, id) = Conn::open(&entry.addr, &self.opts.client_name, self.map.version(), live.clone()).await?;
+        let (conn, id) = Conn::open(&entry.addr, &self.opts, self.map.version(), live.clone()).await?;
         if id != server {
             tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
             return Err(CallError::transport(Errno::EIO, format!("{} answered as server {id}", entry.addr)));

@@ -128,10 +128,10 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         Op::Mkdir { dir, name, perm } => namespace::mkdir(st, cred, dir, name, perm).await?,
         Op::Symlink { dir, name, target } => namespace::symlink(st, cred, dir, name, target).await?,
         Op::Link { ino, dir, name } => namespace::link(st, cred, ino, dir, name).await?,
-        Op::Unlink { dir, name } => namespace::unlink(st, cred, dir, name).await?,
+        Op::Unlink { dir, name, keep } => namespace::unlink(st, cred, dir, name, keep).await?,
         Op::Rmdir { dir, name } => namespace::rmdir(st, cred, dir, name).await?,
-        Op::Rename { src_dir, src_name, dst_dir, dst_name, flags } => {
-            namespace::rename(st, cred, src_dir, src_name, dst_dir, dst_name, flags).await?
+        Op::Rename { src_dir, src_name, dst_dir, dst_name, flags, keep } => {
+            namespace::rename(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep).await?
         }
         Op::ReadDir { dir, after, limit } => namespace::readdir(st, cred, dir, after, limit).await?,
 
@@ -159,13 +159,16 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
 
         Op::PeerMkdirObject { attr, op_id } => peer::mkdir_object(st, attr, op_id).await?,
         Op::PeerRmdirObject { ino, op_id: _ } => peer::rmdir_object(st, ino).await?,
-        Op::PeerLinkDelta { ino, delta, op_id } => peer::link_delta(st, ino, delta, op_id).await?,
-        Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id } => {
-            namespace::peer_rename_in(st, cred, dst_dir, dst_name, entry, noreplace, op_id).await?
+        Op::PeerLinkDelta { ino, delta, op_id, orphan_of } => {
+            peer::link_delta(st, ino, delta, op_id, orphan_of).await?
+        }
+        Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id, keep } => {
+            namespace::peer_rename_in(st, cred, dst_dir, dst_name, entry, noreplace, op_id, keep).await?
         }
         Op::PeerSetParent { ino, parent } => peer::set_parent(st, ino, parent).await?,
         Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
         Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
+        Op::ReleaseOrphan { ino, session } => crate::orphans::release(st, ino, session).await?,
         // Never nested: `BatchOp` has no batch.
         Op::Batch { .. } => return fail(Errno::EINVAL, "a batch inside a batch"),
     };

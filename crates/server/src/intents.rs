@@ -210,7 +210,7 @@ async fn replay(st: &Arc<State>, op_id: u64, intent: Intent) -> R<()> {
         Intent::Mkdir { ino, .. } => namespace::rollback_mkdir(st, op_id, ino).await,
         Intent::Link { dir, name, ino, kind } => {
             let home = st.home(ino);
-            match st.peer(home, Op::PeerLinkDelta { ino, delta: 1, op_id }).await {
+            match st.peer(home, Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None }).await {
                 Ok(_) => {
                     let r = namespace::finish_link(st, op_id, dir, &name, ino, kind).await;
                     if r.is_ok() {
@@ -228,7 +228,8 @@ async fn replay(st: &Arc<State>, op_id: u64, intent: Intent) -> R<()> {
                 }
             }
         }
-        Intent::Unlink { ino } => namespace::finish_unlink(st, op_id, ino).await,
+        Intent::Unlink { ino } => namespace::finish_unlink(st, op_id, ino, None).await,
+        Intent::UnlinkKeep { ino, session } => namespace::finish_unlink(st, op_id, ino, Some(session)).await,
         Intent::Rmdir { dir, name, ino } => {
             let home = st.home(ino);
             match st.peer(home, Op::PeerRmdirObject { ino, op_id }).await {
@@ -250,7 +251,9 @@ async fn replay(st: &Arc<State>, op_id: u64, intent: Intent) -> R<()> {
         Intent::Rename { src_dir, src_name, dst_dir, dst_name, ino, kind, noreplace } => {
             let home = st.home(dst_dir);
             let entry = DirEntry { name: dst_name.clone(), ino, kind };
-            match st.peer(home, Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id }).await {
+            // Which file the client had open is not in the intent: a target replaced by a
+            // replayed rename is deleted even if it was open (its handles get ESTALE).
+            match st.peer(home, Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id, keep: None }).await {
                 Ok(Reply::Replaced(Some(old))) if old.ino == ino => {
                     delete_intent(st, op_id).await?;
                     st.locks.unpin(src_dir, &src_name, op_id);

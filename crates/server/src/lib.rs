@@ -14,6 +14,7 @@
 //! let opts = shoal_server::ServerOptions {
 //!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None,
 //!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
+//!     orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
@@ -28,6 +29,7 @@ mod limits;
 mod locks;
 mod net;
 mod ops;
+mod orphans;
 mod perm;
 mod state;
 mod store;
@@ -63,7 +65,12 @@ pub struct ServerOptions {
     pub max_connections: usize,
     /// A connection that has not completed `Hello` within this time is closed.
     pub handshake_timeout: Duration,
+    /// How long a file removed while open (an orphan) outlives the last connection of the
+    /// client that has it open; see `orphans.rs`.
+    pub orphan_grace: Duration,
 }
+
+pub use orphans::DEFAULT_GRACE as DEFAULT_ORPHAN_GRACE;
 
 /// Timeout of a call to another server. Shorter than a client's, so that a client waiting
 /// on an operation that spans servers hears about an unreachable peer before giving up.
@@ -76,6 +83,7 @@ pub struct Server {
     state: Arc<State>,
     listen: String,
     limits: limits::ConnLimits,
+    orphan_grace: Duration,
 }
 
 impl Server {
@@ -122,7 +130,12 @@ impl Server {
 
         let pool = Pool::new(
             map.clone(),
-            PoolOptions { timeout: PEER_TIMEOUT, connections_per_server: 2, client_name: format!("shoald {id}") },
+            PoolOptions {
+                timeout: PEER_TIMEOUT,
+                connections_per_server: 2,
+                client_name: format!("shoald {id}"),
+                session: 0,
+            },
         );
         let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool));
 
@@ -163,7 +176,7 @@ impl Server {
             tracing::info!("{} intents to replay", pending.len());
         }
         intents::pin_pending(&st, &pending);
-        Ok(Server { state, listen, limits })
+        Ok(Server { state, listen, limits, orphan_grace: opts.orphan_grace })
     }
 
     /// The address this server listens on unless told otherwise.
@@ -191,11 +204,14 @@ impl Server {
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
         let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
         let gc = tokio::spawn(intents::gc_loop(st.clone()));
+        let reclaim = tokio::spawn(orphans::reclaim_loop(st.clone(), self.orphan_grace));
         net::accept_loop(st.clone(), listener, self.limits, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
         wal.abort();
         recovery.abort();
         gc.abort();
+        reclaim.abort();
+        let _ = reclaim.await;
         let _ = wal.await;
         let _ = recovery.await;
         let _ = gc.await;

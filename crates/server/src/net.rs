@@ -268,8 +268,8 @@ async fn serve_conn(
         tracing::warn!("connection from {addr}: first frame is a reply, closing");
         return;
     }
-    let (from_peer, client) = match first.request_body() {
-        Ok(Request { op: Op::Hello { protocol_version, client }, .. }) => {
+    let (from_peer, client, session) = match first.request_body() {
+        Ok(Request { op: Op::Hello { protocol_version, client, session }, .. }) => {
             if protocol_version != PROTOCOL_VERSION {
                 let msg = format!(
                     "protocol version {protocol_version} not supported (this server speaks {PROTOCOL_VERSION})"
@@ -280,7 +280,7 @@ async fn serve_conn(
             }
             // Other servers name themselves "shoald …" (see lib.rs); their requests count
             // as peer traffic.
-            (client.starts_with("shoald"), client)
+            (client.starts_with("shoald"), client, session)
         }
         Ok(_) => {
             tracing::warn!("connection from {addr}: first request is not Hello, closing");
@@ -321,6 +321,8 @@ async fn serve_conn(
     st.counters.received(first.body.len());
     let hello = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() };
     send_now(&mut wr, first.request_id, &hello).await;
+    // While this connection lasts, the client session's orphans stay (orphans.rs).
+    let _connected = st.sessions.connected(session);
 
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let reader = read_requests(st.clone(), &mut rd, tx, addr, from_peer);

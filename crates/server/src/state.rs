@@ -51,6 +51,8 @@ pub struct State {
     gc_wake: tokio::sync::Notify,
     /// Round-robin counter of `next_dir_home`.
     dir_turn: AtomicU64,
+    /// Client sessions connected here: whose orphans may be reclaimed (`orphans.rs`).
+    pub sessions: crate::orphans::Sessions,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -97,6 +99,7 @@ impl State {
             gc_queue: Mutex::new(Vec::new()),
             gc_wake: tokio::sync::Notify::new(),
             dir_turn: AtomicU64::new(0),
+            sessions: crate::orphans::Sessions::new(),
         }
     }
 

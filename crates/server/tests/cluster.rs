@@ -43,7 +43,12 @@ impl Cluster {
         std::fs::write(&config, map.to_toml()).unwrap();
         let pool = Pool::new(
             map.clone(),
-            PoolOptions { timeout: Duration::from_secs(20), connections_per_server: 1, client_name: "test".into() },
+            PoolOptions {
+                timeout: Duration::from_secs(20),
+                connections_per_server: 1,
+                client_name: "test".into(),
+                session: 0,
+            },
         );
         let mut c = Cluster { dir, config, map, servers: Vec::new(), pool };
         for (id, l) in listeners.into_iter().enumerate() {
@@ -61,6 +66,7 @@ impl Cluster {
             listen: None,
             max_connections: 0,
             handshake_timeout: Duration::from_secs(10),
+            orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let h = tokio::spawn(shoal_server::serve_with_listener(opts, l, async move {
@@ -235,10 +241,10 @@ async fn create_lookup_getattr_unlink() {
     assert_eq!(c.op(Op::GetXattr { ino: e.ino, name: "user.x".into() }).await.unwrap_err(), Errno::ENODATA);
 
     // unlink
-    c.op(Op::Unlink { dir: ROOT_INO, name: "a".into() }).await.unwrap();
+    c.op(Op::Unlink { dir: ROOT_INO, name: "a".into(), keep: None }).await.unwrap();
     assert_eq!(c.lookup(ROOT_INO, "a").await.unwrap_err(), Errno::ENOENT);
     assert_eq!(c.op(Op::GetAttr { ino: e.ino }).await.unwrap_err(), Errno::ENOENT);
-    assert_eq!(c.op(Op::Unlink { dir: ROOT_INO, name: "a".into() }).await.unwrap_err(), Errno::ENOENT);
+    assert_eq!(c.op(Op::Unlink { dir: ROOT_INO, name: "a".into(), keep: None }).await.unwrap_err(), Errno::ENOENT);
 
     let st = c.status(c.home(ROOT_INO)).await;
     assert!(st.counters.client_requests > 10);
@@ -340,8 +346,8 @@ async fn mkdir_across_servers_and_rmdir() {
     let dname = find_name(&c, ROOT_INO, d).await;
     c.create(d, "f").await;
     assert_eq!(c.op(Op::Rmdir { dir: ROOT_INO, name: dname.clone() }).await.unwrap_err(), Errno::ENOTEMPTY);
-    assert_eq!(c.op(Op::Unlink { dir: ROOT_INO, name: dname.clone() }).await.unwrap_err(), Errno::EISDIR);
-    c.op(Op::Unlink { dir: d, name: "f".into() }).await.unwrap();
+    assert_eq!(c.op(Op::Unlink { dir: ROOT_INO, name: dname.clone(), keep: None }).await.unwrap_err(), Errno::EISDIR);
+    c.op(Op::Unlink { dir: d, name: "f".into(), keep: None }).await.unwrap();
     c.op(Op::Rmdir { dir: ROOT_INO, name: dname.clone() }).await.unwrap();
     assert_eq!(c.lookup(ROOT_INO, &dname).await.unwrap_err(), Errno::ENOENT);
     assert_eq!(c.op(Op::GetAttr { ino: d }).await.unwrap_err(), Errno::ENOENT);
@@ -375,6 +381,7 @@ async fn rename_across_servers() {
         dst_dir: remote,
         dst_name: "g".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     c.op(op).await.unwrap();
     assert_eq!(c.lookup(ROOT_INO, "f").await.unwrap_err(), Errno::ENOENT);
@@ -391,6 +398,7 @@ async fn rename_across_servers() {
         dst_dir: remote,
         dst_name: "g".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     c.op(op).await.unwrap();
     assert_eq!(c.lookup(remote, "g").await.unwrap().ino, h.ino);
@@ -399,10 +407,24 @@ async fn rename_across_servers() {
     // noreplace
     c.create(ROOT_INO, "i").await;
     let flags = RenameFlags { noreplace: true, exchange: false };
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: "i".into(), dst_dir: remote, dst_name: "g".into(), flags };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: "i".into(),
+        dst_dir: remote,
+        dst_name: "g".into(),
+        flags,
+        keep: None,
+    };
     assert_eq!(c.op(op).await.unwrap_err(), Errno::EEXIST);
     let flags = RenameFlags { noreplace: false, exchange: true };
-    let op = Op::Rename { src_dir: ROOT_INO, src_name: "i".into(), dst_dir: remote, dst_name: "g".into(), flags };
+    let op = Op::Rename {
+        src_dir: ROOT_INO,
+        src_name: "i".into(),
+        dst_dir: remote,
+        dst_name: "g".into(),
+        flags,
+        keep: None,
+    };
     assert_eq!(c.op(op).await.unwrap_err(), Errno::EXDEV);
 
     // A directory moves across servers: parent pointer and link counts follow.
@@ -414,6 +436,7 @@ async fn rename_across_servers() {
         dst_dir: remote,
         dst_name: "moved".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     c.op(op).await.unwrap();
     assert_eq!(c.getattr(local).await.parent, Some(remote));
@@ -428,6 +451,7 @@ async fn rename_across_servers() {
         dst_dir: local,
         dst_name: "loop".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     assert_eq!(c.op(op).await.unwrap_err(), Errno::EINVAL);
 
@@ -438,6 +462,7 @@ async fn rename_across_servers() {
         dst_dir: ROOT_INO,
         dst_name: "j".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     c.op(op).await.unwrap();
     assert!(c.lookup(ROOT_INO, "j").await.is_ok());
@@ -447,6 +472,7 @@ async fn rename_across_servers() {
         dst_dir: ROOT_INO,
         dst_name: "j".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     c.op(op).await.unwrap();
 
@@ -457,7 +483,7 @@ async fn rename_across_servers() {
         other => panic!("{other:?}"),
     }
     assert_eq!(c.getattr(j.ino).await.nlink, 2);
-    c.op(Op::Unlink { dir: remote, name: "j2".into() }).await.unwrap();
+    c.op(Op::Unlink { dir: remote, name: "j2".into(), keep: None }).await.unwrap();
     assert_eq!(c.getattr(j.ino).await.nlink, 1);
     assert_eq!(c.op(Op::Link { ino: local, dir: remote, name: "x".into() }).await.unwrap_err(), Errno::EPERM);
 
@@ -471,6 +497,7 @@ async fn rename_across_servers() {
         dst_dir: remote,
         dst_name: "e2".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     assert_eq!(c.op(op).await.unwrap_err(), Errno::ENOTEMPTY);
     let op = Op::Rename {
@@ -479,6 +506,7 @@ async fn rename_across_servers() {
         dst_dir: remote,
         dst_name: "e1".into(),
         flags: RenameFlags::default(),
+        keep: None,
     };
     c.op(op).await.unwrap();
     assert_eq!(c.lookup(remote, "e1").await.unwrap().ino, e2.ino);
@@ -530,7 +558,7 @@ async fn write_read_truncate_objects() {
     let (_, d) = read(layout.servers[1], 1, 0, 100).await;
     assert_eq!(&d[..], b"\0\0\0\0\0\0\0\0\0\0he");
     // Unlinking deletes the objects everywhere (in the background).
-    c.op(Op::Unlink { dir: ROOT_INO, name: "f".into() }).await.unwrap();
+    c.op(Op::Unlink { dir: ROOT_INO, name: "f".into(), keep: None }).await.unwrap();
     for _ in 0..100 {
         let (_, d0) = read(layout.servers[0], 0, 0, 10).await;
         let (_, d1) = read(layout.servers[1], 1, 0, 10).await;
@@ -547,7 +575,7 @@ async fn raw_hello(addr: &str) -> TcpStream {
     let hello = Request {
         cred: Cred::root(),
         map_version: 0,
-        op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into() },
+        op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into(), session: 0 },
     };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);
@@ -605,8 +633,11 @@ async fn malformed_frames_close_only_their_connection() {
 
     // A wrong protocol version is refused.
     let mut s = TcpStream::connect(&addr).await.unwrap();
-    let hello =
-        Request { cred: Cred::root(), map_version: 0, op: Op::Hello { protocol_version: 999, client: "old".into() } };
+    let hello = Request {
+        cred: Cred::root(),
+        map_version: 0,
+        op: Op::Hello { protocol_version: 999, client: "old".into(), session: 0 },
+    };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);
     s.write_all(&buf).await.unwrap();
@@ -689,8 +720,14 @@ impl Cluster {
     }
 
     async fn rename(&self, cred: &Cred, src_dir: Ino, src: &str, dst_dir: Ino, dst: &str) -> Result<Reply, Errno> {
-        let op =
-            Op::Rename { src_dir, src_name: src.into(), dst_dir, dst_name: dst.into(), flags: RenameFlags::default() };
+        let op = Op::Rename {
+            src_dir,
+            src_name: src.into(),
+            dst_dir,
+            dst_name: dst.into(),
+            flags: RenameFlags::default(),
+            keep: None,
+        };
         self.op_as(cred, op).await
     }
 
@@ -725,7 +762,7 @@ async fn rename_replaces_directories_homed_elsewhere() {
     assert_eq!(c.lookup(ROOT_INO, &uname).await.unwrap().ino, uino);
     assert_eq!(c.lookup(ROOT_INO, &tname).await.unwrap().ino, sino);
     let t0 = std::time::Instant::now();
-    c.op(Op::Unlink { dir: uino, name: "inside".into() }).await.unwrap();
+    c.op(Op::Unlink { dir: uino, name: "inside".into(), keep: None }).await.unwrap();
     c.op(Op::Rmdir { dir: ROOT_INO, name: uname.clone() }).await.unwrap();
     assert!(t0.elapsed() < Duration::from_secs(5), "names were left pinned");
 
@@ -759,15 +796,18 @@ async fn sticky_directories_and_ownership() {
     // alice's file in the sticky directory, its inode on the same server
     let op = Op::Create { dir: tmp, name: "mine".into(), perm: 0o644, exclusive: true, layout: None };
     c.op_as(&alice, op).await.unwrap();
-    assert_eq!(c.op_as(&bob, Op::Unlink { dir: tmp, name: "mine".into() }).await.unwrap_err(), Errno::EPERM);
+    assert_eq!(
+        c.op_as(&bob, Op::Unlink { dir: tmp, name: "mine".into(), keep: None }).await.unwrap_err(),
+        Errno::EPERM
+    );
     // alice's file whose inode lives on the other server (moved in by rename)
     let op = Op::Create { dir: public, name: "far".into(), perm: 0o644, exclusive: true, layout: None };
     c.op_as(&alice, op).await.unwrap();
     c.rename(&alice, public, "far", tmp, "far").await.unwrap();
-    assert_eq!(c.op_as(&bob, Op::Unlink { dir: tmp, name: "far".into() }).await.unwrap_err(), Errno::EPERM);
+    assert_eq!(c.op_as(&bob, Op::Unlink { dir: tmp, name: "far".into(), keep: None }).await.unwrap_err(), Errno::EPERM);
     assert_eq!(c.rename(&bob, tmp, "far", tmp, "stolen").await.unwrap_err(), Errno::EPERM);
-    c.op_as(&alice, Op::Unlink { dir: tmp, name: "far".into() }).await.unwrap();
-    c.op_as(&root, Op::Unlink { dir: tmp, name: "mine".into() }).await.unwrap();
+    c.op_as(&alice, Op::Unlink { dir: tmp, name: "far".into(), keep: None }).await.unwrap();
+    c.op_as(&root, Op::Unlink { dir: tmp, name: "mine".into(), keep: None }).await.unwrap();
 
     // chmod/chown rules through the server
     let f = match c
@@ -810,7 +850,7 @@ async fn concurrent_namespace_changes_stay_consistent() {
                 c.create(from, &name).await;
                 c.rename(&Cred::root(), from, &name, to, &name).await.unwrap();
                 if i % 2 == 0 {
-                    c.op(Op::Unlink { dir: to, name: name.clone() }).await.unwrap();
+                    c.op(Op::Unlink { dir: to, name: name.clone(), keep: None }).await.unwrap();
                 }
                 // everyone also fights over one shared name
                 let shared =
@@ -868,7 +908,7 @@ async fn unfinished_renames_and_unlinks_are_rolled_forward() {
 
     // Unlinking a name whose inode's home is down succeeds; the link count drops later.
     c.stop(a.0).await;
-    c.op(Op::Unlink { dir: d, name: "g".into() }).await.unwrap();
+    c.op(Op::Unlink { dir: d, name: "g".into(), keep: None }).await.unwrap();
     assert_eq!(c.status(b).await.pending_intents, 1);
     c.restart(a.0).await;
     let mut gone = false;

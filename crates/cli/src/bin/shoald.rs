@@ -48,6 +48,12 @@ struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 10, env = "SHOALD_HANDSHAKE_TIMEOUT",
           value_parser = clap::value_parser!(u64).range(1..))]
     handshake_timeout: u64,
+
+    /// Seconds a file removed while a client had it open stays after that client's last
+    /// connection to this server closed (a client that died or lost touch: its files are
+    /// deleted then). A client that closes the file releases it at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, env = "SHOALD_ORPHAN_GRACE")]
+    orphan_grace: u64,
 }
 
 fn main() -> ExitCode {
@@ -88,6 +94,7 @@ fn main() -> ExitCode {
         listen: args.listen,
         max_connections: args.max_connections,
         handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
+        orphan_grace: std::time::Duration::from_secs(args.orphan_grace),
     };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,8 @@ pub struct Cluster {
     pub config: PathBuf,
     pub map: ClusterMap,
     children: Vec<Option<Child>>,
+    /// Extra `shoald` arguments (every server, every start).
+    server_args: Vec<String>,
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
@@ -29,6 +31,15 @@ impl Cluster {
 
     /// Start `n` servers after letting `tweak` change the map (defaults, policy…).
     pub fn start_with(n: u32, tweak: impl FnOnce(&mut ClusterMap)) -> Cluster {
+        Cluster::start_full(n, tweak, &[])
+    }
+
+    /// Start `n` servers, each with the extra `shoald` arguments `args`.
+    pub fn start_with_server_args(n: u32, args: &[&str]) -> Cluster {
+        Cluster::start_full(n, |_| {}, args)
+    }
+
+    fn start_full(n: u32, tweak: impl FnOnce(&mut ClusterMap), args: &[&str]) -> Cluster {
         let dir = tempfile::Builder::new().prefix("shoal-test-").tempdir().unwrap();
         let mut map = ClusterMap::local(n, 0, dir.path());
         for (s, p) in map.servers.iter_mut().zip(free_ports(n as usize)) {
@@ -37,7 +48,8 @@ impl Cluster {
         tweak(&mut map);
         let config = dir.path().join("cluster.toml");
         std::fs::write(&config, map.to_toml()).unwrap();
-        let mut c = Cluster { dir, config, map, children: Vec::new() };
+        let server_args = args.iter().map(|a| a.to_string()).collect();
+        let mut c = Cluster { dir, config, map, children: Vec::new(), server_args };
         for id in 0..n {
             let child = c.spawn(id);
             c.children.push(Some(child));
@@ -59,6 +71,7 @@ impl Cluster {
             .arg(&self.config)
             .arg("--id")
             .arg(id.to_string())
+            .args(&self.server_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

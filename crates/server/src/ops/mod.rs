@@ -11,7 +11,7 @@ pub mod peer;
 use crate::error::{Fail, R};
 use crate::perm::Owner;
 use crate::state::State;
-use crate::store::meta::{GcRecord, InodeRecord, Txn};
+use crate::store::meta::{GcRecord, InodeRecord, OrphanRecord, Txn};
 use shoal_proto::msg::{check_name, FileKind, Timestamp};
 use shoal_proto::{Errno, Ino};
 use std::collections::HashMap;
@@ -85,7 +85,11 @@ pub(crate) use owner_or_need;
 /// Remove one name of a local inode: link count −1, and at zero the inode, its attributes
 /// and (through a durable gc record) its data objects. Returns the gc record to act on
 /// after the commit. An inode that is already gone is fine.
-pub fn drop_link(txn: &mut Txn<'_>, ino: Ino, now: Timestamp) -> R<Option<GcRecord>> {
+///
+/// `orphan_of`: the client session that removes the name has the file open. At zero the
+/// file then stays, without a name and with link count 0, as that session's orphan (an
+/// `O` record in the same batch) until it is released (`orphans.rs`).
+pub fn drop_link(txn: &mut Txn<'_>, ino: Ino, now: Timestamp, orphan_of: Option<u64>) -> R<Option<GcRecord>> {
     let Some(rec) = txn.inode(ino)? else { return Ok(None) };
     if rec.nlink > 1 && rec.kind != FileKind::Dir {
         let r = txn.inode_mut(ino)?;
@@ -93,6 +97,19 @@ pub fn drop_link(txn: &mut Txn<'_>, ino: Ino, now: Timestamp) -> R<Option<GcReco
         r.ctime = now;
         return Ok(None);
     }
+    if let (Some(session), FileKind::File) = (orphan_of, rec.kind) {
+        let r = txn.inode_mut(ino)?;
+        r.nlink = 0;
+        r.ctime = now;
+        txn.put_orphan(ino, &OrphanRecord { session, since: now.secs });
+        return Ok(None);
+    }
+    delete_inode(txn, ino, now)
+}
+
+/// Delete a local inode now (its last name is gone, or it was an orphan), its attributes
+/// and, through a durable gc record returned to act on after the commit, its data objects.
+pub fn delete_inode(txn: &mut Txn<'_>, ino: Ino, now: Timestamp) -> R<Option<GcRecord>> {
     let old = txn.remove_inode(ino)?;
     match old.and_then(|r| r.layout) {
         Some(layout) => {
@@ -124,8 +141,8 @@ pub fn dir_nlink_dec(txn: &mut Txn<'_>, dir: Ino) -> R<()> {
 #[derive(Default)]
 pub struct After {
     pub gc: Vec<(Ino, GcRecord)>,
-    /// (op id of an `Unlink` intent, inode)
-    pub unlinks: Vec<(u64, Ino)>,
+    /// (op id of an `Unlink`/`UnlinkKeep` intent, inode, session keeping it open)
+    pub unlinks: Vec<(u64, Ino, Option<u64>)>,
     /// (op id of a `SetParent` intent, inode, new parent)
     pub set_parents: Vec<(u64, Ino, Ino)>,
 }
@@ -135,9 +152,9 @@ impl After {
         for (ino, g) in self.gc {
             st.queue_gc(ino, g);
         }
-        for (op_id, ino) in self.unlinks {
+        for (op_id, ino, keep) in self.unlinks {
             if let Some(_a) = st.activate(op_id) {
-                if let Err(e) = namespace::finish_unlink(st, op_id, ino).await {
+                if let Err(e) = namespace::finish_unlink(st, op_id, ino, keep).await {
                     tracing::info!("link count drop of {ino} left for recovery: {e}");
                 }
             }

@@ -12,7 +12,9 @@ use crate::locks::Locks;
 use crate::perm::{self, R_OK, S_ISGID, W_OK, X_OK};
 use crate::state::{derive_op, State};
 use crate::store::meta::{EntryRecord, InodeRecord, Intent, Txn};
-use shoal_proto::msg::{Cred, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, PATH_MAX, READDIR_MAX};
+use shoal_proto::msg::{
+    Cred, DirEntry, EntryOut, FileKind, KeepOpen, LayoutSpec, Op, RenameFlags, Reply, PATH_MAX, READDIR_MAX,
+};
 use shoal_proto::{Errno, Ino, ROOT_INO};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -346,6 +348,10 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 if rec.nlink == u32::MAX {
                     return fail(Errno::EMLINK, format!("{ino} has too many links"));
                 }
+                if rec.nlink == 0 {
+                    // An orphan (open, no name left): as Linux, no new name for it.
+                    return fail(Errno::ENOENT, format!("{ino} has no name left (removed while open)"));
+                }
                 rec.nlink += 1;
                 rec.ctime = now;
                 let rec = rec.clone();
@@ -383,7 +389,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
         st.locks.pin(dir, &name, op_id);
     }
     let home = st.home(ino);
-    match st.peer(home, Op::PeerLinkDelta { ino, delta: 1, op_id }).await {
+    match st.peer(home, Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None }).await {
         Ok(reply) => {
             let committed = finish_link(st, op_id, dir, &name, ino, kind).await;
             st.locks.unpin(dir, &name, op_id);
@@ -430,7 +436,7 @@ pub async fn finish_link(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino:
     };
     if !committed {
         let home = st.home(ino);
-        match st.peer(home, Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1) }).await {
+        match st.peer(home, Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None }).await {
             Ok(_) | Err(Errno::ENOENT) => {}
             Err(e) => return Err(Fail::peer(home, e)),
         }
@@ -444,7 +450,8 @@ pub async fn finish_link(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino:
 
 enum Unlinked {
     Local(Option<crate::store::meta::GcRecord>, Ino),
-    Remote(Ino),
+    /// (inode, session keeping it open)
+    Remote(Ino, Option<u64>),
     /// The entry's inode is here but its stripe was busy: lock it too and run again.
     Relock(Ino),
 }
@@ -457,7 +464,9 @@ fn stripe_set(st: &State, dir: Ino, child: Option<Ino>) -> Vec<Ino> {
     inos
 }
 
-pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Reply> {
+/// `keep`: the client has a file open; if the name is that file's last, the file becomes
+/// the client session's orphan (at its home, which may be another server) instead of going.
+pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: Option<KeepOpen>) -> R<Reply> {
     st.require_home(dir)?;
     name_ok(&name)?;
     let mut known = Known::new();
@@ -498,11 +507,12 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
                 }
                 txn.delete_entry(dir, &n2);
                 txn.inode_mut(dir)?.touch(now);
+                let orphan_of = keeper(keep, e.ino);
                 let out = if local {
-                    Unlinked::Local(drop_link(&mut txn, e.ino, now)?, e.ino)
+                    Unlinked::Local(drop_link(&mut txn, e.ino, now, orphan_of)?, e.ino)
                 } else {
-                    txn.put_intent(op_id, Intent::Unlink { ino: e.ino }, now.secs);
-                    Unlinked::Remote(e.ino)
+                    txn.put_intent(op_id, unlink_intent(e.ino, orphan_of), now.secs);
+                    Unlinked::Remote(e.ino, orphan_of)
                 };
                 txn.commit()?;
                 Ok(Step::Done(out))
@@ -516,10 +526,10 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
                 }
                 return Ok(Reply::Ok);
             }
-            Step::Done(Unlinked::Remote(ino)) => {
+            Step::Done(Unlinked::Remote(ino, orphan_of)) => {
                 // The name is gone (committed); the link count drop is rolled forward by
                 // recovery if the inode's home cannot be reached now.
-                if let Err(e) = finish_unlink(st, op_id, ino).await {
+                if let Err(e) = finish_unlink(st, op_id, ino, orphan_of).await {
                     tracing::info!("link count drop of {ino} left for recovery: {e}");
                 }
                 drop(active);
@@ -533,10 +543,24 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
     Err(busy())
 }
 
-/// Drop one link of a remote inode (an `Unlink` intent) and delete the intent.
-pub async fn finish_unlink(st: &Arc<State>, op_id: u64, ino: Ino) -> R<()> {
+/// The session that keeps the entry's inode `ino` open, if `keep` names that inode (the
+/// client's idea of which file the name was may be stale: then the file is not its).
+pub fn keeper(keep: Option<KeepOpen>, ino: Ino) -> Option<u64> {
+    keep.filter(|k| k.ino == ino).map(|k| k.session)
+}
+
+/// The intent of a link count drop on another server.
+pub fn unlink_intent(ino: Ino, orphan_of: Option<u64>) -> Intent {
+    match orphan_of {
+        Some(session) => Intent::UnlinkKeep { ino, session },
+        None => Intent::Unlink { ino },
+    }
+}
+
+/// Drop one link of a remote inode (an `Unlink`/`UnlinkKeep` intent) and delete the intent.
+pub async fn finish_unlink(st: &Arc<State>, op_id: u64, ino: Ino, orphan_of: Option<u64>) -> R<()> {
     let home = st.home(ino);
-    match st.peer(home, Op::PeerLinkDelta { ino, delta: -1, op_id }).await {
+    match st.peer(home, Op::PeerLinkDelta { ino, delta: -1, op_id, orphan_of }).await {
         Ok(_) | Err(Errno::ENOENT) => {}
         Err(e) if is_transport(e) || e == Errno::EIO => return Err(Fail::peer(home, e)),
         Err(e) => tracing::warn!("dropping a link of {ino}: server {home} answered {e}; giving up"),
@@ -709,7 +733,8 @@ impl<T> From<Step<T>> for Ren<T> {
 }
 
 /// Take out the target `t` of a rename into `dst_dir` (not an exchange): an empty directory
-/// goes (locally, or — already — remotely through `rmdir_done`), a file loses a link.
+/// goes (locally, or — already — remotely through `rmdir_done`), a file loses a link (and
+/// becomes an orphan of the session in `keep` if that is its last and `keep` names it).
 #[allow(clippy::too_many_arguments)]
 fn replace_target(
     st: &State,
@@ -720,6 +745,7 @@ fn replace_target(
     rmdir_done: Option<(Ino, u64)>,
     unlink_op: u64,
     now: shoal_proto::msg::Timestamp,
+    keep: Option<KeepOpen>,
 ) -> R<Option<Ino>> {
     if t.kind == FileKind::Dir {
         if st.is_home(t.ino) {
@@ -735,12 +761,13 @@ fn replace_target(
         }
         dir_nlink_dec(txn, dst_dir)?;
     } else if st.is_home(t.ino) {
-        if let Some(g) = drop_link(txn, t.ino, now)? {
+        if let Some(g) = drop_link(txn, t.ino, now, keeper(keep, t.ino))? {
             after.gc.push((t.ino, g));
         }
     } else {
-        txn.put_intent(unlink_op, Intent::Unlink { ino: t.ino }, now.secs);
-        after.unlinks.push((unlink_op, t.ino));
+        let orphan_of = keeper(keep, t.ino);
+        txn.put_intent(unlink_op, unlink_intent(t.ino, orphan_of), now.secs);
+        after.unlinks.push((unlink_op, t.ino, orphan_of));
     }
     Ok(None)
 }
@@ -794,6 +821,7 @@ pub async fn rename(
     dst_dir: Ino,
     dst_name: String,
     flags: RenameFlags,
+    keep: Option<KeepOpen>,
 ) -> R<Reply> {
     st.require_home(src_dir)?;
     name_ok(&src_name)?;
@@ -806,9 +834,9 @@ pub async fn rename(
         return fail(Errno::EXDEV, "exchanging entries of directories on different servers is not supported");
     }
     if same_server {
-        rename_local(st, cred, src_dir, src_name, dst_dir, dst_name, flags).await
+        rename_local(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep).await
     } else {
-        rename_cross(st, cred, src_dir, src_name, dst_dir, dst_name, flags.noreplace).await
+        rename_cross(st, cred, src_dir, src_name, dst_dir, dst_name, flags.noreplace, keep).await
     }
 }
 
@@ -821,6 +849,7 @@ async fn rename_local(
     dst_dir: Ino,
     dst_name: String,
     flags: RenameFlags,
+    keep: Option<KeepOpen>,
 ) -> R<Reply> {
     let op_id = st.new_op_id();
     let mut known = Known::new();
@@ -905,9 +934,17 @@ async fn rename_local(
                     }
                     let mut after = After::default();
                     if let (Some(t), false) = (te, flags.exchange) {
-                        if let Some(need) =
-                            replace_target(st, &mut txn, &mut after, dst_dir, t, rmdir_done, derive_op(op_id, 2), now)?
-                        {
+                        if let Some(need) = replace_target(
+                            st,
+                            &mut txn,
+                            &mut after,
+                            dst_dir,
+                            t,
+                            rmdir_done,
+                            derive_op(op_id, 2),
+                            now,
+                            keep,
+                        )? {
                             return Ok(Ren::RmdirTarget(need));
                         }
                     }
@@ -1006,6 +1043,7 @@ async fn rename_local(
     result
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn rename_cross(
     st: &Arc<State>,
     cred: Cred,
@@ -1014,6 +1052,7 @@ async fn rename_cross(
     dst_dir: Ino,
     dst_name: String,
     noreplace: bool,
+    keep: Option<KeepOpen>,
 ) -> R<Reply> {
     let mut known = Known::new();
     let deadline = Instant::now() + crate::locks::PIN_WAIT;
@@ -1079,7 +1118,7 @@ async fn rename_cross(
         drop(g);
         let home = st.home(dst_dir);
         let entry = DirEntry { name: dst_name.clone(), ino: se.ino, kind: se.kind };
-        let op = Op::PeerRenameIn { dst_dir, dst_name: dst_name.clone(), entry, noreplace, op_id };
+        let op = Op::PeerRenameIn { dst_dir, dst_name: dst_name.clone(), entry, noreplace, op_id, keep };
         return match st.peer_as(home, &cred, op).await {
             Ok(Reply::Replaced(Some(old))) if old.ino == se.ino => {
                 // Both names were links of one file: nothing to do (POSIX).
@@ -1156,6 +1195,7 @@ pub async fn finish_rename_source(
 /// `PeerRenameIn` at the destination directory's home: put `dst_dir/dst_name` → `entry`,
 /// replacing (and taking out) an existing target under the rules of rename. Applied at most
 /// once per `op_id`; answers with the replaced entry.
+#[allow(clippy::too_many_arguments)]
 pub async fn peer_rename_in(
     st: &Arc<State>,
     cred: Cred,
@@ -1164,6 +1204,7 @@ pub async fn peer_rename_in(
     entry: DirEntry,
     noreplace: bool,
     op_id: u64,
+    keep: Option<KeepOpen>,
 ) -> R<Reply> {
     st.require_home(dst_dir)?;
     name_ok(&dst_name)?;
@@ -1213,9 +1254,17 @@ pub async fn peer_rename_in(
                                 );
                             }
                         }
-                        if let Some(need) =
-                            replace_target(st, &mut txn, &mut after, dst_dir, t, rmdir_done, derive_op(op_id, 2), now)?
-                        {
+                        if let Some(need) = replace_target(
+                            st,
+                            &mut txn,
+                            &mut after,
+                            dst_dir,
+                            t,
+                            rmdir_done,
+                            derive_op(op_id, 2),
+                            now,
+                            keep,
+                        )? {
                             return Ok(Ren::RmdirTarget(need));
                         }
                     }

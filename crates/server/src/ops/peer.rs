@@ -59,8 +59,8 @@ pub async fn rmdir_object(st: &Arc<State>, ino: Ino) -> R<Reply> {
 }
 
 /// Add `delta` to a link count (at most once per op id); at zero the inode goes, and its
-/// data objects after it.
-pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64) -> R<Reply> {
+/// data objects after it — or, with `orphan_of`, it stays as that client session's orphan.
+pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64, orphan_of: Option<u64>) -> R<Reply> {
     st.require_home(ino)?;
     let _g = st.locks.lock(&[ino]).await;
     let (reply, gc) = st
@@ -74,6 +74,10 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64) -> R<
             if rec.kind == FileKind::Dir {
                 return fail(Errno::EPERM, format!("{ino} is a directory; its link count is not changed by links"));
             }
+            if rec.nlink == 0 && delta > 0 {
+                // An orphan (open, no name left): as Linux, no new name for it.
+                return fail(Errno::ENOENT, format!("{ino} has no name left (removed while open)"));
+            }
             let n = rec.nlink as i64 + delta as i64;
             if n > u32::MAX as i64 {
                 return fail(Errno::EMLINK, format!("{ino} has too many links"));
@@ -84,7 +88,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64) -> R<
                 // drop_link removes the inode (and queues its objects) when the count hits 0.
                 let r = txn.inode_mut(ino)?;
                 r.nlink = 1;
-                gc = drop_link(&mut txn, ino, now)?;
+                gc = drop_link(&mut txn, ino, now, orphan_of)?;
             } else {
                 let r = txn.inode_mut(ino)?;
                 r.nlink = n;

@@ -64,6 +64,7 @@ pub mod key {
     pub const INTENT: u8 = b't';
     pub const APPLIED: u8 = b'o';
     pub const GC: u8 = b'g';
+    pub const ORPHAN: u8 = b'O';
     pub const FORMAT: &[u8] = b"mformat";
     pub const SERVER: &[u8] = b"mserver";
 
@@ -105,6 +106,9 @@ pub mod key {
     }
     pub fn gc(ino: Ino) -> [u8; 9] {
         tagged(GC, ino.0)
+    }
+    pub fn orphan(ino: Ino) -> [u8; 9] {
+        tagged(ORPHAN, ino.0)
     }
 
     /// The number in a 9-byte tagged key.
@@ -253,6 +257,9 @@ pub enum Intent {
     Rename { src_dir: Ino, src_name: String, dst_dir: Ino, dst_name: String, ino: Ino, kind: FileKind, noreplace: bool },
     /// A moved directory's parent pointer (homed elsewhere) must become `parent`.
     SetParent { ino: Ino, parent: Ino },
+    /// As `Unlink`, for a name removed by client `session`, which has `ino` open: at a link
+    /// count of zero the inode becomes that session's orphan. Rolled forward.
+    UnlinkKeep { ino: Ino, session: u64 },
 }
 
 impl Intent {
@@ -261,7 +268,7 @@ impl Intent {
         match self {
             Intent::Link { dir, name, .. } | Intent::Rmdir { dir, name, .. } => Some((*dir, name)),
             Intent::Rename { src_dir, src_name, .. } => Some((*src_dir, src_name)),
-            Intent::Mkdir { .. } | Intent::Unlink { .. } | Intent::SetParent { .. } => None,
+            Intent::Mkdir { .. } | Intent::Unlink { .. } | Intent::SetParent { .. } | Intent::UnlinkKeep { .. } => None,
         }
     }
 }
@@ -285,6 +292,17 @@ pub struct AppliedRecord {
 pub struct GcRecord {
     pub created: i64,
     pub layout: Layout,
+}
+
+/// A file inode with no name left, kept because client `session` still has it open (the
+/// inode record stays under `i` with link count 0; its objects stay). Deleted with the inode
+/// at the session's `ReleaseOrphan`, or by the reclaim loop once the session has had no
+/// connection to this server for the grace period (see `orphans.rs`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrphanRecord {
+    pub session: u64,
+    /// Seconds since the epoch when the last name went.
+    pub since: i64,
 }
 
 /// Block cache of the metadata store: inodes and entries of a few million files.
@@ -560,6 +578,21 @@ impl MetaStore {
         Ok(out)
     }
 
+    pub fn get_orphan(&self, ino: Ino) -> R<Option<OrphanRecord>> {
+        self.get_decoded(&key::orphan(ino), &format_args!("orphan record {ino}"))
+    }
+
+    /// All orphans (open files without a name).
+    pub fn orphans(&self) -> R<Vec<(Ino, OrphanRecord)>> {
+        let mut out = Vec::new();
+        self.scan(&[key::ORPHAN], None, |k, v| {
+            let ino = Ino(key::number(k).ok_or_else(|| Fail::corrupt("orphan key of the wrong length"))?);
+            out.push((ino, decode(&format_args!("orphan record {ino}"), v)?));
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
     /// Number of keys with tag `tag` (an O(n) scan: for status reports).
     pub fn count(&self, tag: u8) -> R<u64> {
         let mut n = 0u64;
@@ -753,6 +786,14 @@ impl<'a> Txn<'a> {
 
     pub fn delete_gc(&mut self, ino: Ino) {
         self.batch.delete(key::gc(ino));
+    }
+
+    pub fn put_orphan(&mut self, ino: Ino, rec: &OrphanRecord) {
+        self.batch.put(key::orphan(ino), encode(rec));
+    }
+
+    pub fn delete_orphan(&mut self, ino: Ino) {
+        self.batch.delete(key::orphan(ino));
     }
 
     /// Write everything as one batch.
