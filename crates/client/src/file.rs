@@ -404,7 +404,7 @@ impl File {
                 self.harvest(&mut io);
                 io.writes
                     .iter()
-                    .find(|w| w.id < before && range.map_or(true, |(s, e)| w.start < e && s < w.end))
+                    .find(|w| w.id < before && range.is_none_or(|(s, e)| w.start < e && s < w.end))
                     .map(|w| w.done.clone())
             };
             match next {

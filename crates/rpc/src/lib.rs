@@ -384,15 +384,18 @@ async fn flush(out: &Outbox) -> std::io::Result<()> {
     }
 }
 
+/// One connection slot: a server and the index of one of its `connections_per_server`.
+type Slot = (ServerId, usize);
+
 /// Connections to every server of a cluster map.
 pub struct Pool {
     map: ClusterMap,
     opts: PoolOptions,
     next_id: AtomicU64,
     rr: AtomicU64,
-    conns: Mutex<HashMap<(ServerId, usize), Arc<Conn>>>,
+    conns: Mutex<HashMap<Slot, Arc<Conn>>>,
     /// Serialises connection set-up per slot so a burst of calls opens one connection.
-    connecting: Mutex<HashMap<(ServerId, usize), Arc<tokio::sync::Mutex<()>>>>,
+    connecting: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
     stats: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
     /// Per server of the map: what was heard from it (fixed at creation, so no lock).
     liveness: HashMap<ServerId, Arc<Liveness>>,

@@ -126,6 +126,17 @@ impl Counters {
     }
 }
 
+/// CPU time (user + system) of this process so far, in nanoseconds.
+fn process_cpu_ns() -> u64 {
+    // SAFETY: getrusage only writes into the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0;
+    }
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    ns(ru.ru_utime) + ns(ru.ru_stime)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,15 +158,4 @@ mod tests {
         assert_eq!(names, ["future_op", "lookup", "peer_link_delta", "write"]);
         assert_eq!(s.ops[1].1, 2);
     }
-}
-
-/// CPU time (user + system) of this process so far, in nanoseconds.
-fn process_cpu_ns() -> u64 {
-    // SAFETY: getrusage only writes into the zeroed struct it is given.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
-        return 0;
-    }
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    ns(ru.ru_utime) + ns(ru.ru_stime)
 }

@@ -84,7 +84,7 @@ pub async fn df(ctx: &Ctx, a: DfArgs) -> Result<()> {
     let s = client.statfs().await?;
     let f = |n: u64| if a.human { human_bytes(n) } else { n.to_string() };
     let used = s.capacity_bytes.saturating_sub(s.free_bytes);
-    let pct = if s.capacity_bytes > 0 { used * 100 / s.capacity_bytes } else { 0 };
+    let pct = (used * 100).checked_div(s.capacity_bytes).unwrap_or(0);
     println!(
         "{:<12} {:>14} {:>14} {:>14} {:>5} {:>8} {:>8}",
         "filesystem", "size", "used", "avail", "use%", "inodes", "servers"
