@@ -17,6 +17,9 @@ const XATTRS_MAX: usize = 1024;
 /// Longest attribute name (Linux's XATTR_NAME_MAX).
 const XATTR_NAME_MAX: usize = 255;
 
+/// The attribute holding file capabilities, dropped when a file's size is changed.
+const CAPS_XATTR: &str = "security.capability";
+
 fn no_inode(ino: Ino) -> Fail {
     Fail::new(Errno::ENOENT, format!("inode {ino} does not exist"))
 }
@@ -74,6 +77,7 @@ pub fn apply_setattr(cred: &Cred, rec: &InodeRecord, set: &SetAttrs, now: Timest
         }
         n.size = size;
         n.mtime = now;
+        n.perm = perm::mode_after_write(cred, n.perm, n.gid);
         changed = true;
     }
     if set.atime.is_some() || set.mtime.is_some() {
@@ -140,6 +144,11 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
     st.store(move |st| {
         let mut txn = st.meta.txn();
         txn.put_inode(ino, new.clone());
+        if set.size.is_some() {
+            // A size change drops file capabilities, whoever makes it (Linux's
+            // `file_remove_privs`), in the same batch as the size.
+            txn.delete_xattr(ino, CAPS_XATTR);
+        }
         txn.commit()?;
         Ok(Reply::Attr(st.attr_of(ino, &new, true)))
     })
