@@ -194,6 +194,12 @@ impl Who {
     fn of(req: &Request) -> Who {
         Who { uid: req.uid(), gid: req.gid(), pid: req.pid() }
     }
+
+    /// The caller of a request that changes a file's contents, when it must drop the
+    /// file's set-ID bits (no CAP_FSETID: not root); see `Shared::drop_privs`.
+    fn of_writer(req: &Request) -> Option<Who> {
+        (req.uid() != 0).then(|| Who::of(req))
+    }
 }
 
 type Res<T> = std::result::Result<T, fuser::Errno>;
@@ -795,8 +801,9 @@ impl Shared {
         Ok(())
     }
 
-    async fn fallocate(&self, fh: FileHandle, offset: u64, length: u64, mode: i32) -> Res<()> {
+    async fn fallocate(&self, kill: Option<Who>, fh: FileHandle, offset: u64, length: u64, mode: i32) -> Res<()> {
         let n = self.fh(fh)?;
+        self.drop_privs(&n, kill, true).await?;
         let end = offset.checked_add(length).ok_or(raw(libc::EFBIG))?;
         let keep = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let rest = mode & !libc::FALLOC_FL_KEEP_SIZE;
@@ -833,9 +840,19 @@ impl Shared {
         Ok(())
     }
 
-    async fn copy_range(&self, fh_in: FileHandle, off_in: u64, fh_out: FileHandle, off_out: u64, len: u64) -> Res<u32> {
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_range(
+        &self,
+        kill: Option<Who>,
+        fh_in: FileHandle,
+        off_in: u64,
+        fh_out: FileHandle,
+        off_out: u64,
+        len: u64,
+    ) -> Res<u32> {
         let src = self.fh(fh_in)?;
         let dst = self.fh(fh_out)?;
+        self.drop_privs(&dst, kill, true).await?;
         let total = len.min(COPY_MAX);
         let mut done = 0u64;
         while done < total {
@@ -1662,7 +1679,7 @@ impl Filesystem for ShoalFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -1673,8 +1690,9 @@ impl Filesystem for ShoalFs {
         if self.read_only() {
             return reply.error(raw(libc::EROFS));
         }
+        let kill = Who::of_writer(req);
         self.spawn(move |sh| async move {
-            match sh.fallocate(fh, offset, length, mode).await {
+            match sh.fallocate(kill, fh, offset, length, mode).await {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(err),
             }
@@ -1683,7 +1701,7 @@ impl Filesystem for ShoalFs {
 
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
         fh_in: FileHandle,
         offset_in: u64,
@@ -1697,8 +1715,9 @@ impl Filesystem for ShoalFs {
         if self.read_only() {
             return reply.error(raw(libc::EROFS));
         }
+        let kill = Who::of_writer(req);
         self.spawn(move |sh| async move {
-            match sh.copy_range(fh_in, offset_in, fh_out, offset_out, len).await {
+            match sh.copy_range(kill, fh_in, offset_in, fh_out, offset_out, len).await {
                 Ok(n) => reply.written(n),
                 Err(err) => reply.error(err),
             }
