@@ -409,4 +409,20 @@ mod tests {
         // nothing asked, nothing changed
         assert_eq!(apply_setattr(&alice, &f, &SetAttrs::default(), now).unwrap(), f);
     }
+
+    #[test]
+    fn size_changes_by_non_root_clear_set_id_bits() {
+        let now = Timestamp { secs: 50, nsecs: 0 };
+        let size = SetAttrs { size: Some(1), ..Default::default() };
+        let bob = Cred { uid: 1001, gid: 1001, groups: vec![] };
+        let group = Cred { uid: 1001, gid: 1001, groups: vec![1000] };
+        // set-group-ID with group execute goes for anyone without CAP_FSETID
+        let n = apply_setattr(&bob, &file(1000, 0o6777), &size, now).unwrap();
+        assert_eq!(n.perm, 0o777);
+        // without group execute it stays for a member of the file's group only
+        assert_eq!(apply_setattr(&group, &file(1000, 0o6666), &size, now).unwrap().perm, 0o2666);
+        assert_eq!(apply_setattr(&bob, &file(1000, 0o6666), &size, now).unwrap().perm, 0o666);
+        // root keeps them
+        assert_eq!(apply_setattr(&Cred::root(), &file(1000, 0o6777), &size, now).unwrap().perm, 0o6777);
+    }
 }
