@@ -42,7 +42,8 @@ fn file_commands_work_and_report_errors_with_the_path() {
     fails(&c, &["stat", "/missing"], "No such file or directory");
     // The path is said once.
     let (_, _, err) = c.shoal(&["stat", "/missing"]);
-    assert_eq!(err.trim_end(), "shoal: cannot stat /missing: No such file or directory");
+    assert!(err.starts_with("shoal: cannot stat /missing: No such file or directory (server s"), "{err}");
+    assert_eq!(err.matches("/missing").count(), 1, "{err}");
 
     // cp local -> shoal (recursive), shoal -> shoal, shoal -> local
     ok(&c, &["cp", "-r", &l("tree"), "shoal://t"]);
@@ -173,4 +174,182 @@ fn demo_runs_to_completion() {
     );
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
+}
+
+/// A chain of `depth` directories `/name/d/d/…/d` with a small file at the bottom, made
+/// through the native client one level at a time (by inode, so no path grows long).
+fn deep_tree(c: &Cluster, name: &str, depth: usize) {
+    let fs = shoal_client::BlockingClient::from_config(&c.config, c.options()).unwrap();
+    let mut dir = fs.mkdir(&format!("/{name}"), 0o755).unwrap().ino;
+    for _ in 1..depth {
+        dir = fs.mkdir_at(dir, "d", 0o755).unwrap().ino;
+    }
+    fs.create_at(dir, "leaf", 0o644, true, None).unwrap();
+}
+
+#[test]
+fn rm_and_ls_walk_a_tree_three_thousand_levels_deep() {
+    // Deeper than PATH_MAX allows a path to reach: the walks go by inode, not by path.
+    let c = Cluster::start(2);
+    deep_tree(&c, "deep", 3000);
+    let listing = ok(&c, &["ls", "-R", "/deep"]);
+    // A header per directory, and the file at the bottom.
+    assert_eq!(listing.lines().filter(|l| l.ends_with(':')).count(), 3000);
+    assert_eq!(listing.lines().filter(|l| *l == "leaf").count(), 1);
+    let long = ok(&c, &["ls", "-R", "-l", "-a", "/deep"]);
+    assert_eq!(long.lines().filter(|l| l.starts_with("drwx") && l.ends_with(" d")).count(), 2999);
+    assert_eq!(long.lines().filter(|l| l.starts_with("-rw-") && l.ends_with(" leaf")).count(), 1);
+    ok(&c, &["rm", "-r", "/deep"]);
+    assert_eq!(ok(&c, &["ls", "/"]), "", "nothing left of the tree");
+}
+
+#[test]
+fn cp_copies_a_tree_a_thousand_levels_deep_both_ways() {
+    let c = Cluster::start(2);
+    deep_tree(&c, "deep", 1000);
+    let local = c.path().join("local-copy");
+    ok(&c, &["cp", "-r", "shoal://deep", &local.to_string_lossy()]);
+    let bottom = (1..1000).fold(local.clone(), |p, _| p.join("d")).join("leaf");
+    assert!(bottom.exists(), "cp -r copied every level");
+    ok(&c, &["cp", "-r", &local.to_string_lossy(), "shoal://back"]);
+    let listing = ok(&c, &["ls", "-R", "/back"]);
+    assert_eq!(listing.lines().filter(|l| l.ends_with(':')).count(), 1000);
+    assert_eq!(listing.lines().filter(|l| *l == "leaf").count(), 1);
+    let _ = std::fs::remove_dir_all(&local);
+}
+
+#[test]
+fn rm_refuses_the_root_unless_told_and_then_empties_it() {
+    let c = Cluster::start(2);
+    ok(&c, &["mkdir", "-p", "/a/b"]);
+    ok(&c, &["mkdir", "/c"]);
+    for root in ["/", "shoal://", "shoal:///", "//", "/.", "/./", "shoal://.", "/a/..", "/a/b/../.."] {
+        let (code, _, err) = c.shoal(&["rm", "-r", root]);
+        assert_eq!(code, 1, "rm -r {root} must fail: {err}");
+        assert_eq!(
+            err.trim_end(),
+            "shoal: rm: refusing to remove the root of the file system (use --no-preserve-root to override)",
+            "rm -r {root}"
+        );
+        let (code, _, _) = c.shoal(&["rm", "-rf", root]);
+        assert_eq!(code, 1, "-f does not override the refusal ({root})");
+    }
+    assert_eq!(ok(&c, &["ls", "/"]), "a\nc\n", "nothing was removed");
+    ok(&c, &["rm", "-r", "--no-preserve-root", "shoal://"]);
+    assert_eq!(ok(&c, &["ls", "/"]), "", "the root is emptied");
+    ok(&c, &["mkdir", "/again"]);
+    assert_eq!(ok(&c, &["ls", "/"]), "again\n", "and stays usable");
+}
+
+/// `shoald` started on `config` exits by itself with status 1 and one line naming `needle`.
+fn shoald_refuses(config: &std::path::Path, needle: &str) {
+    let cwd = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_shoald"))
+        .args(["--config", &config.to_string_lossy(), "--id", "0"])
+        .current_dir(cwd.path())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if start.elapsed() > std::time::Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "shoald must refuse the map ({needle}); stderr: {err}");
+    let last = err.trim_end().lines().last().unwrap_or("");
+    assert!(last.starts_with("shoald: ") && last.contains(needle), "{err:?} should name {needle:?}");
+}
+
+#[test]
+fn bad_cluster_maps_are_refused_by_clients_and_servers_with_one_line_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let good = shoal_placement::ClusterMap::local(1, port, dir.path());
+    type Tweak = Box<dyn Fn(&mut shoal_placement::ClusterMap)>;
+    let cases: Vec<(&str, Tweak, &str)> = vec![
+        (
+            "dup-addr",
+            Box::new(|m| {
+                m.servers.push(m.servers[0].clone());
+                m.servers[1].id = 1;
+                m.servers[1].data_dir = Some("/nonexistent/s1".into());
+            }),
+            "server 1: addr 127.0.0.1:",
+        ),
+        (
+            "empty-data-dir",
+            Box::new(|m| {
+                m.servers.push(m.servers[0].clone());
+                m.servers[1].id = 1;
+                m.servers[1].addr = "127.0.0.1:9".into();
+                m.servers[1].data_dir = Some("".into());
+            }),
+            "server 1: data_dir is empty",
+        ),
+        ("version-0", Box::new(|m| m.cluster.version = 0), "cluster.version must be ≥ 1"),
+        ("stripe-count", Box::new(|m| m.cluster.stripe_count = 3), "cluster.stripe_count 3 is more than the 1 servers"),
+    ];
+    for (name, tweak, needle) in cases {
+        let mut map = good.clone();
+        tweak(&mut map);
+        let bad = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&bad, map.to_toml()).unwrap();
+        let (code, _, err) = shoal_cmd(Some(&bad), &["--timeout", "2", "ls"]);
+        assert_eq!(code, 1, "{name}: a client must refuse the map: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{name}: one line: {err}");
+        assert!(
+            err.contains(needle) && err.contains(&format!("{name}.toml")),
+            "{name}: {err:?} should name {needle:?}"
+        );
+        shoald_refuses(&bad, needle);
+    }
+}
+
+#[test]
+fn setstripe_over_more_servers_than_the_cluster_has_is_refused_by_the_cli_and_the_servers() {
+    let c = Cluster::start(4);
+    fails(&c, &["setstripe", "-c", "999", "/new"], "stripe count 999 is more than the 4 servers");
+    fails(&c, &["stat", "/new"], "No such file or directory");
+    ok(&c, &["mkdir", "/dir"]);
+    fails(&c, &["setstripe", "-c", "5", "/dir"], "stripe count 5 is more than the 4 servers");
+    ok(&c, &["setstripe", "-c", "4", "/dir"]);
+    ok(&c, &["setstripe", "-c", "-1", "/all"]);
+    assert!(ok(&c, &["getstripe", "/all"]).contains("stripe_count: 4"));
+    // The servers refuse the same requests from any client, not only from the CLI.
+    let fs = shoal_client::BlockingClient::from_config(&c.config, c.options()).unwrap();
+    let wide = shoal_client::LayoutSpec { stripe_count: Some(999), ..Default::default() };
+    let err = fs.create("/native", 0o644, Some(wide.clone())).unwrap_err();
+    assert_eq!(err.errno, shoal_client::Errno::EINVAL, "{err}");
+    assert_eq!(fs.lstat("/native").unwrap_err().errno, shoal_client::Errno::ENOENT);
+    assert_eq!(fs.set_layout("/dir", wide).unwrap_err().errno, shoal_client::Errno::EINVAL);
+}
+
+#[test]
+fn rm_r_that_fails_midway_says_where_and_a_rerun_finishes_the_job() {
+    let mut c = Cluster::start(2);
+    // Directories are spread round-robin, so the tree has directories on both servers.
+    for i in 0..8 {
+        ok(&c, &["mkdir", "-p", &format!("/t/d{i}/e")]);
+        ok(&c, &["setstripe", &format!("/t/d{i}/e/f")]);
+    }
+    c.kill9(1);
+    let (code, _, err) = c.shoal(&["--timeout", "2", "rm", "-r", "/t"]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("shoal: cannot remove /t: "), "names the path: {err}");
+    assert!(err.contains("unreachable"), "and the cause: {err}");
+    c.restart(1);
+    ok(&c, &["rm", "-r", "/t"]);
+    assert_eq!(ok(&c, &["ls", "/"]), "");
 }

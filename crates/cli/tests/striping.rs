@@ -3,6 +3,7 @@
 mod common;
 use common::{pattern, Cluster};
 use shoal_client::{LayoutSpec, OpenFlags};
+use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_gib_file_striped_over_four_servers_round_trips_byte_identical() {
@@ -297,4 +298,49 @@ async fn times_set_after_drain_are_not_stamped_over() {
     f.close().await.unwrap();
     let a = cluster.uncached_client().stat("/times").await.unwrap();
     assert_eq!((a.mtime, a.size), (at, 200_000));
+}
+
+// ---------------------------------------------------------------- truncate and locks
+
+/// Sends a signal to a server process (SIGSTOP makes it unreachable without closing its
+/// connections: calls to it wait for their timeout).
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child process of this test.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncate_waiting_on_an_unreachable_server_does_not_block_other_changes_of_the_file() {
+    let cluster = Cluster::start(2);
+    let fs = cluster.uncached_client();
+    let spec = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(2), ..Default::default() };
+    let f = fs.create("/t", 0o644, Some(spec)).await.unwrap();
+    f.write_at(0, &pattern(5, 0, 256 << 10)).await.unwrap();
+    f.close().await.unwrap();
+    let attr = fs.stat("/t").await.unwrap();
+    let home = fs.home_of(attr.ino);
+    let other = attr.layout.as_ref().unwrap().servers.iter().copied().find(|&s| s != home).unwrap();
+
+    // The truncate's cut of the object on `other` waits (the peer timeout is 10 s).
+    let pid = cluster.pid(other.0);
+    signal(pid, libc::SIGSTOP);
+    let fs2 = fs.clone();
+    let truncate = tokio::spawn(async move { fs2.truncate("/t", 1000).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Meanwhile the inode's home changes the same file at once: no lock is held across the
+    // peer call.
+    let start = Instant::now();
+    let chmod = fs.chmod("/t", 0o600).await;
+    let took = start.elapsed();
+    signal(pid, libc::SIGCONT);
+    chmod.unwrap();
+    assert!(took < Duration::from_secs(4), "chmod waited {took:?} for a truncate's peer call");
+    // Whatever the truncate answered, its commit kept the chmod, and a truncate now works.
+    let _ = truncate.await.unwrap();
+    assert_eq!(fs.stat("/t").await.unwrap().perm & 0o7777, 0o600);
+    fs.truncate("/t", 1000).await.unwrap();
+    let a = fs.stat("/t").await.unwrap();
+    assert_eq!((a.size, a.perm & 0o7777), (1000, 0o600));
+    let f = fs.open("/t", OpenFlags::read_only()).await.unwrap();
+    assert!(f.read_at(0, 1 << 20).await.unwrap()[..] == pattern(5, 0, 1000)[..]);
 }

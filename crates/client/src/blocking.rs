@@ -262,6 +262,8 @@ impl BlockingFile {
         fn write_bytes_at(&self, offset: u64, data: Bytes) -> Result<usize>;
         fn read(&self, len: usize) -> Result<Bytes>;
         fn write(&self, data: &[u8]) -> Result<usize>;
+        fn append(&self, data: &[u8]) -> Result<u64>;
+        fn append_bytes(&self, data: Bytes) -> Result<u64>;
         fn seek(&self, to: SeekFrom) -> Result<u64>;
         fn flush(&self) -> Result<()>;
         fn drain(&self) -> Result<()>;

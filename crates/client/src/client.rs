@@ -14,7 +14,7 @@ use shoal_proto::msg::{
     READDIR_MAX,
 };
 use shoal_proto::{Errno, Ino, ServerId};
-use shoal_rpc::{Pool, PoolOptions};
+use shoal_rpc::{CallError, Pool, PoolOptions};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -104,6 +104,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::StaleMap { .. } => "StaleMap",
         Reply::Batch(_) => "Batch",
         Reply::Error { .. } => "Error",
+        Reply::Appended { .. } => "Appended",
     }
 }
 
@@ -263,15 +264,16 @@ impl Client {
 
     // ---- requests ----
 
-    /// Send `op` where `to` says. Server errors come back as their errno (no context); an
-    /// unreachable server names itself in the context. A stale-map answer reloads the map
-    /// (when the client has a config file) and retries once.
+    /// Send `op` where `to` says. Server errors come back as their errno (no context) with
+    /// the server's message as the detail; an unreachable server names itself in the
+    /// context. A stale-map answer reloads the map (when the client has a config file) and
+    /// retries once.
     pub(crate) async fn call(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes)> {
         let pool = self.pool();
         let server = target(&pool, to);
         let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
-        match (pool.call(server, &self.opts.cred, op, data).await, retry) {
-            (Err(Errno::ESTALE), Some((op, data))) => {
+        match (pool.request(server, &self.opts.cred, op, data).await, retry) {
+            (Err(e), Some((op, data))) if e.errno() == Errno::ESTALE => {
                 if !self.reload_map(&pool).await? {
                     return Err(Error::new(
                         Errno::ESTALE,
@@ -283,7 +285,7 @@ impl Client {
                 }
                 let pool = self.pool();
                 let server = target(&pool, to);
-                pool.call(server, &self.opts.cred, op, data).await.map_err(|e| server_error(&pool, server, e))
+                pool.request(server, &self.opts.cred, op, data).await.map_err(|e| server_error(&pool, server, e))
             }
             (r, _) => r.map_err(|e| server_error(&pool, server, e)),
         }
@@ -970,13 +972,19 @@ fn target(pool: &Pool, to: To) -> ServerId {
 }
 
 /// Name an unreachable server in the error; hand other errnos on bare.
-fn server_error(pool: &Pool, server: ServerId, errno: Errno) -> Error {
-    match pool.map().server(server) {
-        None => Error::new(errno, format!("server {server} is not in the cluster map")),
-        Some(s) if errno == Errno::ENOTCONN || errno == Errno::ETIMEDOUT => {
-            Error::new(errno, format!("server {server} ({}) unreachable", s.addr))
+fn server_error(pool: &Pool, server: ServerId, e: CallError) -> Error {
+    match (pool.map().server(server), e) {
+        (None, e) => Error::new(e.errno(), format!("server {server} is not in the cluster map")),
+        (Some(s), CallError::Transport { errno, reason }) => {
+            Error::new(errno, format!("server {server} ({}) unreachable", s.addr)).with_detail(reason)
         }
-        Some(_) => Error::bare(errno),
+        // A message that only repeats the errno's text adds nothing.
+        (Some(_), CallError::Server { errno, message }) if message.is_empty() || message == errno.description() => {
+            Error::bare(errno)
+        }
+        (Some(_), CallError::Server { errno, message }) => {
+            Error::bare(errno).with_detail(format!("server {server}: {message}"))
+        }
     }
 }
 
@@ -1033,9 +1041,19 @@ mod tests {
     fn unreachable_servers_are_named() {
         let map = ClusterMap::local(2, 7400, Path::new("/tmp"));
         let pool = Pool::new(map, PoolOptions::default());
-        let e = server_error(&pool, ServerId(1), Errno::ENOTCONN).within("stat /a");
+        let lost = CallError::Transport { errno: Errno::ENOTCONN, reason: "connection closed by the server".into() };
+        let e = server_error(&pool, ServerId(1), lost).within("stat /a");
         assert_eq!(e.context, "stat /a: server s1 (127.0.0.1:7401) unreachable");
-        assert_eq!(server_error(&pool, ServerId(1), Errno::ENOENT).context, "");
+        assert_eq!(
+            e.to_string(),
+            "stat /a: server s1 (127.0.0.1:7401) unreachable: Transport endpoint is not connected (connection closed by the server)"
+        );
+        let refused = CallError::Server { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() };
+        let e = server_error(&pool, ServerId(1), refused).within("rmdir /d");
+        assert_eq!(e.context, "rmdir /d");
+        assert_eq!(e.to_string(), "rmdir /d: Directory not empty (server s1: directory 7 is not empty)");
+        let plain = CallError::Server { errno: Errno::ENOENT, message: Errno::ENOENT.description() };
+        assert_eq!(server_error(&pool, ServerId(1), plain).to_string(), "No such file or directory");
     }
 
     #[test]

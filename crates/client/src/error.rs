@@ -1,12 +1,14 @@
 //! The client's error type: an errno that callers can match on, plus a sentence of context
-//! naming what was being done ("mkdir /a/b") and, for an unreachable server, which one.
+//! naming what was being done ("mkdir /a/b") and, for an unreachable server, which one, and
+//! the cause as the server (or the connection to it) described it.
 
 use shoal_proto::Errno;
 use std::fmt;
 
-/// An errno plus context. `Display` is `"{context}: {errno text}"`, e.g.
-/// `mkdir /a/b: No such file or directory`, or just the errno text when there is no
-/// context. Match on [`Error::errno`] to handle specific conditions.
+/// An errno plus context and detail. `Display` is `"{context}: {errno text} ({detail})"`,
+/// e.g. `rmdir /a/b: Directory not empty (server s1: directory 7 is not empty)`; without
+/// context just the errno text, without detail no parenthesis. Match on [`Error::errno`]
+/// to handle specific conditions.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
     /// What went wrong, as a POSIX errno (the server's answer, handed on unchanged).
@@ -14,6 +16,9 @@ pub struct Error {
     /// What was being done: the operation and the path or inode, and for a server that
     /// could not be reached, which server (`server s2 (127.0.0.1:7402) unreachable`).
     pub context: String,
+    /// Why, in the words of the server that answered (`server s1: directory 7 is not
+    /// empty`) or of the connection (`connection closed by the server`); may be empty.
+    pub detail: String,
 }
 
 /// Result of every fallible client call.
@@ -22,12 +27,27 @@ pub type Result<T> = std::result::Result<T, Error>;
 impl Error {
     /// An error with `errno` and `context`.
     pub fn new(errno: Errno, context: impl Into<String>) -> Error {
-        Error { errno, context: context.into() }
+        Error { errno, context: context.into(), detail: String::new() }
     }
 
     /// An error with no context yet (the public call adds it).
     pub(crate) fn bare(errno: Errno) -> Error {
-        Error { errno, context: String::new() }
+        Error { errno, context: String::new(), detail: String::new() }
+    }
+
+    /// The same error with `detail` as its cause.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Error {
+        self.detail = detail.into();
+        self
+    }
+
+    /// The errno's text, then the detail in parentheses if there is one.
+    fn errno_text(&self) -> String {
+        if self.detail.is_empty() {
+            self.errno.to_string()
+        } else {
+            format!("{} ({})", self.errno, self.detail)
+        }
     }
 
     /// Prefix the context with `what` ("stat /a: server s1 (…) unreachable").
@@ -41,8 +61,8 @@ impl Error {
     /// unreachable: …"): for callers whose own message already says what was being done.
     pub fn cause(&self) -> String {
         match self.context.split_once(": ") {
-            Some((_, rest)) => format!("{rest}: {}", self.errno),
-            None => self.errno.to_string(),
+            Some((_, rest)) => format!("{rest}: {}", self.errno_text()),
+            None => self.errno_text(),
         }
     }
 
@@ -59,9 +79,9 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.context.is_empty() {
-            write!(f, "{}", self.errno)
+            write!(f, "{}", self.errno_text())
         } else {
-            write!(f, "{}: {}", self.context, self.errno)
+            write!(f, "{}: {}", self.context, self.errno_text())
         }
     }
 }
@@ -97,6 +117,9 @@ mod tests {
         assert_eq!(e.cause(), "server s2 (127.0.0.1:7402) unreachable: No such file or directory");
         assert_eq!(Error::new(Errno::ENOENT, "stat /x").cause(), "No such file or directory");
         assert_eq!(Error::bare(Errno::EIO).cause(), "Input/output error");
+        let e = Error::bare(Errno::ENOTEMPTY).with_detail("server s1: directory 7 is not empty").within("rmdir /d");
+        assert_eq!(e.to_string(), "rmdir /d: Directory not empty (server s1: directory 7 is not empty)");
+        assert_eq!(e.cause(), "Directory not empty (server s1: directory 7 is not empty)");
     }
 
     #[test]

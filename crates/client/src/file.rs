@@ -24,6 +24,12 @@
 //! the others: a FUSE mount calls it for the kernel's own attribute checks); a read waits
 //! for the writes in flight that overlap it (a handle reads its own writes).
 //!
+//! **Appends.** In append mode (and with [`File::append`]) the offset is chosen by the
+//! inode's home server, where the size is authoritative, in the same step that stores the
+//! data and raises the size (`Op::Append`): appends from any number of handles and clients
+//! never overlap, and none is lost. They are not written behind (the caller learns where
+//! the data went, or why it failed, from the reply).
+//!
 //! **Readahead.** A handle whose reads move forward (each starts at or a little after
 //! where the previous one ended) gets the next pieces of the file fetched before it asks,
 //! up to [`ClientOptions::readahead`](crate::ClientOptions) bytes ahead, in pieces of at
@@ -50,6 +56,9 @@ use std::sync::Arc;
 
 /// Largest piece of one read or write request.
 pub const MAX_PIECE: u64 = 8 << 20;
+
+/// Largest append made in one atomic step (one `Append` request); see [`File::append`].
+pub const MAX_APPEND: u64 = MAX_PIECE;
 
 /// Largest piece the readahead fetches with one request.
 pub const READAHEAD_CHUNK: u64 = 1 << 20;
@@ -564,7 +573,8 @@ impl File {
 
     // ---------------------------------------------------------------- writes
 
-    /// Write all of `data` at `offset` (in append mode: at the end of the file). Returns
+    /// Write all of `data` at `offset` (in append mode: at the end of the file, as
+    /// [`File::append`] does). Returns
     /// `data.len()`. With write-behind (see the module documentation) it may return before
     /// the servers have the data; a failure is then reported by a later call.
     pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize> {
@@ -588,14 +598,10 @@ impl File {
         let offset = match offset {
             Some(o) if !inner.append => o,
             _ => {
-                // The end of the file as the servers know it, after our own writes.
-                self.settle().await?;
-                let a = inner.client.getattr_fresh_inner(inner.ino).await?;
-                let mut st = inner.state.lock();
-                st.server_size = st.server_size.max(a.size);
-                st.size = st.size.max(a.size);
-                st.attr = a;
-                st.size
+                // Reported as ending where the last piece ended (where the position goes).
+                let n = data.len();
+                let (_, end) = self.append_inner(data).await?;
+                return Ok((end.saturating_sub(n as u64), n));
             }
         };
         if data.is_empty() {
@@ -677,6 +683,85 @@ impl File {
         r.map(|()| (offset, len as usize))
     }
 
+    /// Append `data` at the end of the file, whatever the handle's mode (it must be open
+    /// for writing), and return where it went. An append of up to [`MAX_APPEND`] bytes is
+    /// atomic across clients: the inode's home server picks the offset and stores the data
+    /// in one step, so appends of other handles and clients never overlap it or slip into
+    /// it. A larger one is sent as several such appends, one after the other (another
+    /// client's append may fall between them); the offset returned is then that of the
+    /// first. The handle's writes that returned earlier are waited for and their size
+    /// published first, so the data goes after them. Not written behind: when this returns,
+    /// the data is stored and the size covers it, for every client.
+    pub async fn append(&self, data: &[u8]) -> Result<u64> {
+        self.append_bytes(Bytes::copy_from_slice(data)).await
+    }
+
+    /// As [`File::append`], without copying `data`.
+    pub async fn append_bytes(&self, data: Bytes) -> Result<u64> {
+        let inner = &*self.inner;
+        let r = async {
+            if inner.kind == FileKind::Dir {
+                return Err(Error::bare(Errno::EISDIR));
+            }
+            if !inner.writable {
+                return Err(Error::bare(Errno::EBADF));
+            }
+            self.append_inner(data).await
+        };
+        r.await.map(|(first, _)| first).map_err(|e| e.within(self.what("append to")))
+    }
+
+    /// Append in pieces of at most [`MAX_APPEND`] bytes; returns where the first piece
+    /// went and where the last one ended. Every piece is one `Append` request to the
+    /// inode's home server.
+    async fn append_inner(&self, data: Bytes) -> Result<(u64, u64)> {
+        let inner = &*self.inner;
+        // Our own earlier writes first, and the size they reached published at the home
+        // server: the end of the file is where the home server says.
+        self.flush_inner().await?;
+        if data.is_empty() {
+            // Nothing to append: where it would have gone, as this handle knows it.
+            let size = inner.state.lock().size;
+            return Ok((size, size));
+        }
+        let mut first = None;
+        let mut end = 0;
+        let mut done = 0;
+        while done < data.len() {
+            let take = (data.len() - done).min(MAX_APPEND as usize);
+            let piece = data.slice(done..done + take);
+            let ino = inner.ino;
+            let r = inner.client.call(To::Home(ino), Op::Append { ino }, piece).await;
+            inner.client.cache().forget_attr(ino);
+            let r = r.map_err(|e| {
+                // The home server answers for the servers it stores pieces on (EIO when one
+                // of them does not answer): say which server placed the append.
+                if e.context.is_empty() {
+                    e.within(format_args!("append at server {}", inner.client.home_of(ino)))
+                } else {
+                    e
+                }
+            });
+            let offset = match r? {
+                (Reply::Appended { offset }, _) => offset,
+                (other, _) => return Err(unexpected(&other)),
+            };
+            end = offset + take as u64;
+            {
+                // Prefetched data may end where the file ended before (short answers read
+                // as zeros up to a piece's end): drop it.
+                inner.io.lock().chunks.clear();
+                let mut st = inner.state.lock();
+                st.size = st.size.max(end);
+                st.server_size = st.server_size.max(end);
+                st.wrote = true;
+            }
+            first.get_or_insert(offset);
+            done += take;
+        }
+        Ok((first.unwrap_or(end), end))
+    }
+
     /// Read up to `len` bytes at the handle's position and advance it.
     pub async fn read(&self, len: usize) -> Result<Bytes> {
         let mut pos = self.inner.cursor.lock().await;
@@ -685,7 +770,9 @@ impl File {
         Ok(b)
     }
 
-    /// Write `data` at the handle's position (at the end in append mode) and advance it.
+    /// Write `data` at the handle's position (at the end in append mode, see
+    /// [`File::append`]) and advance it past the data (in append mode, past the last piece
+    /// of a write larger than [`MAX_APPEND`]).
     pub async fn write(&self, data: &[u8]) -> Result<usize> {
         let mut pos = self.inner.cursor.lock().await;
         let (at, n) = self
@@ -969,6 +1056,7 @@ mod tests {
         send(f.read(1));
         send(f.write_at(0, b""));
         send(f.write(b""));
+        send(f.append(b""));
         send(f.flush());
         send(f.drain());
         send(f.fsync());

@@ -71,7 +71,7 @@ pub mod pathname;
 pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, StatFs};
 pub use error::{Error, Result};
-pub use file::{File, MAX_PIECE, READAHEAD_CHUNK};
+pub use file::{File, MAX_APPEND, MAX_PIECE, READAHEAD_CHUNK};
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::ClusterMap;

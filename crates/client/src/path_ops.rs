@@ -17,13 +17,11 @@ use crate::error::{Error, Result};
 use crate::file::File;
 use crate::options::OpenFlags;
 use crate::pathname::{components, has_trailing_slash, join, normalize, split_last};
-use futures::future::BoxFuture;
 use futures::StreamExt;
 use shoal_proto::msg::{Attr, DirEntry, FileKind, LayoutSpec, RenameFlags, SetAttrs, TimeSet};
 use shoal_proto::{Errno, Ino, ROOT_INO};
 use std::collections::VecDeque;
 use std::future::Future;
-use tokio::sync::Semaphore;
 
 /// Most symlinks one path resolution follows (as Linux's MAXSYMLINKS).
 pub const MAX_SYMLINKS: u32 = 40;
@@ -327,19 +325,20 @@ impl Client {
     }
 
     /// Remove `path` and, if it is a directory, everything below it (like `rm -r`; a
-    /// symlink is removed, not followed). Children are removed concurrently, at most
-    /// `max_in_flight` requests at a time. Returns the number of names removed (`path`
-    /// included). The root itself is never removed, only emptied.
+    /// symlink is removed, not followed). The files of a directory are removed
+    /// concurrently, at most `max_in_flight` requests at a time; directories one after the
+    /// other, depth first, so any depth works. Returns the number of names removed (`path`
+    /// included). The root itself is never removed, only emptied. The first failure stops
+    /// the removal and names the entry that could not be removed.
     pub async fn remove_all(&self, path: &str) -> Result<u64> {
         self.remove_all_inner(path).await.map_err(|e| e.within(format_args!("remove {path}")))
     }
 
     async fn remove_all_inner(&self, path: &str) -> Result<u64> {
         let found = self.on_target(path, false, true, |f, _| async move { Ok(f) }).await?;
-        let sem = Semaphore::new(self.max_in_flight());
         match found.kind {
             FileKind::Dir => {
-                let n = self.remove_tree(found.ino, &sem).await?;
+                let n = self.remove_tree(found.ino, path).await?;
                 if found.ino == ROOT_INO {
                     return Ok(n);
                 }
@@ -359,50 +358,90 @@ impl Client {
         }
     }
 
-    /// Remove everything in directory `dir`; the number of names removed.
-    fn remove_tree<'a>(&'a self, dir: Ino, sem: &'a Semaphore) -> BoxFuture<'a, Result<u64>> {
-        Box::pin(async move {
-            let entries = {
-                let _permit = sem.acquire().await.map_err(|_| Error::bare(Errno::EIO))?;
-                match self.readdir_all(dir).await {
-                    Err(e) if e.errno == Errno::ENOENT => return Ok(0),
-                    r => r?,
-                }
-            };
-            let results: Vec<Result<u64>> = futures::stream::iter(entries)
-                .map(|e: DirEntry| async move {
-                    let below = if e.kind == FileKind::Dir { self.remove_tree(e.ino, sem).await? } else { 0 };
-                    let _permit = sem.acquire().await.map_err(|_| Error::bare(Errno::EIO))?;
-                    let r = if e.kind == FileKind::Dir {
-                        self.remove_name(dir, &e.name, true).await
-                    } else {
-                        self.remove_name(dir, &e.name, false).await
-                    };
-                    match r {
-                        Ok(()) => Ok(below + 1),
-                        // Removed concurrently by someone else.
-                        Err(err) if err.errno == Errno::ENOENT => Ok(below),
-                        Err(err) => Err(err),
-                    }
-                })
-                .buffer_unordered(self.max_in_flight())
-                .collect()
-                .await;
-            let mut n = 0;
-            let mut first_error = None;
-            for r in results {
-                match r {
-                    Ok(k) => n += k,
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                    }
-                }
+    /// Remove everything in directory `top` (called `top_path` in errors); the number of
+    /// names removed. Iterative, with an explicit stack of the directories being emptied
+    /// (`top` at the bottom): recursion, even of boxed futures, nests one poll frame per
+    /// level and overflows the thread's stack on trees a few thousand levels deep, leaving
+    /// the removal half done. Invariant: once a level's `subdirs` is known, its directory
+    /// holds no entries but those subdirectories and the one above it on the stack.
+    async fn remove_tree(&self, top: Ino, top_path: &str) -> Result<u64> {
+        struct Level {
+            dir: Ino,
+            /// Its name in the directory below it on the stack (`None` for `top`).
+            name: Option<String>,
+            /// Subdirectories still to remove; `None` until its files are removed.
+            subdirs: Option<Vec<DirEntry>>,
+        }
+        // The path of the directory on top of the stack; built only for an error message.
+        let path_of = |stack: &[Level]| {
+            let mut p = top_path.trim_end_matches('/').to_string();
+            for name in stack.iter().filter_map(|l| l.name.as_deref()) {
+                p.push('/');
+                p.push_str(name);
             }
-            match first_error {
-                Some(e) => Err(e),
-                None => Ok(n),
+            p
+        };
+        let mut n = 0;
+        let mut stack = vec![Level { dir: top, name: None, subdirs: None }];
+        while let Some(level) = stack.last_mut() {
+            match &mut level.subdirs {
+                None => match self.remove_files(level.dir).await {
+                    Ok((k, subdirs)) => {
+                        n += k;
+                        level.subdirs = Some(subdirs);
+                    }
+                    Err((Some(name), e)) => {
+                        return Err(e.within(format_args!("unlink {}/{name}", path_of(&stack))));
+                    }
+                    Err((None, e)) => return Err(e.within(format_args!("readdir {}", path_of(&stack)))),
+                },
+                Some(subdirs) => match subdirs.pop() {
+                    Some(sub) => stack.push(Level { dir: sub.ino, name: Some(sub.name), subdirs: None }),
+                    None => {
+                        let done = stack.pop().expect("the loop saw a level");
+                        let (Some(name), Some(below)) = (done.name, stack.last()) else { continue };
+                        match self.remove_name(below.dir, &name, true).await {
+                            Ok(()) => n += 1,
+                            // Removed concurrently by someone else.
+                            Err(e) if e.errno == Errno::ENOENT => {}
+                            Err(e) => return Err(e.within(format_args!("rmdir {}/{name}", path_of(&stack)))),
+                        }
+                    }
+                },
             }
-        })
+        }
+        Ok(n)
+    }
+
+    /// Remove every entry of directory `dir` that is not a directory, at most
+    /// `max_in_flight` requests at a time; the number removed and the subdirectories left.
+    /// A directory that is already gone has nothing. On failure, the name that could not
+    /// be removed (`None`: the listing failed).
+    async fn remove_files(&self, dir: Ino) -> std::result::Result<(u64, Vec<DirEntry>), (Option<String>, Error)> {
+        let entries = match self.readdir_all(dir).await {
+            Ok(e) => e,
+            Err(e) if e.errno == Errno::ENOENT => return Ok((0, Vec::new())),
+            Err(e) => return Err((None, e)),
+        };
+        let (subdirs, files): (Vec<DirEntry>, Vec<DirEntry>) =
+            entries.into_iter().partition(|e| e.kind == FileKind::Dir);
+        let results: Vec<std::result::Result<u64, (Option<String>, Error)>> = futures::stream::iter(files)
+            .map(|e| async move {
+                match self.remove_name(dir, &e.name, false).await {
+                    Ok(()) => Ok(1),
+                    // Removed concurrently by someone else.
+                    Err(err) if err.errno == Errno::ENOENT => Ok(0),
+                    Err(err) => Err((Some(e.name), err)),
+                }
+            })
+            .buffer_unordered(self.max_in_flight())
+            .collect()
+            .await;
+        let mut n = 0;
+        for r in results {
+            n += r?;
+        }
+        Ok((n, subdirs))
     }
 
     /// Rename `from` to `to` (replacing a compatible `to`, as rename(2)).

@@ -126,6 +126,9 @@ pub(crate) struct Node {
 #[derive(Clone)]
 struct Fh {
     node: Arc<Node>,
+    /// Opened with O_APPEND: every write goes to the end of the file as the servers know
+    /// it, whatever offset the kernel sends (see [`Shared::write`]).
+    append: bool,
 }
 
 /// A directory being listed: pages fetched so far, `.` and `..` first.
@@ -650,7 +653,7 @@ impl Shared {
         }
         let ff = self.open_flags_for(&node.file, flags);
         let fh = self.new_fh();
-        self.fhs.lock().insert(fh, Fh { node });
+        self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
         Ok((fh, ff))
     }
 
@@ -681,6 +684,13 @@ impl Shared {
         if skip {
             ff |= FopenFlags::FOPEN_NOFLUSH;
         }
+        // O_APPEND: the kernel would place the data in its page cache at the end of the
+        // file as this mount knows it, which is not where the servers put it when other
+        // clients append too; without the cache, every write goes straight to the mount,
+        // which appends it at the servers (and nothing stale is cached at the wrong place).
+        if flags & libc::O_APPEND != 0 {
+            ff |= FopenFlags::FOPEN_DIRECT_IO;
+        }
         ff
     }
 
@@ -697,7 +707,7 @@ impl Shared {
                 let node = self.acquire_created(&a).map_err(e)?;
                 let ff = self.open_flags_for(&node.file, flags);
                 let fh = self.new_fh();
-                self.fhs.lock().insert(fh, Fh { node });
+                self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
                 Ok((a, fh, ff))
             }
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
@@ -735,11 +745,34 @@ impl Shared {
         Ok(data)
     }
 
-    async fn write(&self, fh: FileHandle, offset: u64, data: Bytes, kill: Option<Who>) -> Res<u32> {
-        let n = self.fh(fh)?;
+    /// A write. On a descriptor opened with O_APPEND (or with `append`: the kernel says the
+    /// descriptor has it now) the kernel's `offset` is its own idea of the size, stale as
+    /// soon as another client appends: it is ignored, and the inode's home server places
+    /// the data at the end in one atomic step (`File::append_bytes`). Each request is one
+    /// atomic append, so a write(2) of up to `max_write` bytes is (the kernel splits larger
+    /// ones). Writes of pages from the page cache (`from_cache`: mmap, write-back cache)
+    /// are positional whatever descriptor the kernel picked to send them.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        data: Bytes,
+        append: bool,
+        from_cache: bool,
+        kill: Option<Who>,
+    ) -> Res<u32> {
+        let f = self.fhs.lock().get(&fh.0).cloned().ok_or(raw(libc::EBADF))?;
+        let n = f.node;
         self.drop_privs(&n, kill, true).await?;
-        let len = n.file.write_bytes_at(offset, data).await.map_err(e)?;
-        n.size_hint.fetch_max(offset + len as u64, Ordering::Relaxed);
+        let len = data.len() as u64;
+        let at = if (f.append || append) && !from_cache {
+            n.file.append_bytes(data).await.map_err(e)?
+        } else {
+            n.file.write_bytes_at(offset, data).await.map_err(e)?;
+            offset
+        };
+        n.size_hint.fetch_max(at + len, Ordering::Relaxed);
         Ok(len as u32)
     }
 
@@ -1454,7 +1487,7 @@ impl Filesystem for ShoalFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: KOpenFlags,
+        flags: KOpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -1462,10 +1495,14 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let data = Bytes::copy_from_slice(data);
+        // The kernel passes the descriptor's flags with each write: an O_APPEND set with
+        // fcntl after the open shows here.
+        let append = flags.0 & libc::O_APPEND != 0;
+        let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         // Set by the kernel for a writer without CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then(|| Who::of(req));
         self.spawn(move |sh| async move {
-            match sh.write(fh, offset, data, kill).await {
+            match sh.write(fh, offset, data, append, from_cache, kill).await {
                 Ok(n) => reply.written(n),
                 Err(err) => reply.error(err),
             }
@@ -1551,16 +1588,37 @@ impl Filesystem for ShoalFs {
         self.spawn(move |sh| async move {
             match sh.root.statfs().await {
                 Ok(s) => {
-                    const FRSIZE: u64 = 4096;
-                    let blocks = s.capacity_bytes / FRSIZE;
-                    let bfree = s.free_bytes / FRSIZE;
+                    // One block size for both fields: IOR and mdtest compute the size as
+                    // f_blocks × f_bsize, df as f_blocks × f_frsize, and a larger f_bsize
+                    // made the first 256 times too big. (The I/O size hint for programs is
+                    // st_blksize, the stripe size, from getattr.)
+                    const BLOCK: u64 = 4096;
+                    let blocks = s.capacity_bytes / BLOCK;
+                    let bfree = s.free_bytes / BLOCK;
                     // Inodes are not a fixed resource: report one free per free 4 KiB.
                     let ffree = bfree;
-                    reply.statfs(blocks, bfree, bfree, s.inodes + ffree, ffree, 1 << 20, 255, FRSIZE as u32);
+                    reply.statfs(blocks, bfree, bfree, s.inodes + ffree, ffree, BLOCK as u32, 255, BLOCK as u32);
                 }
                 Err(err) => reply.error(e(err)),
             }
         });
+    }
+
+    /// No ioctl is implemented: ENOTTY ("not a terminal / no such control"), what a plain
+    /// file gives `isatty()` (Python runs it on every open) and what callers probing for a
+    /// feature expect. Overridden because fuser's default logs a warning for each call.
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(raw(libc::ENOTTY));
     }
 
     fn setxattr(

@@ -28,7 +28,11 @@ pub struct MountOptions {
     pub keep_cache: bool,
     /// Bypass the page cache for reads and writes (`direct_io`); mmap still works.
     pub direct_io: bool,
-    /// Let users other than the one who mounted use the mount (`allow_other`).
+    /// Let users other than the one who mounted use the mount (`allow_other`;
+    /// `noallow_other` restricts it). Default: on when root mounts (a parallel file system
+    /// is mounted for every user of the node; permissions are still checked for each user
+    /// by `default_permissions` and the servers), off otherwise (a non-root mount needs
+    /// `user_allow_other` in /etc/fuse.conf for it).
     pub allow_other: bool,
     /// Let root use the mount besides its owner (`allow_root`).
     pub allow_root: bool,
@@ -76,7 +80,8 @@ impl Default for MountOptions {
             writeback_cache: false,
             keep_cache: false,
             direct_io: false,
-            allow_other: false,
+            // SAFETY: geteuid has no preconditions.
+            allow_other: unsafe { libc::geteuid() } == 0,
             allow_root: false,
             default_permissions: true,
             read_only: false,
@@ -158,12 +163,13 @@ impl MountOptions {
             format!("max_readahead={}", self.max_readahead),
             format!("max_background={}", self.max_background),
             if self.sync_close { "sync_close" } else { "nosync_close" }.to_string(),
+            // Always said: the default depends on who reads the string back.
+            if self.allow_other { "allow_other" } else { "noallow_other" }.to_string(),
         ];
         let flags = [
             (self.writeback_cache, "writeback_cache"),
             (self.keep_cache, "keep_cache"),
             (self.direct_io, "direct_io"),
-            (self.allow_other, "allow_other"),
             (self.allow_root, "allow_root"),
             (!self.default_permissions, "nodefault_permissions"),
             (self.read_only, "ro"),
@@ -212,6 +218,7 @@ impl MountOptions {
             "direct_io" => self.direct_io = true,
             "nodirect_io" => self.direct_io = false,
             "allow_other" => self.allow_other = true,
+            "noallow_other" => self.allow_other = false,
             "allow_root" => self.allow_root = true,
             "default_permissions" => self.default_permissions = true,
             "nodefault_permissions" => self.default_permissions = false,
@@ -280,6 +287,21 @@ mod tests {
         o.apply_list("nosync_close,writeback_cache,fsname=lab,config=/etc/shoal.toml").unwrap();
         assert!(!o.sync_close && o.writeback_cache);
         assert_eq!(o.fsname.as_deref(), Some("lab"));
+        o.apply("noallow_other").unwrap();
+        assert!(!o.allow_other);
+    }
+
+    #[test]
+    fn allow_other_is_the_default_for_root_only_and_survives_the_option_string() {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(MountOptions::default().allow_other, root);
+        for on in [false, true] {
+            let o = MountOptions { allow_other: on, ..MountOptions::default() };
+            let mut back = MountOptions { allow_other: !on, ..MountOptions::default() };
+            back.apply_list(&o.to_option_string()).unwrap();
+            assert_eq!(back.allow_other, on);
+        }
     }
 
     #[test]

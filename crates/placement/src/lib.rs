@@ -14,4 +14,4 @@ pub mod rendezvous;
 pub mod stripe;
 
 pub use map::{ClusterDefaults, ClusterMap, MapError, ServerEntry, ServerState};
-pub use stripe::{object_len, pieces, resolve_layout, Piece};
+pub use stripe::{check_spec, object_len, pieces, resolve_layout, Piece};

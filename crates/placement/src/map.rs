@@ -51,6 +51,8 @@ fn default_state() -> ServerState {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// A misspelt key (`stripe_cout`) is an error, not a silently applied default.
+#[serde(deny_unknown_fields)]
 pub struct ServerEntry {
     pub id: u32,
     /// `host:port` the server listens on and clients connect to.
@@ -83,6 +85,8 @@ fn default_policy() -> PlacementPolicy {
 
 /// Cluster-wide settings and the defaults new files get when nothing else says.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// A misspelt key (`stripe_cout`) is an error, not a silently applied default.
+#[serde(deny_unknown_fields)]
 pub struct ClusterDefaults {
     #[serde(default)]
     pub name: String,
@@ -127,19 +131,51 @@ pub fn parse_policy(s: &str) -> Result<PlacementPolicy, String> {
     }
 }
 
+/// `host:port` with a non-empty host and a port from 1 to 65535 (`[v6]:port` included).
+fn is_host_port(addr: &str) -> bool {
+    match addr.rsplit_once(':') {
+        Some((host, port)) => !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0),
+        None => false,
+    }
+}
+
+/// Whether two `host:port` strings name the same address as written (host names compare
+/// without case, IP addresses by value; no name is looked up).
+fn same_addr(a: &str, b: &str) -> bool {
+    match (a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a.eq_ignore_ascii_case(b),
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+// A misspelt key (`stripe_cout`) is an error, not a silently applied default.
+#[serde(deny_unknown_fields)]
 pub struct ClusterMap {
     pub cluster: ClusterDefaults,
     #[serde(rename = "server")]
     pub servers: Vec<ServerEntry>,
 }
 
+/// One line for a TOML error: where (line number) and what, without the source excerpt that
+/// `toml::de::Error`'s `Display` adds over several lines.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let what = e.message().trim_end();
+    match e.span() {
+        Some(span) => format!(
+            "line {}: {what}",
+            text.as_bytes()[..span.start.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+        ),
+        None => what.to_string(),
+    }
+}
+
 impl ClusterMap {
     /// Read and validate a map from a TOML file.
     pub fn load(path: &Path) -> Result<ClusterMap, MapError> {
         let text = std::fs::read_to_string(path).map_err(|source| MapError::Read { path: path.into(), source })?;
-        let map: ClusterMap =
-            toml::from_str(&text).map_err(|e| MapError::Parse { path: path.into(), message: e.to_string() })?;
+        let map: ClusterMap = toml::from_str(&text)
+            .map_err(|e| MapError::Parse { path: path.into(), message: parse_message(&text, &e) })?;
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
         Ok(map)
     }
@@ -170,30 +206,53 @@ impl ClusterMap {
         }
     }
 
-    /// Check the invariants every other function relies on.
+    /// Check the invariants every other function relies on, and refuse what would only fail
+    /// later (two servers on one address, an empty data directory). Each refusal is one line
+    /// that names the field and what is allowed; servers and clients both load maps through
+    /// here, so a bad map is refused everywhere.
     pub fn validate(&self) -> Result<(), String> {
+        if self.cluster.version == 0 {
+            return Err("cluster.version must be ≥ 1 (it is 0)".into());
+        }
         if self.servers.is_empty() {
-            return Err("no [[server]] entries".into());
+            return Err("no [[server]] entries; a cluster needs at least one".into());
         }
-        let mut ids: Vec<u32> = self.servers.iter().map(|s| s.id).collect();
-        ids.sort_unstable();
-        if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err("two [[server]] entries have the same id".into());
-        }
-        for s in &self.servers {
+        for (i, s) in self.servers.iter().enumerate() {
+            if self.servers[..i].iter().any(|o| o.id == s.id) {
+                return Err(format!("server {} is listed twice: two [[server]] entries have the same id", s.id));
+            }
             if !(s.weight.is_finite() && s.weight > 0.0) {
-                return Err(format!("server {} has weight {}, it must be a positive number", s.id, s.weight));
+                return Err(format!("server {}: weight {} must be a positive number", s.id, s.weight));
             }
-            if s.addr.parse::<std::net::SocketAddr>().is_err() && !s.addr.contains(':') {
-                return Err(format!("server {} address {:?} is not host:port", s.id, s.addr));
+            if !is_host_port(&s.addr) {
+                return Err(format!(
+                    "server {}: addr {:?} must be host:port with a port from 1 to 65535",
+                    s.id, s.addr
+                ));
+            }
+            if let Some(other) = self.servers[..i].iter().find(|o| same_addr(&o.addr, &s.addr)) {
+                return Err(format!("server {}: addr {} is also the address of server {}", s.id, s.addr, other.id));
+            }
+            if s.data_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+                return Err(format!(
+                    "server {}: data_dir is empty (give the directory that holds the server's data, or leave data_dir out)",
+                    s.id
+                ));
             }
         }
-        if !self.servers.iter().any(|s| s.state != ServerState::Out) {
-            return Err("every server is marked out; nothing can hold data".into());
+        let placeable = self.placeable().count();
+        if placeable == 0 {
+            return Err("every server is marked out; at least one must be up or down to hold data".into());
         }
         let ss = self.cluster.stripe_size;
-        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || ss % STRIPE_SIZE_MIN != 0 {
-            return Err(format!("stripe_size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
+        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
+            return Err(format!("cluster.stripe_size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
+        }
+        let sc = self.cluster.stripe_count;
+        if sc as usize > placeable {
+            return Err(format!(
+                "cluster.stripe_count {sc} is more than the {placeable} servers that can hold data (0 means all of them)"
+            ));
         }
         Ok(())
     }
@@ -266,6 +325,78 @@ mod tests {
         let mut bad = m.clone();
         bad.servers[0].weight = 0.0;
         assert!(bad.validate().is_err());
+    }
+
+    /// Every refusal is one line that names the field and says what is allowed.
+    #[test]
+    fn validation_names_the_field_and_what_is_allowed() {
+        let refused = |tweak: &dyn Fn(&mut ClusterMap)| {
+            let mut m = map(4);
+            tweak(&mut m);
+            let err = m.validate().expect_err("the map must be refused");
+            assert_eq!(err.lines().count(), 1, "{err}");
+            err
+        };
+        assert_eq!(
+            refused(&|m| m.servers[3].addr = m.servers[1].addr.clone()),
+            "server 3: addr 127.0.0.1:7001 is also the address of server 1"
+        );
+        assert_eq!(
+            refused(&|m| {
+                m.servers[0].addr = "node-a:7000".into();
+                m.servers[2].addr = "NODE-A:7000".into();
+            }),
+            "server 2: addr NODE-A:7000 is also the address of server 0"
+        );
+        assert_eq!(
+            refused(&|m| m.servers[0].data_dir = Some(PathBuf::new())),
+            "server 0: data_dir is empty (give the directory that holds the server's data, or leave data_dir out)"
+        );
+        assert_eq!(refused(&|m| m.cluster.version = 0), "cluster.version must be ≥ 1 (it is 0)");
+        assert_eq!(
+            refused(&|m| m.cluster.stripe_count = 5),
+            "cluster.stripe_count 5 is more than the 4 servers that can hold data (0 means all of them)"
+        );
+        assert!(refused(&|m| m.servers[1].addr = "127.0.0.1".into()).starts_with("server 1: addr \"127.0.0.1\""));
+        assert!(refused(&|m| m.servers[1].addr = "host:http".into()).starts_with("server 1: addr"));
+        assert!(refused(&|m| m.servers[1].addr = ":7000".into()).starts_with("server 1: addr"));
+        assert!(refused(&|m| m.servers[1].weight = -1.0).starts_with("server 1: weight"));
+        assert!(refused(&|m| m.cluster.stripe_size = 1000).starts_with("cluster.stripe_size 1000"));
+        // Still accepted: all servers, and a count up to the servers not marked out.
+        let mut m = map(4);
+        m.cluster.stripe_count = 0;
+        m.validate().unwrap();
+        m.cluster.stripe_count = 4;
+        m.validate().unwrap();
+        m.servers[0].data_dir = None;
+        m.validate().unwrap();
+    }
+
+    #[test]
+    fn a_bad_map_file_is_refused_on_load_with_its_path() {
+        let dir = std::env::temp_dir().join(format!("shoal-map-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cluster.toml");
+        std::fs::write(&path, "[cluster]\nversion = 0\n[[server]]\nid = 0\naddr = \"127.0.0.1:7400\"\n").unwrap();
+        let err = ClusterMap::load(&path).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(err, format!("cluster config {}: cluster.version must be ≥ 1 (it is 0)", path.display()));
+    }
+
+    #[test]
+    fn a_misspelt_key_is_refused_in_one_line_naming_it() {
+        let dir = std::env::temp_dir().join(format!("shoal-map-typo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cluster.toml");
+        std::fs::write(
+            &path,
+            "[cluster]\nversion = 1\nstripe_cout = 2\n[[server]]\nid = 0\naddr = \"127.0.0.1:7400\"\n",
+        )
+        .unwrap();
+        let err = ClusterMap::load(&path).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("line 3") && err.contains("unknown field `stripe_cout`"), "{err}");
     }
 
     #[test]

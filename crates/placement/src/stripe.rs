@@ -5,6 +5,30 @@ use crate::ClusterMap;
 use shoal_proto::msg::{Layout, LayoutSpec, PlacementPolicy, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
 use shoal_proto::{Errno, Ino, ServerId};
 
+/// Check a layout that a request asks for (a new file's, or a directory's default) against
+/// the map: the stripe size in range, at most as many servers as can hold data
+/// (`u32::MAX` = all of them; 0 or unset = the default), a first server that can hold data.
+/// The message names the field and what is allowed. [`resolve_layout`] itself clamps the
+/// count instead, because a directory default that was valid may outnumber the servers
+/// after one is marked out, and files must still be creatable there.
+pub fn check_spec(map: &ClusterMap, spec: &LayoutSpec) -> Result<(), String> {
+    if let Some(ss) = spec.stripe_size {
+        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
+            return Err(format!("stripe size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
+        }
+    }
+    let n = map.placeable().count();
+    if let Some(c) = spec.stripe_count.filter(|&c| c != u32::MAX && c as usize > n) {
+        return Err(format!("stripe count {c} is more than the {n} servers that can hold data"));
+    }
+    if let Some(f) = spec.first_server {
+        if !map.placeable().any(|s| s.id == f.0) {
+            return Err(format!("first server {f} is not a server of the cluster map that can hold data"));
+        }
+    }
+    Ok(())
+}
+
 /// Decide the layout of a new file `ino` whose inode lives on `home`. `spec` is what the
 /// request asked for; unset fields come from `dir_default`, then from the cluster defaults.
 pub fn resolve_layout(
@@ -130,6 +154,24 @@ mod tests {
             for p in &ps { prop_assert_eq!(p.file_offset, pos); prop_assert!(p.len > 0); pos += p.len; }
             prop_assert_eq!(pos, off + len);
         }
+    }
+
+    #[test]
+    fn a_requested_layout_is_checked_against_the_servers() {
+        let m = ClusterMap::local(4, 7000, std::path::Path::new("/tmp"));
+        let spec = |c: u32| LayoutSpec { stripe_count: Some(c), ..Default::default() };
+        assert_eq!(
+            check_spec(&m, &spec(999)),
+            Err("stripe count 999 is more than the 4 servers that can hold data".into())
+        );
+        assert!(check_spec(&m, &spec(5)).is_err());
+        for ok in [0, 1, 4, u32::MAX] {
+            check_spec(&m, &spec(ok)).unwrap();
+        }
+        let size = LayoutSpec { stripe_size: Some(1000), ..Default::default() };
+        assert!(check_spec(&m, &size).unwrap_err().starts_with("stripe size 1000"));
+        let first = LayoutSpec { first_server: Some(ServerId(9)), ..Default::default() };
+        assert!(check_spec(&m, &first).unwrap_err().starts_with("first server s9"));
     }
 
     #[test]

@@ -27,6 +27,16 @@ pub const MAX_BODY: usize = 4 << 20;
 /// Largest bulk data section: one read or write request moves at most this much.
 pub const MAX_DATA: usize = 64 << 20;
 
+/// A frame's buffer starts at this size (or the frame's, if smaller) and grows only when
+/// it is full, to at most [`GROWTH`] times the bytes received so far. A header announcing
+/// 64 MiB followed by nothing therefore costs 64 KiB, and memory held for a stalled frame
+/// stays within a constant factor of what its sender really sent. The first step is large
+/// enough for every metadata request, and a 1 MiB or 2 MiB write grows once, copying 64 KiB
+/// (the rest is read straight into its final place, in as few reads as the socket allows).
+pub const FIRST_STEP: usize = 64 << 10;
+/// See [`FIRST_STEP`].
+pub const GROWTH: usize = 32;
+
 /// Make the C allocator keep the memory of freed frame buffers for the next frames.
 ///
 /// Every frame is read into one fresh buffer of its size (a 1 MiB read or write is a 1 MiB
@@ -191,12 +201,17 @@ impl Frame {
             Err(e) => return Err(e.into()),
         }
         let h = parse_header(&h)?;
-        // One allocation for body and data (both are views into it), filled straight from
-        // the stream: not zeroed first.
+        // One buffer for body and data (both are views into it), filled straight from the
+        // stream: not zeroed first. It grows with what has arrived, never to what the header
+        // merely announces (see FIRST_STEP and GROWTH).
         let total = h.body_len + h.data_len;
-        let mut buf = BytesMut::with_capacity(total);
+        let mut buf = BytesMut::with_capacity(total.min(FIRST_STEP));
         while buf.len() < total {
-            let want = total - buf.len();
+            if buf.len() == buf.capacity() {
+                let target = total.min(buf.len() * GROWTH);
+                buf.reserve(target - buf.len());
+            }
+            let want = (total - buf.len()).min(buf.capacity() - buf.len());
             if r.read_buf(&mut (&mut buf).limit(want)).await? == 0 {
                 return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
             }
@@ -316,6 +331,72 @@ mod tests {
         }
         writer.await.unwrap();
         assert!(Frame::read_from(&mut b).await.unwrap().is_none());
+    }
+
+    /// Hands out at most `step` bytes per read from `wire`, and records the largest buffer
+    /// offered relative to the bytes handed out before it.
+    struct Recorder {
+        wire: Vec<u8>,
+        pos: usize,
+        step: usize,
+        reads: usize,
+        /// (bytes handed out before the read, room offered by the read), per read.
+        offers: Vec<(usize, usize)>,
+    }
+
+    impl tokio::io::AsyncRead for Recorder {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let (pos, room) = (self.pos, buf.remaining());
+            self.offers.push((pos, room));
+            self.reads += 1;
+            let n = room.min(self.step).min(self.wire.len() - pos);
+            buf.put_slice(&self.wire[pos..pos + n]);
+            self.pos += n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    fn write_frame(data_len: usize) -> Frame {
+        let req = Request {
+            cred: Cred::root(),
+            map_version: 3,
+            op: Op::Write { ino: crate::ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false },
+        };
+        let data: Bytes = (0..data_len).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+        Frame::request(5, &req, data).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_frame_buffer_grows_only_with_the_bytes_that_arrived() {
+        // A header announcing 64 MiB, then bytes trickling in 1 KiB at a time.
+        let f = write_frame(MAX_DATA);
+        let mut wire = Vec::new();
+        f.encode_into(&mut wire);
+        wire.truncate(HEADER_LEN + (300 << 10));
+        let mut r = Recorder { wire, pos: 0, step: 1024, reads: 0, offers: Vec::new() };
+        assert!(Frame::read_from(&mut r).await.is_err(), "the stream ends inside the frame");
+        for &(arrived, room) in &r.offers[1..] {
+            let body_arrived = arrived - HEADER_LEN;
+            assert!(
+                body_arrived + room <= FIRST_STEP.max(body_arrived * GROWTH),
+                "{room} bytes of room offered after {body_arrived} bytes of the frame arrived"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_one_mebibyte_write_is_read_in_a_few_large_reads() {
+        let f = write_frame(1 << 20);
+        let mut wire = Vec::new();
+        f.encode_into(&mut wire);
+        let mut r = Recorder { wire, pos: 0, step: usize::MAX, reads: 0, offers: Vec::new() };
+        let got = Frame::read_from(&mut r).await.unwrap().unwrap();
+        assert_eq!(got, f);
+        assert!(r.reads <= 3, "{} reads for one frame of 1 MiB", r.reads);
     }
 
     #[test]

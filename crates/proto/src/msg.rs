@@ -38,18 +38,37 @@ impl Cred {
         Cred { uid: 0, gid: 0, groups: Vec::new() }
     }
 
-    /// The credentials of the calling process.
+    /// The credentials of the calling process, with all its supplementary groups (Linux
+    /// allows up to 65,536; the protocol carries them all, see docs/protocol.md).
     pub fn current() -> Cred {
-        // SAFETY: getuid/getgid/getgroups have no preconditions.
+        // SAFETY: geteuid/getegid have no preconditions.
         let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-        let mut groups = vec![0 as libc::gid_t; 64];
-        let n = unsafe { libc::getgroups(groups.len() as i32, groups.as_mut_ptr()) };
-        groups.truncate(n.max(0) as usize);
-        Cred { uid, gid, groups }
+        Cred { uid, gid, groups: supplementary_groups() }
     }
 
     pub fn in_group(&self, gid: u32) -> bool {
         self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// The calling process's supplementary groups, however many. getgroups(2) fails (EINVAL)
+/// when the buffer is too small rather than filling part of it, so the count is asked
+/// first; the list can grow between the two calls (another thread's setgroups), hence the
+/// loop.
+fn supplementary_groups() -> Vec<u32> {
+    loop {
+        // SAFETY: with size 0 getgroups only returns the count and writes nothing.
+        let count = unsafe { libc::getgroups(0, std::ptr::null_mut()) };
+        if count <= 0 {
+            return Vec::new();
+        }
+        let mut groups = vec![0 as libc::gid_t; count as usize];
+        // SAFETY: the buffer holds `count` entries, the size passed.
+        let n = unsafe { libc::getgroups(count, groups.as_mut_ptr()) };
+        if n >= 0 {
+            groups.truncate(n as usize);
+            return groups;
+        }
     }
 }
 
@@ -410,6 +429,17 @@ pub enum Op {
         index: u32,
         len: u64,
     },
+
+    // ---- added after version 3 shipped: kept last so the earlier variants keep their codes ----
+    /// Append the data section to the end of `ino`'s file, atomically: sent to the inode's
+    /// home server, which (under the inode's lock) takes the recorded size as the offset,
+    /// stores every piece of the range (on itself, and with `Write`s to the servers holding
+    /// the other objects), then raises the size, and answers `Appended { offset }`. Appends
+    /// from any number of clients therefore never overlap, and one that was answered is
+    /// complete. At most `MAX_DATA` bytes.
+    Append {
+        ino: Ino,
+    },
 }
 
 impl Op {
@@ -449,6 +479,7 @@ impl Op {
             Op::PeerSetParent { .. } => "peer_set_parent",
             Op::PeerDeleteObjects { .. } => "peer_delete_objects",
             Op::PeerTruncateObject { .. } => "peer_truncate_object",
+            Op::Append { .. } => "append",
         }
     }
 
@@ -560,6 +591,10 @@ pub enum Reply {
     Error {
         errno: Errno,
         message: String,
+    },
+    /// Answer to `Append`: where the bytes went (the file's size before them).
+    Appended {
+        offset: u64,
     },
 }
 

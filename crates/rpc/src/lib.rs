@@ -4,7 +4,10 @@
 //! submit them, a reader task matches replies to callers by request id, so replies may come
 //! back in any order. [`Pool`] keeps connections per server of a cluster map, reconnects
 //! after failures, and bounds every call with a timeout so a dead server turns into an
-//! error, never a hang.
+//! error, never a hang. A server that let a call time out without saying anything at all
+//! is *silent*: calls to it fail at once (see [`Pool::request`]) until it is heard from
+//! again or one timeout has passed, so callers that can only ask one after another (the
+//! kernel does so for lookups of one name) are not each held for a whole timeout.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), shoal_proto::Errno> {
@@ -26,7 +29,7 @@ use shoal_proto::{Errno, ServerId, PROTOCOL_VERSION};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -48,8 +51,102 @@ impl Default for PoolOptions {
     }
 }
 
-type Waiter = oneshot::Sender<Result<Frame, Errno>>;
+/// Why a call failed: the errno callers match on, and a sentence for people.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CallError {
+    /// The server answered with an error: its errno and the message it wrote.
+    Server { errno: Errno, message: String },
+    /// The server could not be asked or did not answer: ENOTCONN (refused, connection
+    /// closed), ETIMEDOUT (no answer in time), EPROTO (it sent what this side cannot
+    /// decode), with what happened ("connection closed by the server").
+    Transport { errno: Errno, reason: String },
+}
+
+impl CallError {
+    pub fn errno(&self) -> Errno {
+        match self {
+            CallError::Server { errno, .. } | CallError::Transport { errno, .. } => *errno,
+        }
+    }
+
+    fn transport(errno: Errno, reason: impl Into<String>) -> CallError {
+        CallError::Transport { errno, reason: reason.into() }
+    }
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Server { errno, message } => write!(f, "{message} ({errno})"),
+            CallError::Transport { errno, reason } => write!(f, "{reason} ({errno})"),
+        }
+    }
+}
+
+impl std::error::Error for CallError {}
+
+type Waiter = oneshot::Sender<Result<Frame, CallError>>;
 type Pending = Arc<Mutex<HashMap<u64, Waiter>>>;
+
+/// What a pool has heard from one server (shared with the readers of its connections).
+struct Liveness {
+    /// Frames received from the server, ever. A call that times out while this stays the
+    /// same heard nothing at all from the server during its whole wait.
+    heard: AtomicU64,
+    /// While non-zero: the server is silent, and calls to it fail at once until this many
+    /// milliseconds after `epoch` (or until a frame from it clears it).
+    silent_until_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Liveness {
+    fn new() -> Liveness {
+        Liveness { heard: AtomicU64::new(0), silent_until_ms: AtomicU64::new(0), epoch: Instant::now() }
+    }
+
+    /// A frame came from the server: it is not silent.
+    fn heard_from(&self) {
+        self.heard.fetch_add(1, Ordering::Relaxed);
+        if self.silent_until_ms.load(Ordering::Relaxed) != 0 {
+            self.silent_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn heard(&self) -> u64 {
+        self.heard.load(Ordering::Relaxed)
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn set_silent_for(&self, d: Duration) {
+        self.silent_until_ms.store((self.now_ms() + d.as_millis() as u64).max(1), Ordering::Relaxed);
+    }
+
+    fn is_silent(&self) -> bool {
+        let until = self.silent_until_ms.load(Ordering::Relaxed);
+        until != 0 && self.now_ms() < until
+    }
+}
+
+/// Removes a call's waiter from its connection's `pending` when the call ends without a
+/// reply (it timed out, or its future was dropped), so waiters never pile up for replies
+/// that will not come.
+struct Registered {
+    pending: Pending,
+    id: u64,
+    /// False once the reply arrived (the reader removed the waiter itself).
+    armed: bool,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pending.lock().remove(&self.id);
+        }
+    }
+}
 
 /// One pipelined connection.
 ///
@@ -118,19 +215,38 @@ fn write_now(wr: &OwnedWriteHalf, bufs: &mut VecDeque<Bytes>) -> std::io::Result
     }
 }
 
-/// Fail every call waiting on a broken connection.
-fn fail_all(broken: &AtomicBool, pending: &Pending) {
+/// Fail every call waiting on a broken connection with `err`.
+fn fail_all(broken: &AtomicBool, pending: &Pending, err: CallError) {
     broken.store(true, Ordering::SeqCst);
     for (_, w) in pending.lock().drain() {
-        let _ = w.send(Err(Errno::ENOTCONN));
+        let _ = w.send(Err(err.clone()));
+    }
+}
+
+/// Why reading the handshake or a reply failed: a connection that broke or closed is
+/// ENOTCONN (the server went away: killed, restarted), a frame that does not decode is a
+/// protocol error.
+fn read_error(e: shoal_proto::frame::FrameError, during: &str) -> CallError {
+    match e {
+        shoal_proto::frame::FrameError::Io(e) => {
+            CallError::transport(Errno::ENOTCONN, format!("connection lost{during}: {e}"))
+        }
+        other => CallError::transport(Errno::EPROTO, format!("undecodable frame{during}: {other}")),
     }
 }
 
 impl Conn {
-    async fn open(addr: &str, client_name: &str, map_version: u64) -> Result<(Conn, ServerId), Errno> {
+    /// Connect to `addr` and shake hands; every frame read from the server (the handshake
+    /// included) is counted in `live`.
+    async fn open(
+        addr: &str,
+        client_name: &str,
+        map_version: u64,
+        live: Arc<Liveness>,
+    ) -> Result<(Conn, ServerId), CallError> {
         let stream = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!("connect {addr}: {e}");
-            Errno::ENOTCONN
+            CallError::transport(Errno::ENOTCONN, format!("cannot connect: {e}"))
         })?;
         let _ = stream.set_nodelay(true);
         let (mut rd, mut wr) = stream.into_split();
@@ -140,14 +256,25 @@ impl Conn {
             map_version,
             op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: client_name.to_string() },
         };
-        let f = Frame::request(0, &hello, Bytes::new()).map_err(|_| Errno::EPROTO)?;
-        f.write_to(&mut wr).await.map_err(|_| Errno::ENOTCONN)?;
-        let reply = Frame::read_from(&mut rd).await.map_err(|_| Errno::EPROTO)?.ok_or(Errno::ENOTCONN)?;
-        let server = match reply.reply_body().map_err(|_| Errno::EPROTO)? {
+        let f = Frame::request(0, &hello, Bytes::new())
+            .map_err(|e| CallError::transport(Errno::EPROTO, format!("cannot encode the handshake: {e}")))?;
+        f.write_to(&mut wr).await.map_err(|e| read_error(e, " during the handshake"))?;
+        let reply =
+            Frame::read_from(&mut rd).await.map_err(|e| read_error(e, " during the handshake"))?.ok_or_else(|| {
+                CallError::transport(Errno::ENOTCONN, "connection closed by the server during the handshake")
+            })?;
+        live.heard_from();
+        let body = reply.reply_body().map_err(|e| read_error(e, " in the handshake reply"))?;
+        let server = match body {
             Reply::Hello { protocol_version, server, .. } if protocol_version == PROTOCOL_VERSION => server,
-            Reply::Hello { .. } => return Err(Errno::EPROTO),
-            Reply::Error { errno, .. } => return Err(errno),
-            _ => return Err(Errno::EPROTO),
+            Reply::Hello { protocol_version, .. } => {
+                return Err(CallError::transport(
+                    Errno::EPROTO,
+                    format!("the server speaks protocol {protocol_version}, this side {PROTOCOL_VERSION}"),
+                ))
+            }
+            Reply::Error { errno, message } => return Err(CallError::Server { errno, message }),
+            _ => return Err(CallError::transport(Errno::EPROTO, "unexpected reply to the handshake")),
         };
 
         let broken = Arc::new(AtomicBool::new(false));
@@ -158,24 +285,30 @@ impl Conn {
         let (p, b) = (pending.clone(), broken.clone());
         tokio::spawn(async move {
             let mut rd = tokio::io::BufReader::with_capacity(256 * 1024, rd);
-            loop {
+            let why = loop {
                 match Frame::read_from(&mut rd).await {
                     Ok(Some(f)) if f.kind == FrameKind::Reply => {
+                        // Also a reply nobody waits for any more (its call timed out) says
+                        // the server is alive.
+                        live.heard_from();
                         if let Some(w) = p.lock().remove(&f.request_id) {
                             let _ = w.send(Ok(f));
                         }
                     }
-                    Ok(Some(_)) | Ok(None) | Err(_) => break,
-                }
-            }
-            fail_all(&b, &p);
+                    Ok(Some(_)) => break CallError::transport(Errno::EPROTO, "the server sent a request frame"),
+                    Ok(None) => break CallError::transport(Errno::ENOTCONN, "connection closed by the server"),
+                    Err(e) => break read_error(e, ""),
+                };
+            };
+            tracing::debug!("connection to a server ends: {why}");
+            fail_all(&b, &p, why);
         });
         Ok((Conn { out, pending, broken }, server))
     }
 
     /// Send `frame`; its reply (or ENOTCONN if the connection breaks first) goes to
     /// `waiter`. Err if the connection is already broken.
-    fn send(&self, frame: Frame, waiter: Waiter) -> Result<(), Errno> {
+    fn send(&self, frame: Frame, waiter: Waiter) -> Result<(), CallError> {
         let id = frame.request_id;
         // Registered before the bytes leave, so the reply always finds it.
         self.pending.lock().insert(id, waiter);
@@ -183,7 +316,7 @@ impl Conn {
         // registered after that would wait for nothing.
         if self.broken.load(Ordering::SeqCst) {
             self.pending.lock().remove(&id);
-            return Err(Errno::ENOTCONN);
+            return Err(CallError::transport(Errno::ENOTCONN, "connection closed"));
         }
         let head = Bytes::from(frame.head());
         let mut q = self.out.queue.lock();
@@ -201,8 +334,8 @@ impl Conn {
                 let out = self.out.clone();
                 let (p, b) = (self.pending.clone(), self.broken.clone());
                 self.out.rt.spawn(async move {
-                    if flush(&out).await.is_err() {
-                        fail_all(&b, &p);
+                    if let Err(e) = flush(&out).await {
+                        fail_all(&b, &p, CallError::transport(Errno::ENOTCONN, format!("connection lost: {e}")));
                     }
                 });
                 Ok(())
@@ -211,8 +344,9 @@ impl Conn {
                 tracing::debug!("writing to a server: {e}");
                 q.bufs.clear();
                 drop(q);
-                fail_all(&self.broken, &self.pending);
-                Err(Errno::ENOTCONN)
+                let err = CallError::transport(Errno::ENOTCONN, format!("connection lost: {e}"));
+                fail_all(&self.broken, &self.pending, err.clone());
+                Err(err)
             }
         }
     }
@@ -248,11 +382,15 @@ pub struct Pool {
     /// Serialises connection set-up per slot so a burst of calls opens one connection.
     connecting: Mutex<HashMap<(ServerId, usize), Arc<tokio::sync::Mutex<()>>>>,
     stats: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
+    /// Per server of the map: what was heard from it (fixed at creation, so no lock).
+    liveness: HashMap<ServerId, Arc<Liveness>>,
 }
 
 impl Pool {
     pub fn new(map: ClusterMap, opts: PoolOptions) -> Pool {
+        let liveness = map.servers.iter().map(|s| (ServerId(s.id), Arc::new(Liveness::new()))).collect();
         Pool {
+            liveness,
             map,
             opts,
             next_id: AtomicU64::new(1),
@@ -276,7 +414,7 @@ impl Pool {
         self.stats.lock().clone()
     }
 
-    async fn conn(&self, server: ServerId) -> Result<Arc<Conn>, Errno> {
+    async fn conn(&self, server: ServerId, live: &Arc<Liveness>) -> Result<Arc<Conn>, CallError> {
         let slot = (self.rr.fetch_add(1, Ordering::Relaxed) as usize) % self.opts.connections_per_server.max(1);
         let key = (server, slot);
         if let Some(c) = self.conns.lock().get(&key) {
@@ -291,11 +429,12 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let entry = self.map.server(server).ok_or(Errno::EIO)?;
-        let (conn, id) = Conn::open(&entry.addr, &self.opts.client_name, self.map.version()).await?;
+        let entry =
+            self.map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
+        let (conn, id) = Conn::open(&entry.addr, &self.opts.client_name, self.map.version(), live.clone()).await?;
         if id != server {
             tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
-            return Err(Errno::EIO);
+            return Err(CallError::transport(Errno::EIO, format!("{} answered as server {id}", entry.addr)));
         }
         let conn = Arc::new(conn);
         self.conns.lock().insert(key, conn.clone());
@@ -304,24 +443,72 @@ impl Pool {
 
     /// Send `op` (with `data` as the bulk section) to `server` and wait for the reply.
     /// Server-side errors come back as `Err(errno)`; an unreachable server as ENOTCONN
-    /// (immediately) or ETIMEDOUT (after the pool's timeout).
+    /// (immediately) or ETIMEDOUT (after the pool's timeout, or at once while the server is
+    /// silent). [`Pool::request`] says more.
     pub async fn call(&self, server: ServerId, cred: &Cred, op: Op, data: Bytes) -> Result<(Reply, Bytes), Errno> {
-        match tokio::time::timeout(self.opts.timeout, self.call_inner(server, cred, op, data)).await {
+        self.request(server, cred, op, data).await.map_err(|e| e.errno())
+    }
+
+    /// As [`Pool::call`], with the server's message (or what happened to the connection)
+    /// in the error.
+    ///
+    /// Each call is bounded by the pool's timeout, connecting and handshake included. A
+    /// call that times out while nothing at all came from the server (no reply to any
+    /// call, on any connection) marks the server *silent* for one timeout: calls to it
+    /// then fail at once with ETIMEDOUT instead of each waiting a whole timeout, until the
+    /// server is heard again (a late reply clears the mark) or the timeout has passed
+    /// (then one call tries again). Without this, callers that must ask one after another —
+    /// the kernel sends lookups of one name in one directory one at a time — would wait
+    /// k × timeout for a frozen server.
+    pub async fn request(
+        &self,
+        server: ServerId,
+        cred: &Cred,
+        op: Op,
+        data: Bytes,
+    ) -> Result<(Reply, Bytes), CallError> {
+        let live =
+            self.liveness.get(&server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
+        if live.is_silent() {
+            return Err(CallError::transport(
+                Errno::ETIMEDOUT,
+                format!("not answering (a call got no answer within {:?})", self.opts.timeout),
+            ));
+        }
+        let heard = live.heard();
+        match tokio::time::timeout(self.opts.timeout, self.call_inner(server, live, cred, op, data)).await {
             Ok(r) => r,
-            Err(_) => Err(Errno::ETIMEDOUT),
+            Err(_) => {
+                if live.heard() == heard {
+                    live.set_silent_for(self.opts.timeout);
+                }
+                Err(CallError::transport(Errno::ETIMEDOUT, format!("no answer within {:?}", self.opts.timeout)))
+            }
         }
     }
 
-    async fn call_inner(&self, server: ServerId, cred: &Cred, op: Op, data: Bytes) -> Result<(Reply, Bytes), Errno> {
+    async fn call_inner(
+        &self,
+        server: ServerId,
+        live: &Arc<Liveness>,
+        cred: &Cred,
+        op: Op,
+        data: Bytes,
+    ) -> Result<(Reply, Bytes), CallError> {
         let req = Request { cred: cred.clone(), map_version: self.map.version(), op };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = Frame::request(id, &req, data).map_err(|_| Errno::EINVAL)?;
+        let frame = Frame::request(id, &req, data)
+            .map_err(|e| CallError::transport(Errno::EINVAL, format!("cannot encode the request: {e}")))?;
         let sent = (frame.body.len() + frame.data.len()) as u64;
-        let conn = self.conn(server).await?;
+        let conn = self.conn(server, live).await?;
         let (tx, rx) = oneshot::channel();
         conn.send(frame, tx)?;
+        // From here until the reply, dropping this call (its timeout) unregisters it.
+        let mut registered = Registered { pending: conn.pending.clone(), id, armed: true };
         drop(conn);
-        let reply = rx.await.map_err(|_| Errno::ENOTCONN)??;
+        let reply = rx.await.map_err(|_| CallError::transport(Errno::ENOTCONN, "connection closed"))??;
+        // The reader (or `fail_all`) removed the waiter when it handed over the answer.
+        registered.armed = false;
         {
             let mut s = self.stats.lock();
             let e = s.entry(server).or_default();
@@ -329,10 +516,16 @@ impl Pool {
             e.1 += sent;
             e.2 += (reply.body.len() + reply.data.len()) as u64;
         }
-        let body = reply.reply_body().map_err(|_| Errno::EPROTO)?;
+        let body = reply.reply_body().map_err(|e| read_error(e, " in a reply"))?;
         match body {
-            Reply::Error { errno, .. } => Err(errno),
-            Reply::StaleMap { .. } => Err(Errno::ESTALE),
+            Reply::Error { errno, message } => Err(CallError::Server { errno, message }),
+            Reply::StaleMap { current } => Err(CallError::Server {
+                errno: Errno::ESTALE,
+                message: format!(
+                    "the server routes with cluster map version {current}, this side {}",
+                    self.map.version()
+                ),
+            }),
             other => Ok((other, reply.data)),
         }
     }
@@ -390,6 +583,145 @@ mod tests {
             assert!(matches!(reply, Reply::Written { len: n } if n as usize == len), "{reply:?}");
         }
         assert_eq!(pool.traffic()[&ServerId(0)].0, 24);
+    }
+
+    /// A server that answers the handshake, then reads requests and answers none of them
+    /// until `thaw` fires (as a process stopped with SIGSTOP), then answers each (also the
+    /// ones read before) with `StatFs`.
+    async fn frozen_server(listener: TcpListener, thaw: oneshot::Receiver<()>) {
+        let (sock, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr) = sock.into_split();
+        let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
+        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1 };
+        Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+        let mut unanswered = Vec::new();
+        let mut thaw = std::pin::pin!(thaw);
+        loop {
+            tokio::select! {
+                _ = &mut thaw => break,
+                f = Frame::read_from(&mut rd) => match f.unwrap() {
+                    Some(f) => unanswered.push(f.request_id),
+                    None => return,
+                },
+            }
+        }
+        let answer = Reply::StatFs(StatFsOut::default());
+        for id in unanswered {
+            Frame::reply(id, &answer, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+        }
+        while let Some(f) = Frame::read_from(&mut rd).await.unwrap() {
+            Frame::reply(f.request_id, &answer, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+        }
+    }
+
+    fn pending_waiters(pool: &Pool) -> usize {
+        pool.conns.lock().values().map(|c| c.pending.lock().len()).sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn timed_out_calls_leave_no_waiters_behind() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_thaw, frozen) = oneshot::channel();
+        tokio::spawn(frozen_server(listener, frozen));
+        let map = ClusterMap::local(1, port, std::path::Path::new("/tmp"));
+        let opts =
+            PoolOptions { connections_per_server: 1, timeout: Duration::from_millis(300), ..PoolOptions::default() };
+        let pool = Arc::new(Pool::new(map, opts));
+        let calls: Vec<_> = (0..100)
+            .map(|_| {
+                let pool = pool.clone();
+                tokio::spawn(async move { pool.call(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await })
+            })
+            .collect();
+        for c in calls {
+            assert_eq!(c.await.unwrap().unwrap_err(), Errno::ETIMEDOUT);
+        }
+        assert_eq!(pool.conns.lock().len(), 1, "the calls went out on one connection");
+        assert_eq!(pending_waiters(&pool), 0, "waiters of timed-out calls are still registered");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_silent_server_fails_later_calls_at_once_until_it_answers_again() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (thaw, frozen) = oneshot::channel();
+        tokio::spawn(frozen_server(listener, frozen));
+        let map = ClusterMap::local(1, port, std::path::Path::new("/tmp"));
+        let timeout = Duration::from_millis(500);
+        let pool = Pool::new(map, PoolOptions { connections_per_server: 1, timeout, ..PoolOptions::default() });
+        let root = Cred::root();
+        let call = || pool.request(ServerId(0), &root, Op::StatFs, Bytes::new());
+
+        // This call opens the connection: the handshake's answer is a sign of life, so
+        // its timeout does not make the server silent yet.
+        assert_eq!(call().await.unwrap_err().errno(), Errno::ETIMEDOUT);
+        let t = Instant::now();
+        let first = call().await.unwrap_err();
+        assert_eq!(first.errno(), Errno::ETIMEDOUT, "{first}");
+        assert!(t.elapsed() >= timeout, "the first call waits its timeout: {:?}", t.elapsed());
+        // Ten more, one after another, as the kernel sends lookups of one name: each fails
+        // at once instead of waiting a timeout of its own.
+        let t = Instant::now();
+        for _ in 0..10 {
+            let e = call().await.unwrap_err();
+            assert_eq!(e.errno(), Errno::ETIMEDOUT, "{e}");
+            assert!(e.to_string().contains("not answering"), "{e}");
+        }
+        assert!(t.elapsed() < timeout, "later calls waited: {:?}", t.elapsed());
+        // The server answers again (also the call that timed out): calls go through.
+        thaw.send(()).unwrap();
+        let t = Instant::now();
+        loop {
+            match call().await {
+                Ok((reply, _)) => {
+                    assert!(matches!(reply, Reply::StatFs(_)), "{reply:?}");
+                    break;
+                }
+                Err(e) => assert!(t.elapsed() < Duration::from_secs(5), "still failing after the thaw: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(t.elapsed() < timeout, "the late reply did not end the silence: {:?}", t.elapsed());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_killed_during_the_handshake_is_a_lost_connection_not_a_protocol_error() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            // Wait for the hello, leave it unread and reset the connection, as the kernel
+            // does for a process killed with unread input.
+            sock.readable().await.unwrap();
+            // Zero linger resets at once; nothing blocks on drop.
+            #[allow(deprecated)]
+            sock.set_linger(Some(Duration::ZERO)).unwrap();
+            drop(sock);
+        });
+        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOTCONN, "{e}");
+        assert!(e.to_string().contains("connection lost during the handshake"), "{e}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_server_error_keeps_its_message() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (sock, _) = listener.accept().await.unwrap();
+            let (mut rd, mut wr) = sock.into_split();
+            let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
+            let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1 };
+            Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+            let f = Frame::read_from(&mut rd).await.unwrap().unwrap();
+            let r = Reply::Error { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() };
+            Frame::reply(f.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+        });
+        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
+        assert_eq!(e, CallError::Server { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() });
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -34,6 +34,7 @@ const OP_NAMES: &[&str] = &[
     "removexattr",
     "read",
     "write",
+    "append",
     "fsync",
     "statfs",
     "status",

@@ -96,7 +96,27 @@ async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
     Ok(Reply::Batch(replies))
 }
 
+/// Bytes of disk an operation will take, if it takes any: such operations are refused with
+/// ENOSPC when the disk is nearly full (`store::space`), while those that free space or
+/// take only a log record (unlink, rmdir, rename, truncate, setattr, size publication,
+/// removals) go on. A size extension by `SetAttr` is checked by its handler.
+fn space_needed(op: &Op, data: &Bytes) -> Option<u64> {
+    match op {
+        Op::Write { .. } => Some(data.len() as u64),
+        Op::Create { .. }
+        | Op::Mkdir { .. }
+        | Op::Symlink { .. }
+        | Op::Link { .. }
+        | Op::SetXattr { .. }
+        | Op::PeerMkdirObject { .. } => Some(crate::store::space::RECORD_ROOM),
+        _ => None,
+    }
+}
+
 async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply, Payload)> {
+    if let Some(bytes) = space_needed(&op, &data) {
+        st.space.check(bytes)?;
+    }
     let r = match op {
         Op::Hello { .. } => {
             Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() }
@@ -132,6 +152,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         Op::Write { ino, index, offset, file_end, inode_local } => {
             data::write(st, ino, index, offset, file_end, inode_local, data).await?
         }
+        Op::Append { ino } => data::append(st, ino, data).await?,
         Op::Fsync { ino, data_only } => data::fsync(st, ino, data_only).await?,
         Op::StatFs => data::statfs(st).await?,
         Op::Status => data::status(st).await?,

@@ -73,7 +73,8 @@ impl fmt::Display for Fail {
 /// an answer. After such an error a remote step may or may not have been applied, so the
 /// intent that covers it is kept for the recovery loop.
 pub fn is_transport(errno: Errno) -> bool {
-    matches!(errno, Errno::ENOTCONN | Errno::ETIMEDOUT | Errno::EPROTO | Errno::ESTALE)
+    // EAGAIN: the peer refused the connection at its limit; the request was never sent.
+    matches!(errno, Errno::ENOTCONN | Errno::ETIMEDOUT | Errno::EPROTO | Errno::ESTALE | Errno::EAGAIN)
 }
 
 /// `Err(Fail)` with a message, for early returns.

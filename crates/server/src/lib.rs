@@ -13,15 +13,18 @@
 //! # async fn f() -> anyhow::Result<()> {
 //! let opts = shoal_server::ServerOptions {
 //!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None,
+//!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
 //! ```
 
+mod conn_io;
 mod counters;
 mod dispatch;
 mod error;
 mod intents;
+mod limits;
 mod locks;
 mod net;
 mod ops;
@@ -42,6 +45,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::data::DataStore;
 use store::meta::{key, InodeRecord, MetaStore, FORMAT_VERSION};
+use store::space::Space;
 use tokio::net::TcpListener;
 
 /// How a server is started (the `shoald` command line).
@@ -55,6 +59,10 @@ pub struct ServerOptions {
     pub data_dir: Option<PathBuf>,
     /// Overrides the address to listen on (default: the map entry's `addr`).
     pub listen: Option<String>,
+    /// Connections held at once; 0 = derived from the descriptor limit (see `limits`).
+    pub max_connections: usize,
+    /// A connection that has not completed `Hello` within this time is closed.
+    pub handshake_timeout: Duration,
 }
 
 /// Timeout of a call to another server. Shorter than a client's, so that a client waiting
@@ -67,6 +75,7 @@ const WAL_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 pub struct Server {
     state: Arc<State>,
     listen: String,
+    limits: limits::ConnLimits,
 }
 
 impl Server {
@@ -87,28 +96,35 @@ impl Server {
         })?;
         let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
         let id = ServerId(opts.id);
+        let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
-        let (meta, data) = tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore)> {
-            std::fs::create_dir_all(&dd).with_context(|| format!("cannot create data directory {}", dd.display()))?;
-            let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
-            check_format(&meta, id, &dd)?;
-            let data = DataStore::open(&dd.join("objects"))
-                .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
-            // Writes acknowledged before a restart were only in the page cache; make them
-            // durable now, since the dirty-object list that fsync relies on starts empty.
-            if let Err(e) = data.syncfs() {
-                tracing::warn!("syncfs {}: {e}", dd.display());
-            }
-            Ok((meta, data))
-        })
-        .await
-        .map_err(|e| anyhow!("start-up task failed: {e}"))??;
+        let (meta, data, space) =
+            tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore, Space)> {
+                std::fs::create_dir_all(&dd)
+                    .with_context(|| format!("cannot create data directory {}", dd.display()))?;
+                // On a nearly full disk, opening the store needs the reserve's space.
+                let space = Space::new(&dd);
+                space.prepare_for_open();
+                let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
+                check_format(&meta, id, &dd)?;
+                let data = DataStore::open(&dd.join("objects"))
+                    .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
+                // Writes acknowledged before a restart were only in the page cache; make them
+                // durable now, since the dirty-object list that fsync relies on starts empty.
+                if let Err(e) = data.syncfs() {
+                    tracing::warn!("syncfs {}: {e}", dd.display());
+                }
+                space.upkeep();
+                Ok((meta, data, space))
+            })
+            .await
+            .map_err(|e| anyhow!("start-up task failed: {e}"))??;
 
         let pool = Pool::new(
             map.clone(),
             PoolOptions { timeout: PEER_TIMEOUT, connections_per_server: 2, client_name: format!("shoald {id}") },
         );
-        let state = Arc::new(State::new(id, map, data_dir, meta, data, pool));
+        let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool));
 
         let st = state.clone();
         let pending = state
@@ -147,7 +163,7 @@ impl Server {
             tracing::info!("{} intents to replay", pending.len());
         }
         intents::pin_pending(&st, &pending);
-        Ok(Server { state, listen })
+        Ok(Server { state, listen, limits })
     }
 
     /// The address this server listens on unless told otherwise.
@@ -175,7 +191,7 @@ impl Server {
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
         let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
         let gc = tokio::spawn(intents::gc_loop(st.clone()));
-        net::accept_loop(st.clone(), listener, shutdown).await;
+        net::accept_loop(st.clone(), listener, self.limits, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
         wal.abort();
         recovery.abort();
@@ -208,6 +224,30 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Raise the descriptor limit and decide how many connections to take.
+fn conn_limits(opts: &ServerOptions, servers: usize) -> limits::ConnLimits {
+    let nofile = limits::raise_nofile();
+    let fits = limits::default_max_connections(nofile, servers);
+    let max_connections = match opts.max_connections {
+        0 => fits,
+        n => {
+            if n > fits {
+                tracing::warn!(
+                    "{n} connections may not fit in {nofile} descriptors with {} kept for files; \
+                     at most {fits} are safe (raise `ulimit -n`)",
+                    limits::reserved(servers)
+                );
+            }
+            n
+        }
+    };
+    tracing::info!(
+        "up to {max_connections} connections (descriptor limit {nofile}), handshake timeout {:?}",
+        opts.handshake_timeout
+    );
+    limits::ConnLimits { max_connections, handshake_timeout: opts.handshake_timeout, peer_reserve: 2 * servers }
 }
 
 fn now_secs() -> i64 {
@@ -247,11 +287,28 @@ fn check_format(meta: &MetaStore, id: ServerId, dir: &std::path::Path) -> anyhow
     Ok(())
 }
 
+/// Every second: sync the metadata log, keep the reserve file (see `store::space`), and
+/// after a failed metadata write give the reserve back and reopen the store, so that it
+/// takes writes again as soon as there is room.
 async fn wal_sync_loop(st: Arc<State>) {
     loop {
         tokio::time::sleep(WAL_SYNC_INTERVAL).await;
-        if let Err(e) = st.blocking(|st| st.meta.sync_wal()).await {
-            tracing::warn!("WAL sync: {e}");
+        let r = st
+            .blocking(|st| {
+                st.space.upkeep();
+                if st.meta.failure().is_some() {
+                    st.space.release();
+                    if !st.space.room_to_open() {
+                        return Ok(());
+                    }
+                    st.meta.reopen()
+                } else {
+                    st.meta.sync_wal()
+                }
+            })
+            .await;
+        if let Err(e) = r {
+            tracing::warn!("metadata log upkeep: {e}");
         }
     }
 }

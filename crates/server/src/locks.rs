@@ -7,7 +7,10 @@
 //! stripes of every inode it will read-modify-write (the directory, and a local child inode
 //! whose link count or parent it changes). Several stripes are always taken in index order,
 //! so two handlers can never wait for each other in a cycle. Stripe locks are never held
-//! across a call to another server (a peer might be waiting for one of ours).
+//! across a call to another server (a peer might be waiting for one of ours), except for
+//! steps that take no lock at the peer: an append stores its pieces on other servers with
+//! `Write`s (no lock there) while holding the inode's stripe (`ops::data::append`), and a
+//! size cut sends `PeerTruncateObject`.
 //!
 //! **Pins.** Operations that span servers cannot hold a stripe lock during their remote
 //! step, so they *pin* the directory entries they are about to change instead: other

@@ -5,6 +5,7 @@ use crate::error::{fail, Fail, R};
 use crate::locks::Locks;
 use crate::store::data::DataStore;
 use crate::store::meta::{GcRecord, InodeRecord, MetaStore};
+use crate::store::space::Space;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::rendezvous::mix64;
@@ -33,6 +34,8 @@ pub struct State {
     pub data_dir: PathBuf,
     pub meta: MetaStore,
     pub data: DataStore,
+    /// Free space on the data directory's disk: what is refused when it is nearly full.
+    pub space: Space,
     pub locks: Locks,
     /// Op ids of cross-server operations some task is driving right now; the recovery loop
     /// leaves their intents alone.
@@ -75,6 +78,7 @@ impl State {
         data_dir: PathBuf,
         meta: MetaStore,
         data: DataStore,
+        space: Space,
         pool: Pool,
     ) -> State {
         State {
@@ -83,6 +87,7 @@ impl State {
             data_dir,
             meta,
             data,
+            space,
             locks: Locks::new(),
             active: Arc::new(Mutex::new(HashSet::new())),
             pool,
@@ -249,6 +254,15 @@ impl State {
         }
         self.counters.peer_sent();
         self.pool.call(server, cred, op, Bytes::new()).await.map(|(r, _)| r)
+    }
+
+    /// Send a `Write` of `data` to another server (an append's pieces on objects held
+    /// elsewhere, see `ops::data::append`). Unlike [`State::peer_as`] it does not write the
+    /// metadata log out first: what the peer does (store bytes) depends on no metadata of
+    /// ours, and the append publishes its size only after every piece is acknowledged.
+    pub async fn peer_write(self: &Arc<Self>, server: ServerId, op: Op, data: Bytes) -> Result<Reply, Errno> {
+        self.counters.peer_sent();
+        self.pool.call(server, &Cred::root(), op, data).await.map(|(r, _)| r)
     }
 
     /// Attributes of any inode: from the local store or from its home server.

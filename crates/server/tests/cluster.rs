@@ -54,7 +54,14 @@ impl Cluster {
     }
 
     fn spawn(&self, id: u32, l: TcpListener) -> Running {
-        let opts = ServerOptions { config: self.config.clone(), id, data_dir: None, listen: None };
+        let opts = ServerOptions {
+            config: self.config.clone(),
+            id,
+            data_dir: None,
+            listen: None,
+            max_connections: 0,
+            handshake_timeout: Duration::from_secs(10),
+        };
         let (tx, rx) = oneshot::channel::<()>();
         let h = tokio::spawn(shoal_server::serve_with_listener(opts, l, async move {
             let _ = rx.await;

@@ -35,6 +35,19 @@ struct Args {
     /// arranges). File I/O runs on a separate pool either way.
     #[arg(long, value_name = "N", default_value_t = 0, env = "SHOALD_THREADS")]
     threads: usize,
+
+    /// Client connections held at once (peers' connections have a small reserve beyond).
+    /// Beyond it, a connection that has not said Hello yet is closed to make room, or the
+    /// new connection is refused with EAGAIN ("server N: connection limit L reached").
+    /// 0 = derived from the descriptor limit (raised to the hard limit at start): what is
+    /// left after the descriptors kept for object files and RocksDB, two per connection.
+    #[arg(long, value_name = "N", default_value_t = 0, env = "SHOALD_MAX_CONNECTIONS")]
+    max_connections: usize,
+
+    /// Seconds a new connection has to complete its Hello before it is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 10, env = "SHOALD_HANDSHAKE_TIMEOUT",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    handshake_timeout: u64,
 }
 
 fn main() -> ExitCode {
@@ -68,8 +81,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let opts =
-        shoal_server::ServerOptions { config: args.config, id: args.id, data_dir: args.data_dir, listen: args.listen };
+    let opts = shoal_server::ServerOptions {
+        config: args.config,
+        id: args.id,
+        data_dir: args.data_dir,
+        listen: args.listen,
+        max_connections: args.max_connections,
+        handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
+    };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

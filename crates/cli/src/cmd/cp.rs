@@ -127,20 +127,25 @@ async fn children(client: &Client, loc: &Loc) -> Result<Vec<String>> {
     })
 }
 
+/// Add the steps that copy `src` to `dst` (with -r, everything below it, each directory
+/// before its contents, names in order). An explicit stack of what is still to visit
+/// instead of recursion, so a tree of any depth is planned without exhausting the stack.
 async fn plan(client: &Client, src: Loc, dst: Loc, recursive: bool, steps: &mut Vec<Step>) -> Result<()> {
-    let meta = lmeta(client, &src).await?.with_context(|| format!("{} does not exist", src.show()))?;
-    match meta.kind {
-        FileKind::File => steps.push(Step::File(src, dst, meta.size, meta.perm)),
-        FileKind::Symlink => steps.push(Step::Symlink(src, dst)),
-        FileKind::Dir => {
-            if !recursive {
-                bail!("{} is a directory (use -r)", src.show());
-            }
-            steps.push(Step::Mkdir(dst.clone(), meta.perm));
-            let mut names = children(client, &src).await?;
-            names.sort();
-            for n in names {
-                Box::pin(plan(client, src.join(&n), dst.join(&n), recursive, steps)).await?;
+    let mut todo = vec![(src, dst)];
+    while let Some((src, dst)) = todo.pop() {
+        let meta = lmeta(client, &src).await?.with_context(|| format!("{} does not exist", src.show()))?;
+        match meta.kind {
+            FileKind::File => steps.push(Step::File(src, dst, meta.size, meta.perm)),
+            FileKind::Symlink => steps.push(Step::Symlink(src, dst)),
+            FileKind::Dir => {
+                if !recursive {
+                    bail!("{} is a directory (use -r)", src.show());
+                }
+                steps.push(Step::Mkdir(dst.clone(), meta.perm));
+                let mut names = children(client, &src).await?;
+                // Last name first onto the stack, so the first comes off it next.
+                names.sort_unstable_by(|a, b| b.cmp(a));
+                todo.extend(names.iter().map(|n| (src.join(n), dst.join(n))));
             }
         }
     }

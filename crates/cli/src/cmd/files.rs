@@ -4,7 +4,7 @@ use super::{only_shoal, Ctx};
 use crate::fmt::{human_bytes, mode_string, parse_mode, time_string};
 use anyhow::{Context, Result};
 use clap::Args;
-use shoal_client::{Attr, Client, FileKind};
+use shoal_client::{Attr, Client, FileKind, Ino, ROOT_INO};
 use std::io::Write;
 
 #[derive(Args)]
@@ -54,6 +54,10 @@ pub struct RmArgs {
     /// Ignore paths that do not exist.
     #[arg(short = 'f')]
     force: bool,
+    /// With -r, also accept the root of the file system (its contents are removed; the
+    /// root stays). Without it, `rm -r /` is refused, as GNU rm's --preserve-root does.
+    #[arg(long)]
+    no_preserve_root: bool,
     #[arg(required = true)]
     paths: Vec<String>,
 }
@@ -107,44 +111,72 @@ fn print_long(out: &mut impl Write, a: &Attr, name: &str, human: bool, link: Opt
     )
 }
 
-/// List one directory (and, with -R, its subdirectories depth first).
-async fn list_dir(client: &Client, path: &str, a: &LsArgs, out: &mut Vec<u8>, header: bool) -> Result<()> {
-    let mut entries = client.readdir(path).await.with_context(|| format!("cannot list {path}"))?;
-    entries.sort_by(|x, y| x.name.cmp(&y.name));
-    if header {
-        writeln!(out, "{path}:")?;
-    }
-    if a.all {
-        if a.long {
-            let me = client.stat(path).await?;
-            print_long(out, &me, ".", a.human, None)?;
-            let parent = client.stat(&parent_of(path)).await?;
-            print_long(out, &parent, "..", a.human, None)?;
-        } else {
-            writeln!(out, ".\n..")?;
-        }
-    }
-    let join = |name: &str| if path == "/" { format!("/{name}") } else { format!("{path}/{name}") };
-    for e in &entries {
-        if a.long {
-            let full = join(&e.name);
-            match client.lstat(&full).await {
-                Ok(attr) => {
-                    let link = if attr.kind == FileKind::Symlink { client.readlink(&full).await.ok() } else { None };
-                    print_long(out, &attr, &e.name, a.human, link.as_deref())?;
-                }
-                // Removed between readdir and stat: skip it, as ls does.
-                Err(err) if err.errno == shoal_client::Errno::ENOENT => continue,
-                Err(err) => return Err(anyhow::Error::from(err)),
-            }
-        } else {
-            writeln!(out, "{}", e.name)?;
-        }
-    }
-    if a.recursive {
-        for e in entries.iter().filter(|e| e.kind == FileKind::Dir) {
+/// A directory still to list: its path (for the header), its inode and its parent's.
+struct ToList {
+    path: String,
+    ino: Ino,
+    parent: Option<Ino>,
+}
+
+/// A client error about an inode, said about the path the user knows: "cannot list /a/b:
+/// Permission denied" (the client's own context names only inode numbers).
+fn at_path(what: &str, path: &str, e: shoal_client::Error) -> anyhow::Error {
+    anyhow::anyhow!("cannot {what} {path}: {}", e.cause())
+}
+
+/// List directory `top` (and, with -R, every directory below it, depth first, each after
+/// its parent and in name order). The walk keeps an explicit stack of directories still
+/// to list and works by inode, so neither the depth of the tree nor the length of its
+/// paths (PATH_MAX) limits it.
+async fn list_dir(client: &Client, top: &str, top_ino: Ino, a: &LsArgs, out: &mut Vec<u8>, header: bool) -> Result<()> {
+    let mut stack = vec![ToList { path: top.to_string(), ino: top_ino, parent: None }];
+    let mut first = true;
+    while let Some(dir) = stack.pop() {
+        let path = dir.path;
+        let mut entries = client.readdir_at(dir.ino).await.map_err(|e| at_path("list", &path, e))?;
+        entries.sort_by(|x, y| x.name.cmp(&y.name));
+        if !first {
             writeln!(out)?;
-            Box::pin(list_dir(client, &join(&e.name), a, out, true)).await?;
+        }
+        if header || !first {
+            writeln!(out, "{path}:")?;
+        }
+        first = false;
+        if a.all {
+            if a.long {
+                let me = client.getattr(dir.ino).await.map_err(|e| at_path("access", &path, e))?;
+                print_long(out, &me, ".", a.human, None)?;
+                let up = match dir.parent {
+                    Some(p) => client.getattr(p).await.map_err(|e| at_path("access", &format!("{path}/.."), e))?,
+                    None => client.stat(&parent_of(&path)).await?,
+                };
+                print_long(out, &up, "..", a.human, None)?;
+            } else {
+                writeln!(out, ".\n..")?;
+            }
+        }
+        let join = |name: &str| if path == "/" { format!("/{name}") } else { format!("{path}/{name}") };
+        for e in &entries {
+            if a.long {
+                match client.lookup(dir.ino, &e.name).await {
+                    Ok(attr) => {
+                        let link =
+                            if attr.kind == FileKind::Symlink { client.readlink_at(attr.ino).await.ok() } else { None };
+                        print_long(out, &attr, &e.name, a.human, link.as_deref())?;
+                    }
+                    // Removed between readdir and stat: skip it, as ls does.
+                    Err(err) if err.errno == shoal_client::Errno::ENOENT => continue,
+                    Err(err) => return Err(at_path("access", &join(&e.name), err)),
+                }
+            } else {
+                writeln!(out, "{}", e.name)?;
+            }
+        }
+        if a.recursive {
+            // Pushed last to first, so that the first subdirectory is listed next.
+            for e in entries.iter().rev().filter(|e| e.kind == FileKind::Dir) {
+                stack.push(ToList { path: join(&e.name), ino: e.ino, parent: Some(dir.ino) });
+            }
         }
     }
     Ok(())
@@ -170,7 +202,7 @@ pub async fn ls(ctx: &Ctx, a: LsArgs) -> Result<()> {
                 if i > 0 {
                     writeln!(out)?;
                 }
-                list_dir(&client, p, &a, &mut out, paths.len() > 1 || a.recursive).await
+                list_dir(&client, p, attr.ino, &a, &mut out, paths.len() > 1 || a.recursive).await
             } else {
                 if a.long {
                     print_long(&mut out, &attr, p, a.human, None)?;
@@ -254,19 +286,27 @@ pub async fn rm(ctx: &Ctx, a: RmArgs) -> Result<()> {
             let attr = client.lstat(&path).await?;
             if attr.kind == FileKind::Dir {
                 if !a.recursive {
-                    return Err(shoal_client::Error {
-                        errno: shoal_client::Errno::EISDIR,
-                        context: format!("{path} is a directory (use -r)"),
-                    });
+                    return Err(shoal_client::Error::new(
+                        shoal_client::Errno::EISDIR,
+                        format!("{path} is a directory (use -r)"),
+                    ));
                 }
-                client.remove_all(&path).await.map(|_| ())
+                // By inode, so that every spelling of the root is caught: `/`, `shoal://`,
+                // `//`, `/.`, `/a/..`.
+                if attr.ino == ROOT_INO && !a.no_preserve_root {
+                    return Ok(false);
+                }
+                client.remove_all(&path).await.map(|_| true)
             } else {
-                client.unlink(&path).await
+                client.unlink(&path).await.map(|_| true)
             }
         }
         .await;
         match r {
-            Ok(()) => {}
+            Ok(true) => {}
+            Ok(false) => {
+                anyhow::bail!("rm: refusing to remove the root of the file system (use --no-preserve-root to override)")
+            }
             Err(e) if a.force && e.errno == shoal_client::Errno::ENOENT => {}
             Err(e) => return Err(anyhow::Error::from(e).context(format!("cannot remove {path}"))),
         }

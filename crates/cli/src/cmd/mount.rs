@@ -26,12 +26,13 @@ timeout=S           a request to a down server fails with EIO after S seconds (-
 writeback_cache     gather writes in the page cache (off)\n  \
 keep_cache          keep file pages across opens (off: each open sees other clients' data)\n  \
 direct_io           bypass the page cache\n  \
-allow_other allow_root default_permissions ro auto_unmount fsname=NAME\n  \
+allow_other|noallow_other   let every user in (on when root mounts; --private turns it off)\n  \
+allow_root default_permissions ro auto_unmount fsname=NAME\n  \
 threads=N fuse_threads=N max_write=BYTES max_readahead=BYTES max_background=N\n  \
 sync_close|nosync_close   fsync a written file at its last close (on)\n  \
 dev nodev suid nosuid exec noexec atime noatime sync async dirsync\n\n\
 docs/mount.md describes each option and the consistency it gives.\n\n\
-Examples:\n  shoal --config /etc/shoal/cluster.toml mount /mnt/shoal -o allow_other\n  \
+Examples:\n  shoal --config /etc/shoal/cluster.toml mount /mnt/shoal\n  \
 shoal mount --foreground --attr-timeout 5 /mnt/shoal\n  shoal umount /mnt/shoal")]
 pub struct MountArgs {
     /// Directory to mount on.
@@ -54,9 +55,12 @@ pub struct MountArgs {
     /// Enable the kernel's write-back cache (same as -o writeback_cache).
     #[arg(long)]
     pub writeback_cache: bool,
-    /// Let other users use the mount (same as -o allow_other).
-    #[arg(long)]
+    /// Let other users use the mount (same as -o allow_other; the default when root mounts).
+    #[arg(long, conflicts_with = "private")]
     pub allow_other: bool,
+    /// Only the user who mounts may use the mount (same as -o noallow_other).
+    #[arg(long)]
+    pub private: bool,
     /// Let the kernel check permissions too (same as -o default_permissions).
     #[arg(long)]
     pub default_permissions: bool,
@@ -108,6 +112,9 @@ fn options(ctx: &Ctx, a: &MountArgs) -> Result<MountOptions> {
     }
     o.writeback_cache |= a.writeback_cache;
     o.allow_other |= a.allow_other;
+    if a.private {
+        o.allow_other = false;
+    }
     o.default_permissions |= a.default_permissions;
     o.read_only |= a.read_only;
     Ok(o)

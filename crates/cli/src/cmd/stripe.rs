@@ -46,6 +46,16 @@ pub async fn setstripe(ctx: &Ctx, a: SetstripeArgs) -> Result<()> {
     }
     let spec =
         LayoutSpec { stripe_size: a.size, stripe_count: count, first_server: a.first.map(ServerId), policy: a.policy };
+    // Said here with the command's own words; the server refuses the same (EINVAL).
+    let map = client.map();
+    if let Err(m) = shoal_placement::check_spec(map, &spec) {
+        let all = if count.is_some_and(|c| c != u32::MAX && c as usize > map.placeable().count()) {
+            " (-c -1 stripes over all of them)"
+        } else {
+            ""
+        };
+        bail!("invalid layout for {path}: {m}{all}");
+    }
     match client.stat(&path).await {
         Ok(attr) if attr.kind == FileKind::Dir => {
             client.set_layout(&path, spec).await.with_context(|| format!("cannot set the default layout of {path}"))?;

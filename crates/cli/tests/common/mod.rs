@@ -98,6 +98,14 @@ impl Cluster {
         }
     }
 
+    /// Send `signal` to a running server (SIGSTOP freezes it: its sockets stay open but
+    /// nothing answers; SIGCONT thaws it).
+    pub fn signal(&self, id: u32, signal: i32) {
+        let child = self.children[id as usize].as_ref().expect("server running");
+        // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0, "signal server {id}");
+    }
+
     /// Start a killed server again (same data directory) and wait until it accepts.
     pub fn restart(&mut self, id: u32) {
         assert!(self.children[id as usize].is_none(), "server {id} still running");
@@ -195,4 +203,19 @@ pub async fn work_requests(client: &Client) -> Vec<u64> {
         v.push(st.counters.ops.iter().filter(|(n, _)| n != "status" && n != "hello").map(|(_, c)| *c).sum());
     }
     v
+}
+
+impl Cluster {
+    /// Process id of a running server (to stop it with SIGSTOP, say).
+    pub fn pid(&self, id: u32) -> u32 {
+        self.children[id as usize].as_ref().expect("server running").id()
+    }
+
+    /// Is the server process still running (not exited, not killed)?
+    pub fn alive(&mut self, id: u32) -> bool {
+        match self.children[id as usize].as_mut() {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
 }

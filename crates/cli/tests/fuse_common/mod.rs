@@ -50,20 +50,30 @@ impl Mount {
     /// As `new`, with `SHOAL_LOG` set to `filter` (`"info,fuser::request=debug"` logs every
     /// FUSE request the kernel sends, one line each, for tests that count them).
     pub fn with_log(cluster: &Cluster, extra: &[&str], filter: &str) -> Mount {
+        let mut opts = vec!["allow_other"];
+        opts.extend_from_slice(extra);
+        Mount::spawn(cluster, &["-o", &opts.join(",")], filter)
+    }
+
+    /// Mount `cluster` with exactly these arguments of `shoal mount` (no options added).
+    pub fn with_args(cluster: &Cluster, args: &[&str]) -> Mount {
+        Mount::spawn(cluster, args, "info")
+    }
+
+    fn spawn(cluster: &Cluster, args: &[&str], filter: &str) -> Mount {
         let dir = tempfile::Builder::new().prefix("shoal-mnt-").tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = dir.path().join("m");
         std::fs::create_dir(&path).unwrap();
         let log = dir.path().join("mount.log");
-        let mut opts = vec!["allow_other"];
-        opts.extend_from_slice(extra);
         let logf = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
             .env_remove("SHOAL_CONFIG")
             .env("SHOAL_LOG", filter)
             .arg("--config")
             .arg(&cluster.config)
-            .args(["mount", "--foreground", "-o", &opts.join(",")])
+            .args(["mount", "--foreground"])
+            .args(args)
             .arg(&path)
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())

@@ -6,8 +6,10 @@ use crate::error::{fail, Fail, R};
 use crate::state::{Contents, State};
 use crate::store::meta::key;
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use shoal_placement::pieces;
 use shoal_proto::frame::MAX_DATA;
-use shoal_proto::msg::{FileKind, Reply, ServerStatus, StatFsOut};
+use shoal_proto::msg::{FileKind, Op, Reply, ServerStatus, StatFsOut};
 use shoal_proto::{Errno, Ino};
 use std::path::Path;
 use std::sync::Arc;
@@ -60,6 +62,87 @@ pub async fn write(
         rec.touch(now());
         txn.commit()?;
         Ok(Reply::Written { len })
+    })
+    .await
+}
+
+/// Most pieces of one append stored at once (on this server and on the others).
+const APPEND_PIECES_IN_FLIGHT: usize = 16;
+
+/// An append (`O_APPEND`), at the inode's home server, where the size is authoritative.
+///
+/// Under the inode's lock — which every change of the size takes (a `Write` that reaches
+/// the home, `ExtendSize`, `SetAttr`, another append) — the offset is the recorded size,
+/// every piece of `[offset, offset + len)` is stored (here, or with a `Write` to the server
+/// holding its object), and only then is the size raised. So appends from any number of
+/// clients get disjoint ranges one after the other, and an acknowledged append is complete:
+/// a reader that sees the new size sees the bytes (no window of zeros, as reserving the
+/// range first and letting the client store the pieces would leave, and no range of zeros
+/// left in the file for good when that client died before storing them). A failure leaves
+/// the size as it was; pieces already stored lie beyond the end, unseen, and the next
+/// append writes over them.
+///
+/// Why the data goes through the home rather than from the client to each object's server:
+/// the offset is only known here, and the pieces must be stored before the size is
+/// raised, so the append is one request for the client whatever the layout. Data on other
+/// servers crosses the network twice; appends are usually small records.
+///
+/// The lock is held across the `Write`s to other servers, an exception to the rule in
+/// `locks.rs`: a `Write` with `inode_local = false` takes no lock at its server, so nothing
+/// there waits for us; a server that does not answer holds the lock for at most the peer
+/// timeout, and the append fails with EIO.
+pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
+    st.require_home(ino)?;
+    let _g = st.locks.lock(&[ino]).await;
+    let (offset, layout) = st
+        .store(move |st| {
+            let rec = st
+                .meta
+                .get_inode(ino)?
+                .ok_or_else(|| Fail::new(Errno::ENOENT, format!("inode {ino} does not exist")))?;
+            match (rec.kind, rec.layout) {
+                (FileKind::File, Some(l)) if l.stripe_size > 0 && !l.servers.is_empty() => Ok((rec.size, l)),
+                (FileKind::File, _) => fail(Errno::EIO, format!("file {ino} has no valid layout")),
+                (FileKind::Dir, _) => fail(Errno::EISDIR, format!("{ino} is a directory")),
+                (FileKind::Symlink, _) => fail(Errno::EINVAL, format!("{ino} is a symbolic link")),
+            }
+        })
+        .await?;
+    let len = data.len() as u64;
+    let end = offset
+        .checked_add(len)
+        .filter(|&e| e <= i64::MAX as u64)
+        .ok_or_else(|| Fail::new(Errno::EFBIG, format!("append at {offset} beyond the largest file size")))?;
+    if len == 0 {
+        return Ok(Reply::Appended { offset });
+    }
+    let (data, layout) = (&data, &layout);
+    futures::stream::iter(pieces(layout, offset, len))
+        .map(|p| async move {
+            let server = layout.servers[p.index as usize];
+            let start = (p.file_offset - offset) as usize;
+            let chunk = data.slice(start..start + p.len as usize);
+            if server == st.id {
+                return st.blocking(move |st| st.data.write(ino, p.index, p.object_offset, &chunk)).await;
+            }
+            let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local: false };
+            match st.peer_write(server, op, chunk).await {
+                Ok(Reply::Written { len }) if len as u64 == p.len => Ok(()),
+                Ok(other) => fail(Errno::EIO, format!("server {server} answered an append's piece with {other:?}")),
+                Err(e) => Err(Fail::peer(server, e)),
+            }
+        })
+        .buffer_unordered(APPEND_PIECES_IN_FLIGHT)
+        .try_collect::<Vec<()>>()
+        .await?;
+    st.store(move |st| {
+        let mut txn = st.meta.txn();
+        let rec = txn.inode_mut(ino)?;
+        // Nothing moved the size since it was read (the lock), but never lower it.
+        rec.size = rec.size.max(end);
+        rec.touch(now());
+        txn.commit()?;
+        Ok(Reply::Appended { offset })
     })
     .await
 }

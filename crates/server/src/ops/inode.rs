@@ -123,36 +123,75 @@ async fn cut_objects(st: &Arc<State>, ino: Ino, layout: &shoal_proto::msg::Layou
     join_all(cuts).await.into_iter().collect::<R<Vec<()>>>().map(|_| ())
 }
 
+/// A size change drops file capabilities, whoever makes it (Linux's `file_remove_privs`),
+/// in the same batch as the size.
+fn drop_caps_on_size_change(txn: &mut crate::store::meta::Txn<'_>, ino: Ino, set: &SetAttrs) {
+    if set.size.is_some() {
+        txn.delete_xattr(ino, CAPS_XATTR);
+    }
+}
+
+/// Times a shrinking `setattr` cuts the objects again because the inode changed meanwhile.
+const SETATTR_ATTEMPTS: u32 = 8;
+
+/// Change attributes. A shrinking truncate cuts the objects first (on other servers too), so
+/// the bytes beyond the new end are gone before the size says so, and a failure leaves the
+/// inode as it was. No lock is held while the objects are cut (`locks.rs`: never across a
+/// call to another server); instead the change commits only if the inode is still the one
+/// the cut was made for. If a write at the inode's home (which changes the record under the
+/// same lock), a size publication or another setattr came between, the attributes are
+/// computed again from the new record and the objects cut again, so that no byte written
+/// beyond the new end before the commit survives it.
 pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<Reply> {
     st.require_home(ino)?;
-    let _g = st.locks.lock(&[ino]).await;
-    let s2 = set.clone();
-    let (old, new) = st
-        .store(move |st| {
-            let rec = load(st, ino)?;
-            let new = apply_setattr(&cred, &rec, &s2, now())?;
-            Ok((rec, new))
-        })
-        .await?;
-    // Shrinking: cut the objects first, so the bytes beyond the new end are gone before the
-    // size says so (a failure leaves the inode as it was).
-    if let (Some(size), Some(layout)) = (set.size, &old.layout) {
-        if size < old.size {
-            cut_objects(st, ino, layout, size).await?;
+    for _ in 0..SETATTR_ATTEMPTS {
+        let (cred2, set2) = (cred.clone(), set.clone());
+        let planned = {
+            let _g = st.locks.lock(&[ino]).await;
+            st.store(move |st| {
+                let rec = load(st, ino)?;
+                let new = apply_setattr(&cred2, &rec, &set2, now())?;
+                match (set2.size, &rec.layout) {
+                    (Some(size), Some(layout)) if size < rec.size => Ok(Err((rec.clone(), new, layout.clone(), size))),
+                    (size, _) => {
+                        if size.is_some_and(|s| s > rec.size) {
+                            // A longer file is a promise of space (its hole reads as zeros).
+                            st.space.check(crate::store::space::RECORD_ROOM)?;
+                        }
+                        let mut txn = st.meta.txn();
+                        txn.put_inode(ino, new.clone());
+                        drop_caps_on_size_change(&mut txn, ino, &set2);
+                        txn.commit()?;
+                        Ok(Ok(Reply::Attr(st.attr_of(ino, &new, true))))
+                    }
+                }
+            })
+            .await?
+        };
+        let (old, new, layout, size) = match planned {
+            Ok(reply) => return Ok(reply),
+            Err(shrink) => shrink,
+        };
+        cut_objects(st, ino, &layout, size).await?;
+        let _g = st.locks.lock(&[ino]).await;
+        let set3 = set.clone();
+        let done = st
+            .store(move |st| {
+                if load(st, ino)? != old {
+                    return Ok(None);
+                }
+                let mut txn = st.meta.txn();
+                txn.put_inode(ino, new.clone());
+                drop_caps_on_size_change(&mut txn, ino, &set3);
+                txn.commit()?;
+                Ok(Some(Reply::Attr(st.attr_of(ino, &new, true))))
+            })
+            .await?;
+        if let Some(reply) = done {
+            return Ok(reply);
         }
     }
-    st.store(move |st| {
-        let mut txn = st.meta.txn();
-        txn.put_inode(ino, new.clone());
-        if set.size.is_some() {
-            // A size change drops file capabilities, whoever makes it (Linux's
-            // `file_remove_privs`), in the same batch as the size.
-            txn.delete_xattr(ino, CAPS_XATTR);
-        }
-        txn.commit()?;
-        Ok(Reply::Attr(st.attr_of(ino, &new, true)))
-    })
-    .await
+    fail(Errno::EBUSY, format!("{ino} kept changing while it was being truncated ({SETATTR_ATTEMPTS} attempts)"))
 }
 
 pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutSpec) -> R<Reply> {
@@ -162,6 +201,7 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
             return fail(Errno::EINVAL, format!("server {f} is not in the cluster map"));
         }
     }
+    shoal_placement::check_spec(&st.map, &spec).map_err(|m| Fail::new(Errno::EINVAL, m))?;
     // Validate by resolving for a made-up file.
     resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None).map_err(|e| {
         Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)")

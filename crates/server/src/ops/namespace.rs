@@ -130,6 +130,11 @@ pub async fn create(
 ) -> R<Reply> {
     st.require_home(dir)?;
     name_ok(&name)?;
+    // A layout the request asks for must fit the cluster (more servers than there are is
+    // refused, not quietly cut down to what exists).
+    if let Some(spec) = &layout {
+        shoal_placement::check_spec(&st.map, spec).map_err(|m| Fail::new(Errno::EINVAL, m))?;
+    }
     let made = {
         let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
         let name = name.clone();

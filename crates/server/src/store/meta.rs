@@ -27,17 +27,25 @@
 //! requests (group commit). [`MetaStore::sync_wal`] makes it durable against power loss
 //! (every second, and on `Fsync`). Functions here block only briefly (memtable and block
 //! cache) except the scans and syncs, which callers run through `State::blocking`.
+//!
+//! **When the log cannot be written** (a full disk): RocksDB stops taking writes after a
+//! failed WAL write and does not resume by itself (measured with RocksDB 7.8: the WAL writer
+//! keeps answering "Seen error"), and the commits still in its buffer are lost. The store then
+//! refuses every write and flush with the errno of the failure (ENOSPC), keeps serving reads,
+//! and [`MetaStore::reopen`] (called by the server's upkeep once space is back) closes and
+//! reopens the database, which replays the WAL as far as it reached the OS. Nothing lost
+//! was acknowledged: replies wait for [`MetaStore::flush_wal_to_os`], which failed.
 
 use crate::error::{Fail, R};
 use bincode::Options as _;
-use parking_lot::Mutex;
+use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use rocksdb::{BlockBasedOptions, Cache, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use shoal_proto::msg::{Attr, DirEntry, FileKind, Layout, LayoutSpec, Reply, Timestamp};
 use shoal_proto::{Errno, Ino};
 use std::collections::HashMap;
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 
 /// Version of the on-disk format written under `m` "format".
 pub const FORMAT_VERSION: u32 = 1;
@@ -281,10 +289,17 @@ pub struct GcRecord {
 
 /// Block cache of the metadata store: inodes and entries of a few million files.
 const META_BLOCK_CACHE_BYTES: usize = 256 << 20;
+/// SST files RocksDB keeps open (its default is all of them): part of the descriptors a
+/// server keeps back from client connections (`limits`). 512 tables of 64 MiB are 32 GiB of
+/// metadata; beyond that RocksDB reopens tables as needed.
+pub const MAX_OPEN_FILES: i32 = 512;
 
 /// The RocksDB database.
 pub struct MetaStore {
-    db: DB,
+    /// `None` only while [`MetaStore::reopen`] could not open it again.
+    db: RwLock<Option<DB>>,
+    path: PathBuf,
+    opts: Options,
     wopts: WriteOptions,
     /// Commits so far, and how many of them are known to have reached the OS: a flush is
     /// only needed when the second lags the first.
@@ -292,16 +307,52 @@ pub struct MetaStore {
     flushed: AtomicU64,
     /// One flusher at a time; the others find their commits covered when they get it.
     flush_lock: Mutex<()>,
+    /// 0, or the errno of a failed write or WAL flush: the store takes no writes until
+    /// reopened (see the module comment). Calling RocksDB's write or flush again on a WAL
+    /// that failed would only repeat the failure.
+    failed: AtomicI32,
 }
 
 impl MetaStore {
     /// Open (creating if missing) the database at `path`.
     pub fn open(path: &Path) -> Result<MetaStore, String> {
+        let opts = Self::options();
+        let db = Self::open_db(&opts, path)?;
+        let mut wopts = WriteOptions::default();
+        // Power-loss durability comes from sync_wal (every second and on fsync).
+        wopts.set_sync(false);
+        Ok(MetaStore {
+            db: RwLock::new(Some(db)),
+            path: path.to_path_buf(),
+            opts,
+            wopts,
+            committed: AtomicU64::new(0),
+            flushed: AtomicU64::new(0),
+            flush_lock: Mutex::new(()),
+            failed: AtomicI32::new(0),
+        })
+    }
+
+    fn open_db(opts: &Options, path: &Path) -> Result<DB, String> {
+        DB::open(opts, path).map_err(|e| format!("cannot open metadata store {}: {e}", path.display()))
+    }
+
+    fn options() -> Options {
         let mut opts = Options::default();
         opts.create_if_missing(true);
         opts.set_keep_log_file_num(4);
+        // RocksDB's info log (`meta/LOG`) keeps only the start-up header. Its writer aborts the
+        // process (an assertion in the library's build) on the first message written after a
+        // failed write, and on a full disk the message reporting the failure is that message.
+        // Errors reach our own log through the statuses RocksDB returns.
+        opts.set_log_level(rocksdb::LogLevel::Header);
+        // A MANIFEST is preallocated in blocks of this size (4 MiB by default): opening the
+        // store on a nearly full disk would spend all the room on it and then fail to write
+        // the OPTIONS file (seen on a full 64 MiB tmpfs).
+        opts.set_manifest_preallocation_size(64 << 10);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
+        opts.set_max_open_files(MAX_OPEN_FILES);
         // Group commit: see the module comment and flush_wal_to_os.
         opts.set_manual_wal_flush(true);
         // Most lookups on the create path miss (a new name, a fresh inode number): bloom
@@ -315,21 +366,70 @@ impl MetaStore {
         table.set_whole_key_filtering(true);
         table.set_block_cache(&Cache::new_lru_cache(META_BLOCK_CACHE_BYTES));
         opts.set_block_based_table_factory(&table);
-        let db = DB::open(&opts, path).map_err(|e| format!("cannot open metadata store {}: {e}", path.display()))?;
-        let mut wopts = WriteOptions::default();
-        // Power-loss durability comes from sync_wal (every second and on fsync).
-        wopts.set_sync(false);
-        Ok(MetaStore {
-            db,
-            wopts,
-            committed: AtomicU64::new(0),
-            flushed: AtomicU64::new(0),
-            flush_lock: Mutex::new(()),
+        opts
+    }
+
+    /// The open database (reads and writes share it; only `reopen` replaces it). Taken
+    /// recursively so that a scan's callback may read again without waiting for a reopen
+    /// queued behind the scan.
+    fn db(&self) -> R<MappedRwLockReadGuard<'_, DB>> {
+        RwLockReadGuard::try_map(self.db.read_recursive(), |d| d.as_ref()).map_err(|_| {
+            Fail::new(Errno::EIO, format!("metadata store {} is closed after a failed write", self.path.display()))
         })
     }
 
+    /// The failure that stopped writes, if any.
+    pub fn failure(&self) -> Option<Errno> {
+        match self.failed.load(Ordering::Acquire) {
+            0 => None,
+            e => Some(Errno(e)),
+        }
+    }
+
+    fn check_writable(&self) -> R<()> {
+        match self.failure() {
+            None => Ok(()),
+            Some(e) => Err(Fail::new(
+                e,
+                format!("metadata store takes no writes since its log could not be written ({e}); it resumes when space is free"),
+            )),
+        }
+    }
+
+    /// Remember that a write or flush failed: no more writes or flushes until `reopen`.
+    fn note_failure(&self, f: &Fail) {
+        if self.failed.compare_exchange(0, f.errno.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            tracing::error!("metadata store stops taking writes: {f}");
+        }
+    }
+
+    /// After a failed write: close the database and open it again, which starts a new WAL
+    /// after replaying what reached the OS (commits whose flush failed were never
+    /// acknowledged and are gone). Needs a little free space (new WAL, MANIFEST, OPTIONS
+    /// files). A no-op while healthy. Blocking.
+    pub fn reopen(&self) -> R<()> {
+        if self.failure().is_none() {
+            return Ok(());
+        }
+        let _g = self.flush_lock.lock();
+        let mut db = self.db.write();
+        // Closing first: RocksDB's LOCK file allows one open database per directory.
+        *db = None;
+        match Self::open_db(&self.opts, &self.path) {
+            Ok(d) => {
+                *db = Some(d);
+                let c = self.committed.load(Ordering::Acquire);
+                self.flushed.store(c, Ordering::Release);
+                self.failed.store(0, Ordering::Release);
+                tracing::info!("metadata store {} reopened; it takes writes again", self.path.display());
+                Ok(())
+            }
+            Err(e) => Err(Fail::new(Errno::EIO, e)),
+        }
+    }
+
     pub fn get_raw(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
-        Ok(self.db.get(key)?)
+        Ok(self.db()?.get(key)?)
     }
 
     pub fn put_raw(&self, key: &[u8], value: &[u8]) -> R<()> {
@@ -339,7 +439,7 @@ impl MetaStore {
     }
 
     fn get_decoded<T: DeserializeOwned>(&self, key: &[u8], what: &dyn std::fmt::Display) -> R<Option<T>> {
-        match self.db.get_pinned(key)? {
+        match self.db()?.get_pinned(key)? {
             Some(v) => Ok(Some(decode(what, &v)?)),
             None => Ok(None),
         }
@@ -362,7 +462,7 @@ impl MetaStore {
     }
 
     pub fn get_xattr(&self, ino: Ino, name: &str) -> R<Option<Vec<u8>>> {
-        Ok(self.db.get(key::xattr(ino, name))?)
+        Ok(self.db()?.get(key::xattr(ino, name))?)
     }
 
     /// Iterate keys starting with `prefix`, from `start` (inclusive; defaults to the prefix).
@@ -373,7 +473,8 @@ impl MetaStore {
             ro.set_iterate_upper_bound(end);
         }
         let from = start.unwrap_or(prefix);
-        for item in self.db.iterator_opt(IteratorMode::From(from, Direction::Forward), ro) {
+        let db = self.db()?;
+        for item in db.iterator_opt(IteratorMode::From(from, Direction::Forward), ro) {
             let (k, v) = item?;
             if !k.starts_with(prefix) {
                 break;
@@ -490,7 +591,12 @@ impl MetaStore {
     }
 
     pub fn write(&self, batch: WriteBatch) -> R<()> {
-        self.db.write_opt(batch, &self.wopts)?;
+        self.check_writable()?;
+        if let Err(e) = self.db()?.write_opt(batch, &self.wopts) {
+            let f = Fail::from(e);
+            self.note_failure(&f);
+            return Err(f);
+        }
         self.committed.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
@@ -506,17 +612,26 @@ impl MetaStore {
         if self.flushed.load(Ordering::Acquire) >= target {
             return Ok(());
         }
-        // Everything counted here finished its write before the flush starts.
-        let upto = self.committed.load(Ordering::Acquire);
-        self.db.flush_wal(false)?;
-        self.flushed.fetch_max(upto, Ordering::AcqRel);
-        Ok(())
+        self.flush(false)
     }
 
     /// Make every write so far durable against power loss.
     pub fn sync_wal(&self) -> R<()> {
+        // Not under `flush_lock`: replies waiting for a flush must not wait for a disk sync
+        // (RocksDB serialises the two itself).
+        self.flush(true)
+    }
+
+    /// Flush (and sync) the WAL buffer.
+    fn flush(&self, sync: bool) -> R<()> {
+        self.check_writable()?;
+        // Everything counted here finished its write before the flush starts.
         let upto = self.committed.load(Ordering::Acquire);
-        self.db.flush_wal(true)?;
+        if let Err(e) = self.db()?.flush_wal(sync) {
+            let f = Fail::from(e);
+            self.note_failure(&f);
+            return Err(f);
+        }
         self.flushed.fetch_max(upto, Ordering::AcqRel);
         Ok(())
     }

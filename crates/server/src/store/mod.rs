@@ -1,4 +1,6 @@
-//! Local persistence: the metadata store (RocksDB) and the data objects (plain files).
+//! Local persistence: the metadata store (RocksDB), the data objects (plain files) and the
+//! watch on free space.
 
 pub mod data;
 pub mod meta;
+pub mod space;

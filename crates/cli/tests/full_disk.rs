@@ -1,0 +1,247 @@
+//! A full disk: the servers stay up, writers get ENOSPC, reads and deletions go on, writes
+//! resume when space returns, and a server restarts on a disk with no free space at all.
+//! The servers' data directories are on a 64 MiB tmpfs mounted by the test (it runs as root;
+//! elsewhere it prints why and passes, as the FUSE tests do without /dev/fuse).
+
+mod common;
+mod fuse_common;
+use common::{pattern, Cluster};
+use shoal_client::{Client, Errno, LayoutSpec, OpenFlags};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// A tmpfs of a given size on a fresh directory, unmounted when dropped (also when the test
+/// fails: declare it before the cluster, so the servers are killed first).
+struct Tmpfs {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+}
+
+impl Tmpfs {
+    fn mount(mib: u32) -> Option<Tmpfs> {
+        let dir = tempfile::Builder::new().prefix("shoal-full-").tempdir().unwrap();
+        let path = dir.path().join("disk");
+        std::fs::create_dir(&path).unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(&path)
+            .output()
+            .expect("run mount");
+        if !out.status.success() {
+            eprintln!("SKIPPED: cannot mount a tmpfs (needs root): {}", String::from_utf8_lossy(&out.stderr));
+            return None;
+        }
+        Some(Tmpfs { _dir: dir, path })
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let ok = Command::new("umount").arg(&self.path).status().is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+        }
+    }
+}
+
+const MIB: usize = 1 << 20;
+
+fn one_server() -> Option<LayoutSpec> {
+    Some(LayoutSpec { stripe_count: Some(1), ..Default::default() })
+}
+
+/// Create `path` and write `len` bytes of pattern `seed` through it (write-behind: a refusal
+/// shows at close at the latest).
+async fn write_file(fs: &Client, path: &str, seed: u64, len: usize) -> shoal_client::Result<()> {
+    let f = fs.create(path, 0o644, one_server()).await?;
+    let w = f.write_at(0, &pattern(seed, 0, len)).await;
+    let c = f.close().await;
+    w.and(c)
+}
+
+async fn read_back(fs: &Client, path: &str, seed: u64, len: usize) {
+    let a = fs.stat(path).await.unwrap_or_else(|e| panic!("stat {path}: {e}"));
+    assert_eq!(a.size, len as u64, "{path}");
+    let f = fs.open(path, OpenFlags::read_only()).await.unwrap();
+    let got = f.read_at(0, len).await.unwrap_or_else(|e| panic!("read {path}: {e}"));
+    assert!(got[..] == pattern(seed, 0, len)[..], "{path} reads back different bytes");
+}
+
+/// Write 1 MiB files `/fill<n>` until the servers refuse, then 4 KiB pieces to `top` until
+/// they refuse those too. Returns the names of the files written; asserts every refusal is
+/// ENOSPC.
+async fn fill(fs: &Client, prefix: &str, top: &shoal_client::File) -> Vec<String> {
+    let mut names = Vec::new();
+    for n in 0..100 {
+        let path = format!("/{prefix}{n}");
+        match write_file(fs, &path, n, MIB).await {
+            Ok(()) => names.push(path),
+            Err(e) => {
+                assert_eq!(e.errno, Errno::ENOSPC, "filling: {e}");
+                let _ = fs.unlink(&path).await;
+                break;
+            }
+        }
+        assert!(n < 99, "64 MiB never filled up");
+    }
+    let end = top.stat().await.unwrap().size;
+    for k in 0..4096u64 {
+        // Write-behind: a refusal is reported by the next write on the handle.
+        if let Err(e) = top.write_at(end + k * 4096, &[7u8; 4096]).await {
+            assert_eq!(e.errno, Errno::ENOSPC, "topping up: {e}");
+            return names;
+        }
+    }
+    panic!("4096 writes of 4 KiB never filled the disk");
+}
+
+/// Retry `f` until it succeeds, for at most `limit`.
+async fn eventually<F, Fut>(limit: Duration, what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = shoal_client::Result<()>>,
+{
+    let start = Instant::now();
+    loop {
+        match f().await {
+            Ok(()) => return,
+            Err(e) if start.elapsed() < limit => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("{what} still fails after {limit:?}: {e}"),
+        }
+    }
+}
+
+/// Fill the file system holding `dir` completely with a file of its own, as another program
+/// on the same disk would.
+fn hog(dir: &Path) -> PathBuf {
+    let path = dir.join("hog");
+    let mut f = std::fs::File::create(&path).unwrap();
+    let chunk = vec![1u8; 64 << 10];
+    while f.write_all(&chunk).is_ok() {}
+    path
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_writes_with_enospc_and_the_servers_stay_up_and_recover() {
+    let Some(disk) = Tmpfs::mount(64) else { return };
+    let root = disk.path.clone();
+    let mut cluster = Cluster::start_with(4, |m| {
+        for s in &mut m.servers {
+            s.data_dir = Some(root.join(format!("s{}", s.id)));
+        }
+    });
+    let fs = cluster.uncached_client();
+
+    // Files written while there is room, on every server.
+    let keep: Vec<(String, u64, usize)> = (0..8).map(|i| (format!("/keep{i}"), 100 + i, 50_000)).collect();
+    for (path, seed, len) in &keep {
+        write_file(&fs, path, *seed, *len).await.unwrap();
+    }
+    let top = fs.create("/top", 0o644, one_server()).await.unwrap();
+
+    let filled = fill(&fs, "fill", &top).await;
+    assert!(filled.len() >= 8, "only {} MiB written before the disk was full", filled.len());
+    for id in 0..4 {
+        assert!(cluster.alive(id), "server {id} died on the full disk:\n{}", cluster.log(id));
+    }
+    // Full: new names are refused as such, not as I/O errors.
+    assert_eq!(fs.create("/new", 0o644, None).await.unwrap_err().errno, Errno::ENOSPC);
+    assert_eq!(fs.mkdir("/newdir", 0o755).await.unwrap_err().errno, Errno::ENOSPC);
+    // Reads, stats and listings go on.
+    for (path, seed, len) in &keep {
+        read_back(&fs, path, *seed, *len).await;
+    }
+    assert!(fs.readdir("/").await.unwrap().len() >= keep.len() + filled.len());
+
+    // Deleting frees space, and writes resume.
+    for path in &filled[..8] {
+        fs.unlink(path).await.unwrap();
+    }
+    eventually(Duration::from_secs(15), "a write after deleting 8 MiB", || async {
+        let _ = fs.unlink("/after").await;
+        write_file(&fs, "/after", 7, MIB).await
+    })
+    .await;
+    read_back(&fs, "/after", 7, MIB).await;
+
+    // Full again, then a server is killed and the disk filled to the last byte by someone
+    // else: the servers stay up, the killed one starts (its reserve makes room to open the
+    // store) and serves its files.
+    fill(&fs, "again", &top).await;
+    cluster.kill9(0);
+    let hog = hog(&disk.path);
+    cluster.restart(0);
+    let fs = cluster.uncached_client();
+    for (path, seed, len) in &keep {
+        read_back(&fs, path, *seed, *len).await;
+    }
+    // Deletions commit on the disk with no room left (the reserves were given back).
+    for path in &filled[8..] {
+        fs.unlink(path).await.unwrap();
+    }
+    for id in 0..4 {
+        assert!(cluster.alive(id), "server {id} died on the full disk:\n{}", cluster.log(id));
+    }
+    // Space back: everything takes writes again.
+    std::fs::remove_file(&hog).unwrap();
+    eventually(Duration::from_secs(15), "a write once the disk has room", || async {
+        let _ = fs.unlink("/last").await;
+        write_file(&fs, "/last", 8, MIB).await
+    })
+    .await;
+    read_back(&fs, "/last", 8, MIB).await;
+    for id in 0..4 {
+        assert!(cluster.alive(id), "server {id} died:\n{}", cluster.log(id));
+    }
+    drop(cluster);
+}
+
+#[test]
+fn write_and_close_on_a_mount_get_enospc_when_the_disk_is_full() {
+    if fuse_common::skip_without_fuse() {
+        return;
+    }
+    let Some(disk) = Tmpfs::mount(64) else { return };
+    let root = disk.path.clone();
+    let mut cluster = Cluster::start_with(4, |m| {
+        for s in &mut m.servers {
+            s.data_dir = Some(root.join(format!("s{}", s.id)));
+        }
+    });
+    let mount = fuse_common::Mount::new(&cluster, &[]);
+    let chunk = vec![3u8; MIB];
+    let mut refused = None;
+    'files: for n in 0..100 {
+        let mut f = match std::fs::File::create(mount.p(&format!("f{n}"))) {
+            Ok(f) => f,
+            Err(e) => {
+                refused = Some(("create", e));
+                break;
+            }
+        };
+        for _ in 0..4 {
+            if let Err(e) = f.write_all(&chunk) {
+                refused = Some(("write", e));
+                break 'files;
+            }
+        }
+        use std::os::fd::IntoRawFd;
+        // SAFETY: closing the descriptor this test owns, to see close(2)'s result.
+        if unsafe { libc::close(f.into_raw_fd()) } != 0 {
+            refused = Some(("close", std::io::Error::last_os_error()));
+            break;
+        }
+    }
+    let (call, err) = refused.expect("64 MiB never filled up");
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{call}: {err}");
+    assert_ne!(call, "create", "data writes are refused before new names");
+    for id in 0..4 {
+        assert!(cluster.alive(id), "server {id} died on the full disk:\n{}", cluster.log(id));
+    }
+    drop(mount);
+}
