@@ -191,3 +191,31 @@ fn directory_times_follow_changes_made_through_the_mount() {
     let s = fs::metadata(fresh.p("d")).unwrap();
     assert_eq!((s.nlink(), s.mode() & 0o7777), (3, 0o700));
 }
+
+#[test]
+fn unaligned_47008_byte_pwrites_send_the_kernel_no_capability_checks() {
+    if skip_without_fuse() {
+        return;
+    }
+    const N: u64 = 40;
+    const T: u64 = 47_008;
+    let c = Cluster::start(2);
+    // Every FUSE request the kernel sends is logged, one line each.
+    let m = Mount::with_log(&c, LONG, "info,fuser::request=debug");
+    let f = OpenOptions::new().create(true).write(true).truncate(true).open(m.p("f")).unwrap();
+    let buf = vec![7u8; T as usize];
+    // The first write of a file may still be checked (the kernel then remembers the file has
+    // no privileges to drop until its attributes change).
+    f.write_at(&buf, 0).unwrap();
+    let count = |what: &str| m.log_text().lines().filter(|l| l.contains(what)).count();
+    let (checks, writes) = (count("GETXATTR name \"security.capability\""), count(" WRITE fh "));
+    for k in 1..=N {
+        f.write_at(&buf, k * T).unwrap();
+    }
+    let writes = count(" WRITE fh ") - writes;
+    assert!(writes as u64 >= N, "the log shows {writes} WRITE requests for {N} pwrites");
+    let checks = count("GETXATTR name \"security.capability\"") - checks;
+    assert_eq!(checks, 0, "{N} pwrites of {T} bytes sent {checks} security.capability lookups");
+    drop(f);
+    assert_eq!(fs::metadata(m.p("f")).unwrap().size(), (N + 1) * T);
+}

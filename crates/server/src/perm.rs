@@ -124,6 +124,21 @@ pub fn mode_after_chown(perm: u32, kind: FileKind) -> u32 {
     p
 }
 
+/// The mode after `cred` changes a regular file's contents or size. A caller without
+/// CAP_FSETID (in Shoal's model: not root) clears set-user-id, set-group-id too when the group
+/// may execute or the caller is not in the file's group (Linux's `setattr_should_drop_suidgid`),
+/// so that a program cannot keep its privileges after someone else rewrote it.
+pub fn mode_after_write(cred: &Cred, perm: u32, gid: u32) -> u32 {
+    if is_root(cred) {
+        return perm;
+    }
+    let mut p = perm & !S_ISUID;
+    if p & 0o010 != 0 || !cred.in_group(gid) {
+        p &= !S_ISGID;
+    }
+    p
+}
+
 /// utimens: explicit times need ownership (EPERM); "now" needs ownership or write
 /// permission (EACCES).
 pub fn set_times(cred: &Cred, o: &Owner, explicit: bool) -> Result<(), Errno> {

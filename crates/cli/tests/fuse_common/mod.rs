@@ -44,13 +44,23 @@ pub fn is_fuse_mount(path: &Path) -> bool {
 impl Mount {
     /// Mount `cluster` with `allow_other` plus `extra` options (`-o` syntax).
     pub fn new(cluster: &Cluster, extra: &[&str]) -> Mount {
+        Mount::with_log(cluster, extra, "info")
+    }
+
+    /// As `new`, with `SHOAL_LOG` set to `filter` (`"info,fuser::request=debug"` logs every
+    /// FUSE request the kernel sends, one line each, for tests that count them).
+    pub fn with_log(cluster: &Cluster, extra: &[&str], filter: &str) -> Mount {
         let mut opts = vec!["allow_other"];
         opts.extend_from_slice(extra);
-        Mount::with_args(cluster, &["-o", &opts.join(",")])
+        Mount::spawn(cluster, &["-o", &opts.join(",")], filter)
     }
 
     /// Mount `cluster` with exactly these arguments of `shoal mount` (no options added).
     pub fn with_args(cluster: &Cluster, args: &[&str]) -> Mount {
+        Mount::spawn(cluster, args, "info")
+    }
+
+    fn spawn(cluster: &Cluster, args: &[&str], filter: &str) -> Mount {
         let dir = tempfile::Builder::new().prefix("shoal-mnt-").tempdir().unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let path = dir.path().join("m");
@@ -59,7 +69,7 @@ impl Mount {
         let logf = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
             .env_remove("SHOAL_CONFIG")
-            .env("SHOAL_LOG", "info")
+            .env("SHOAL_LOG", filter)
             .arg("--config")
             .arg(&cluster.config)
             .args(["mount", "--foreground"])

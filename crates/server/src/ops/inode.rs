@@ -17,6 +17,9 @@ const XATTRS_MAX: usize = 1024;
 /// Longest attribute name (Linux's XATTR_NAME_MAX).
 const XATTR_NAME_MAX: usize = 255;
 
+/// The attribute holding file capabilities, dropped when a file's size is changed.
+const CAPS_XATTR: &str = "security.capability";
+
 fn no_inode(ino: Ino) -> Fail {
     Fail::new(Errno::ENOENT, format!("inode {ino} does not exist"))
 }
@@ -74,6 +77,7 @@ pub fn apply_setattr(cred: &Cred, rec: &InodeRecord, set: &SetAttrs, now: Timest
         }
         n.size = size;
         n.mtime = now;
+        n.perm = perm::mode_after_write(cred, n.perm, n.gid);
         changed = true;
     }
     if set.atime.is_some() || set.mtime.is_some() {
@@ -119,6 +123,14 @@ async fn cut_objects(st: &Arc<State>, ino: Ino, layout: &shoal_proto::msg::Layou
     join_all(cuts).await.into_iter().collect::<R<Vec<()>>>().map(|_| ())
 }
 
+/// A size change drops file capabilities, whoever makes it (Linux's `file_remove_privs`),
+/// in the same batch as the size.
+fn drop_caps_on_size_change(txn: &mut crate::store::meta::Txn<'_>, ino: Ino, set: &SetAttrs) {
+    if set.size.is_some() {
+        txn.delete_xattr(ino, CAPS_XATTR);
+    }
+}
+
 /// Times a shrinking `setattr` cuts the objects again because the inode changed meanwhile.
 const SETATTR_ATTEMPTS: u32 = 8;
 
@@ -148,6 +160,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                         }
                         let mut txn = st.meta.txn();
                         txn.put_inode(ino, new.clone());
+                        drop_caps_on_size_change(&mut txn, ino, &set2);
                         txn.commit()?;
                         Ok(Ok(Reply::Attr(st.attr_of(ino, &new, true))))
                     }
@@ -161,6 +174,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
         };
         cut_objects(st, ino, &layout, size).await?;
         let _g = st.locks.lock(&[ino]).await;
+        let set3 = set.clone();
         let done = st
             .store(move |st| {
                 if load(st, ino)? != old {
@@ -168,6 +182,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                 }
                 let mut txn = st.meta.txn();
                 txn.put_inode(ino, new.clone());
+                drop_caps_on_size_change(&mut txn, ino, &set3);
                 txn.commit()?;
                 Ok(Some(Reply::Attr(st.attr_of(ino, &new, true))))
             })
@@ -433,5 +448,21 @@ mod tests {
         );
         // nothing asked, nothing changed
         assert_eq!(apply_setattr(&alice, &f, &SetAttrs::default(), now).unwrap(), f);
+    }
+
+    #[test]
+    fn size_changes_by_non_root_clear_set_id_bits() {
+        let now = Timestamp { secs: 50, nsecs: 0 };
+        let size = SetAttrs { size: Some(1), ..Default::default() };
+        let bob = Cred { uid: 1001, gid: 1001, groups: vec![] };
+        let group = Cred { uid: 1001, gid: 1001, groups: vec![1000] };
+        // set-group-ID with group execute goes for anyone without CAP_FSETID
+        let n = apply_setattr(&bob, &file(1000, 0o6777), &size, now).unwrap();
+        assert_eq!(n.perm, 0o777);
+        // without group execute it stays for a member of the file's group only
+        assert_eq!(apply_setattr(&group, &file(1000, 0o6666), &size, now).unwrap().perm, 0o2666);
+        assert_eq!(apply_setattr(&bob, &file(1000, 0o6666), &size, now).unwrap().perm, 0o666);
+        // root keeps them
+        assert_eq!(apply_setattr(&Cred::root(), &file(1000, 0o6777), &size, now).unwrap().perm, 0o6777);
     }
 }
