@@ -297,7 +297,7 @@ fn sizes_truncate_fallocate_append_and_sync() {
     let layout = xattr_get(&m.p("s"), "shoal.layout").unwrap();
     assert!(layout.contains("stripe_size=65536"), "{layout}");
 
-    let mut f = OpenOptions::new().read(true).write(true).create(true).open(m.p("s/f")).unwrap();
+    let mut f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.p("s/f")).unwrap();
     let data = pattern(1, 0, 1 << 20);
     f.write_all(&data).unwrap();
     assert_eq!(f.metadata().unwrap().len(), 1 << 20, "fstat sees writes not yet published");
@@ -321,7 +321,7 @@ fn sizes_truncate_fallocate_append_and_sync() {
     drop(f);
 
     // fallocate: plain mode extends, KEEP_SIZE does not, PUNCH_HOLE zeros.
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.p("s/g")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.p("s/g")).unwrap();
     f.write_all_at(&[7u8; 200_000], 0).unwrap();
     let fd = f.as_raw_fd();
     assert_eq!(unsafe { libc::fallocate(fd, 0, 0, 500_000) }, 0);
@@ -368,7 +368,7 @@ fn sparse_files_beyond_four_gib() {
     c.shoal(&["mkdir", "/big"]);
     assert_eq!(c.shoal(&["setstripe", "-c", "-1", "-S", "1M", "/big"]).0, 0);
     let five_gib: u64 = 5 << 30;
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.p("big/sparse")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.p("big/sparse")).unwrap();
     f.write_all_at(b"start", 0).unwrap();
     f.write_all_at(b"past four gib", (4 << 30) + 12345).unwrap();
     f.write_all_at(b"end", five_gib).unwrap();
@@ -522,7 +522,7 @@ fn advisory_locks_between_processes() {
     let work = m.dir.path();
     fs::write(work.join("locker.c"), LOCKER_C).unwrap();
     sh(work, "cc -O0 -o locker locker.c");
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.p("lockfile")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.p("lockfile")).unwrap();
     let run = |kind: &str| sh(work, &format!("./locker {kind} '{}'", m.p("lockfile").display()));
     assert_eq!(run("fcntl").trim(), "locked");
     // Hold a POSIX write lock on bytes 5..15 here: another process sees it (and our pid).
@@ -550,7 +550,7 @@ fn mmap_reads_and_writes() {
     let c = Cluster::start(2);
     let m = Mount::new(&c, &[]);
     let len = 3 * 65536 + 123;
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.p("mapped")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.p("mapped")).unwrap();
     f.set_len(len as u64).unwrap();
     unsafe {
         let p = libc::mmap(
@@ -597,7 +597,7 @@ fn unlinked_open_files_and_special_files() {
     let c = Cluster::start(2);
     let m = Mount::new(&c, &[]);
     fs::create_dir(m.p("d")).unwrap();
-    let f = OpenOptions::new().read(true).write(true).create(true).open(m.p("d/tmp")).unwrap();
+    let f = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(m.p("d/tmp")).unwrap();
     f.write_all_at(b"before", 0).unwrap();
     fs::remove_file(m.p("d/tmp")).unwrap();
     assert!(!m.p("d/tmp").exists());

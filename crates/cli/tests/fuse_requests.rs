@@ -81,7 +81,7 @@ fn create_stat_unlink_and_small_writes_cost_the_fewest_requests() {
     // answered by the mount; flush and release of a file that wrote nothing cost nothing.
     let created = per_call(&c, N, || {
         for i in 0..N {
-            drop(OpenOptions::new().write(true).create(true).open(a.p(&name(i))).unwrap());
+            drop(OpenOptions::new().write(true).create(true).truncate(false).open(a.p(&name(i))).unwrap());
         }
     });
     assert_eq!(created, expect(&[("lookup", 1.0), ("create", 1.0)]), "create");
@@ -103,7 +103,7 @@ fn create_stat_unlink_and_small_writes_cost_the_fewest_requests() {
     // Unlink where the name is known (entry cached): the unlink alone, also while a file
     // is open on the mount (the mount knows the names are not that file's, so it need not
     // look them up to protect it).
-    let keep = OpenOptions::new().write(true).create(true).open(b.p("md/keep")).unwrap();
+    let keep = OpenOptions::new().write(true).create(true).truncate(false).open(b.p("md/keep")).unwrap();
     let unlink_known = per_call(&c, N / 2, || {
         for i in 0..N / 2 {
             fs::remove_file(b.p(&name(i))).unwrap();
@@ -126,7 +126,7 @@ fn create_stat_unlink_and_small_writes_cost_the_fewest_requests() {
     // new file has no extended attributes).
     let before = ops(&c);
     for i in 0..N {
-        let mut f = OpenOptions::new().write(true).create(true).open(a.p(&format!("md/w{i}"))).unwrap();
+        let mut f = OpenOptions::new().write(true).create(true).truncate(false).open(a.p(&format!("md/w{i}"))).unwrap();
         f.write_all(b"a small write").unwrap();
     }
     wait_for(&c, "fsync", before.get("fsync").copied().unwrap_or(0) + N);
