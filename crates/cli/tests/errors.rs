@@ -82,7 +82,11 @@ fn a_user_in_100_groups_is_granted_access_through_its_80th_group() {
     });
 
     let (uid, gid) = (5000, 5000);
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_shoal"));
+    // The build directory may sit under a home only root can enter (~/.cache): run a copy.
+    let shoal = c.path().join("shoal");
+    std::fs::copy(env!("CARGO_BIN_EXE_shoal"), &shoal).unwrap();
+    std::fs::set_permissions(&shoal, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut cmd = Command::new(&shoal);
     cmd.env_remove("SHOAL_CONFIG").stdin(Stdio::null()).arg("--config").arg(&c.config).args(["mkdir", "/g/mine"]);
     // SAFETY: only async-signal-safe calls between fork and exec. The groups are set here,
     // before dropping root, because `Command::uid` would clear them.
