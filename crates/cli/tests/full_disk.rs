@@ -62,11 +62,28 @@ async fn write_file(fs: &Client, path: &str, seed: u64, len: usize) -> shoal_cli
 }
 
 async fn read_back(fs: &Client, path: &str, seed: u64, len: usize) {
-    let a = fs.stat(path).await.unwrap_or_else(|e| panic!("stat {path}: {e}"));
-    assert_eq!(a.size, len as u64, "{path}");
-    let f = fs.open(path, OpenFlags::read_only()).await.unwrap();
-    let got = f.read_at(0, len).await.unwrap_or_else(|e| panic!("read {path}: {e}"));
-    assert!(got[..] == pattern(seed, 0, len)[..], "{path} reads back different bytes");
+    // Four servers share one small disk here, so their headroom checks can race and a
+    // store write can still fail; the server then closes the connections whose replies
+    // depended on it and reopens its store within a second or two (store/meta.rs). Reads
+    // must come back, intact, within that time; only a lost connection is retried.
+    let start = Instant::now();
+    let got = loop {
+        let attempt = async {
+            let a = fs.stat(path).await?;
+            let f = fs.open(path, OpenFlags::read_only()).await?;
+            Ok::<_, shoal_client::Error>((a.size, f.read_at(0, len).await?))
+        };
+        match attempt.await {
+            Ok(got) => break got,
+            Err(e) if e.errno == Errno::ENOTCONN && start.elapsed() < Duration::from_secs(10) => {
+                eprintln!("read {path}: {e} (retrying: the server reopens its store)");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("read {path}: {e}"),
+        }
+    };
+    assert_eq!(got.0, len as u64, "{path}");
+    assert!(got.1[..] == pattern(seed, 0, len)[..], "{path} reads back different bytes");
 }
 
 /// Write 1 MiB files `/fill<n>` until the servers refuse, then 4 KiB pieces to `top` until
