@@ -7,17 +7,16 @@
 //!      5    1 flags       0 (reserved, must be 0)
 //!      6    2 reserved    0
 //!      8    8 request_id  chosen by the sender of the request, echoed in the reply
-//!     16    4 body_len    bytes of bincode body that follow (1 ..= MAX_BODY)
+//!     16    4 body_len    bytes of MessagePack body that follow (1 ..= MAX_BODY)
 //!     20    4 data_len    raw bulk bytes after the body (0 ..= MAX_DATA)
 //! ```
 //! The header is written by hand (it is the product's own format); the body is
-//! `bincode` with a size limit so that a forged length can never make the decoder
-//! allocate more than the frame holds.
+//! MessagePack (named fields), bounded by the frame's length so that a forged length can
+//! never make the decoder allocate more than the frame holds.
 
 use crate::msg::{Reply, Request};
-use bincode::Options;
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub const MAGIC: u32 = 0x5348_4F4C;
@@ -91,22 +90,30 @@ pub struct Frame {
     pub data: Bytes,
 }
 
-fn codec() -> impl Options {
-    bincode::DefaultOptions::new().with_limit(MAX_BODY as u64).reject_trailing_bytes()
-}
-
-/// Encode a message body with the protocol's bincode options.
+/// Encode a message body: MessagePack with every struct a map keyed by field name and
+/// every enum variant tagged by its name. The names are the tags: a peer ignores fields it
+/// does not know and fills in missing optional ones, so a field or a message can be added
+/// without breaking older peers (never rename one; see docs/protocol.md).
 pub fn encode_body<T: Serialize>(msg: &T) -> Result<Bytes, FrameError> {
-    let v = codec().serialize(msg).map_err(|e| FrameError::Body(e.to_string()))?;
+    let v = rmp_serde::to_vec_named(msg).map_err(|e| FrameError::Body(e.to_string()))?;
     if v.is_empty() || v.len() > MAX_BODY {
         return Err(FrameError::BodyLen(v.len()));
     }
     Ok(Bytes::from(v))
 }
 
-/// Decode a message body; never panics on arbitrary input.
+/// Decode a message body; never panics on arbitrary input, and never allocates more than
+/// the body holds (serde caps preallocation by the input's length). Trailing bytes after
+/// the message are an error, as a body is exactly one message.
 pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
-    codec().deserialize(body).map_err(|e| FrameError::Body(e.to_string()))
+    let mut de = rmp_serde::Deserializer::from_read_ref(body);
+    let msg = T::deserialize(&mut de).map_err(|e| FrameError::Body(e.to_string()))?;
+    // The deserializer does not say where it stopped; asking it for one more value does:
+    // only a clean end of input (no marker to read) means the message was all there was.
+    match serde::de::IgnoredAny::deserialize(&mut de) {
+        Err(rmp_serde::decode::Error::InvalidMarkerRead(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(msg),
+        _ => Err(FrameError::Body("trailing bytes after the message".into())),
+    }
 }
 
 struct Header {
@@ -397,6 +404,25 @@ mod tests {
         let got = Frame::read_from(&mut r).await.unwrap().unwrap();
         assert_eq!(got, f);
         assert!(r.reads <= 3, "{} reads for one frame of 1 MiB", r.reads);
+    }
+
+    #[test]
+    fn a_body_is_exactly_one_message() {
+        let req = Request { cred: Cred::root(), map_version: 3, op: Op::StatFs };
+        let mut body = encode_body(&req).unwrap().to_vec();
+        assert_eq!(decode_body::<Request>(&body).unwrap(), req);
+        body.push(0xc0);
+        assert!(decode_body::<Request>(&body).is_err(), "a trailing nil is refused");
+    }
+
+    #[test]
+    fn fields_and_variants_travel_by_name() {
+        // The names are the tags that keep the format evolvable (docs/protocol.md).
+        let req = Request { cred: Cred::root(), map_version: 3, op: Op::GetAttr { ino: crate::ROOT_INO } };
+        let body = encode_body(&req).unwrap();
+        for name in ["cred", "map_version", "op", "GetAttr", "ino"] {
+            assert!(body.windows(name.len()).any(|w| w == name.as_bytes()), "{name} is not in the body");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Shoal's wire protocol: the identifiers every component shares, the request and reply
 //! messages, and the frame codec that carries them over TCP.
 //!
-//! A frame is a fixed 24-byte header, a bincode-encoded message body and, for reads and
+//! A frame is a fixed 24-byte header, a MessagePack-encoded message body (named fields) and, for reads and
 //! writes, the bulk data as raw bytes after the body (never re-encoded). Every length is
 //! bounded by [`frame::MAX_BODY`] and [`frame::MAX_DATA`]; a decoder error closes the
 //! connection. `docs/protocol.md` describes the format byte by byte.
@@ -28,4 +28,4 @@ pub use ids::{Ino, ServerId, ROOT_INO};
 
 /// Version of the wire protocol spoken in the handshake. Bump on any incompatible change
 /// to [`msg`] or [`frame`].
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
