@@ -76,8 +76,11 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
         }
         map.validate().map_err(|m| anyhow::anyhow!("invalid cluster settings: {m}"))?;
         std::fs::write(&config, map.to_toml()).with_context(|| format!("cannot write {}", config.display()))?;
-        map
+        ClusterMap::load(&config)?
     };
+    if map.security.auth == shoal_placement::map::AuthMode::Keys && !map.security.cluster_key.exists() {
+        crate::cmd::keygen::write_keys(&map, false, false, false)?;
+    }
     for s in &map.servers {
         if pid_alive(&dir, s.id).is_some() {
             continue;

@@ -71,6 +71,8 @@ enum Command {
     /// IOR- and mdtest-style benchmarks on Shoal and on local directories, side by side.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCmd),
+    /// Make, rotate or retire the cluster key and host key named by the config's [security] table.
+    Keygen(cmd::keygen::KeygenArgs),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -109,6 +111,7 @@ fn main() -> ExitCode {
             Command::Cp(a) => cmd::cp::cp(&ctx, a).await,
             Command::Setstripe(a) => cmd::stripe::setstripe(&ctx, a).await,
             Command::Getstripe(a) => cmd::stripe::getstripe(&ctx, a).await,
+            Command::Keygen(a) => cmd::keygen::keygen(&ctx, a),
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,

@@ -34,6 +34,8 @@ impl Server {
         map.servers[0].addr = format!("127.0.0.1:{port}");
         let config = dir.path().join("cluster.toml");
         std::fs::write(&config, map.to_toml()).unwrap();
+        let loaded = ClusterMap::load(&config).unwrap();
+        shoal_auth::make_keys(&loaded.security.cluster_key, &loaded.security.host_key).unwrap();
         let log = std::fs::File::create(dir.path().join("s0.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_shoald"))
             .arg("--config")

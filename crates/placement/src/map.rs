@@ -14,6 +14,11 @@
 //! data_dir = "/var/lib/shoal/s0"   # used by the server itself
 //! weight = 1.0
 //! state = "up"                     # "up", "down" (still owns its objects) or "out"
+//!
+//! [security]                         # optional; these are the defaults
+//! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
+//! cluster_key = "cluster.key"        # servers only; relative to this file's folder
+//! host_key = "host.key"              # root on client hosts; relative to this file's folder
 //! ```
 
 use crate::rendezvous;
@@ -148,6 +153,47 @@ fn same_addr(a: &str, b: &str) -> bool {
     }
 }
 
+/// How servers and clients prove who they are (docs/security.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Servers prove the cluster key to each other; clients act as the user they can prove
+    /// to be (the host key, or the local identity helper).
+    #[default]
+    Keys,
+    /// No authentication: anyone who reaches a port is trusted with the identity they
+    /// state (NFS AUTH_SYS). Only for closed test networks, and only when asked for.
+    None,
+}
+
+fn default_cluster_key() -> PathBuf {
+    PathBuf::from("cluster.key")
+}
+fn default_host_key() -> PathBuf {
+    PathBuf::from("host.key")
+}
+
+/// The `[security]` table. Relative key paths are resolved against the folder of the
+/// config file when it is loaded, so that a map and its keys can move together.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Security {
+    #[serde(default)]
+    pub auth: AuthMode,
+    /// The cluster key ring, read by servers.
+    #[serde(default = "default_cluster_key")]
+    pub cluster_key: PathBuf,
+    /// The host key ring, read by root's processes on client hosts.
+    #[serde(default = "default_host_key")]
+    pub host_key: PathBuf,
+}
+
+impl Default for Security {
+    fn default() -> Self {
+        Security { auth: AuthMode::default(), cluster_key: default_cluster_key(), host_key: default_host_key() }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 // A misspelt key (`stripe_cout`) is an error, not a silently applied default.
 #[serde(deny_unknown_fields)]
@@ -155,6 +201,8 @@ pub struct ClusterMap {
     pub cluster: ClusterDefaults,
     #[serde(rename = "server")]
     pub servers: Vec<ServerEntry>,
+    #[serde(default)]
+    pub security: Security,
 }
 
 /// One line for a TOML error: where (line number) and what, without the source excerpt that
@@ -177,6 +225,13 @@ impl ClusterMap {
         let map: ClusterMap = toml::from_str(&text)
             .map_err(|e| MapError::Parse { path: path.into(), message: parse_message(&text, &e) })?;
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
+        let mut map = map;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for key in [&mut map.security.cluster_key, &mut map.security.host_key] {
+            if key.is_relative() {
+                *key = base.join(&*key);
+            }
+        }
         Ok(map)
     }
 
@@ -203,6 +258,7 @@ impl ClusterMap {
                     state: ServerState::Up,
                 })
                 .collect(),
+            security: Security::default(),
         }
     }
 

@@ -78,6 +78,28 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Interval of the background WAL sync (the power-loss window for metadata).
 const WAL_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
+/// The cluster key ring the map's `[security]` table names, or `None` under `auth = "none"`
+/// (said once in the log, since such a server trusts whoever reaches its port).
+fn load_cluster_key(map: &ClusterMap, config: &std::path::Path) -> anyhow::Result<Option<shoal_auth::KeyRing>> {
+    match map.security.auth {
+        shoal_placement::map::AuthMode::None => {
+            tracing::warn!(
+                "authentication is off (auth = \"none\" in {}): anyone who reaches this server's port is trusted",
+                config.display()
+            );
+            Ok(None)
+        }
+        shoal_placement::map::AuthMode::Keys => {
+            shoal_auth::KeyRing::load(&map.security.cluster_key, shoal_auth::KeyKind::Cluster).map(Some).map_err(|e| {
+                anyhow!(
+                    "{e} (make the keys with `shoal keygen --config {}`, or set auth = \"none\" under [security] to run without authentication)",
+                    config.display()
+                )
+            })
+        }
+    }
+}
+
 /// A server whose stores are open, ready to serve on a listener.
 pub struct Server {
     state: Arc<State>,
@@ -104,6 +126,7 @@ impl Server {
         })?;
         let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
         let id = ServerId(opts.id);
+        let keys = load_cluster_key(&map, &opts.config)?;
         let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
         let (meta, data, space) =
@@ -137,7 +160,7 @@ impl Server {
                 session: 0,
             },
         );
-        let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool));
+        let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool, keys));
 
         let st = state.clone();
         let pending = state
@@ -200,17 +223,24 @@ impl Server {
         let addr: Option<SocketAddr> = listener.local_addr().ok();
         eprintln!("shoald {} listening on {}", st.id, addr.map_or(self.listen.clone(), |a| a.to_string()));
         tracing::info!("server {} serving (map version {})", st.id, st.map.version());
+        match st.key_ring() {
+            Some(ring) => tracing::info!("cluster key epochs {:?} (signing with {})", ring.epochs(), ring.current().0),
+            None => tracing::warn!("serving without authentication"),
+        }
 
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
         let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
         let gc = tokio::spawn(intents::gc_loop(st.clone()));
         let reclaim = tokio::spawn(orphans::reclaim_loop(st.clone(), self.orphan_grace));
+        let reload = tokio::spawn(reload_keys_on_sighup(st.clone()));
         net::accept_loop(st.clone(), listener, self.limits, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
         wal.abort();
         recovery.abort();
         gc.abort();
         reclaim.abort();
+        reload.abort();
+        let _ = reload.await;
         let _ = reclaim.await;
         let _ = wal.await;
         let _ = recovery.await;
@@ -350,6 +380,18 @@ pub async fn serve_with_listener(
 /// Serve until SIGINT or SIGTERM.
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {
     serve(opts, shutdown_signal()).await
+}
+
+/// Reload the cluster key file on every SIGHUP (key rotation without a restart).
+async fn reload_keys_on_sighup(st: Arc<State>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+    while hup.recv().await.is_some() {
+        match st.reload_keys() {
+            Ok(epochs) => tracing::info!("reloaded the cluster key: epochs {epochs:?}"),
+            Err(e) => tracing::warn!("SIGHUP: cluster key not reloaded, the current one stays: {e}"),
+        }
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -53,6 +53,10 @@ pub struct State {
     dir_turn: AtomicU64,
     /// Client sessions connected here: whose orphans may be reclaimed (`orphans.rs`).
     pub sessions: crate::orphans::Sessions,
+    /// The cluster key ring (`[security] cluster_key`); `None` when the map says
+    /// `auth = "none"`. What servers prove to each other and key capabilities with.
+    /// Replaced whole by [`State::reload_keys`] (SIGHUP), so a rotation needs no restart.
+    keys: parking_lot::RwLock<Option<Arc<shoal_auth::KeyRing>>>,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -74,6 +78,9 @@ pub fn derive_op(op_id: u64, step: u64) -> u64 {
 }
 
 impl State {
+    // Every part of a server's state, each made by `Server::open`: a struct of them would
+    // only restate this list.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: ServerId,
         map: ClusterMap,
@@ -82,6 +89,7 @@ impl State {
         data: DataStore,
         space: Space,
         pool: Pool,
+        keys: Option<shoal_auth::KeyRing>,
     ) -> State {
         State {
             id,
@@ -100,6 +108,7 @@ impl State {
             gc_wake: tokio::sync::Notify::new(),
             dir_turn: AtomicU64::new(0),
             sessions: crate::orphans::Sessions::new(),
+            keys: parking_lot::RwLock::new(keys.map(Arc::new)),
         }
     }
 
@@ -166,6 +175,25 @@ impl State {
         } else {
             fail(Errno::ESTALE, format!("inode {ino} belongs to server {home}, not {}", self.id))
         }
+    }
+
+    /// The cluster key ring as it is now (`None` under `auth = "none"`). Callers keep the
+    /// `Arc` for one exchange, so a reload never changes keys in the middle of one.
+    pub fn key_ring(&self) -> Option<Arc<shoal_auth::KeyRing>> {
+        self.keys.read().clone()
+    }
+
+    /// Read the cluster key file again (after `shoal keygen --rotate` or `--retire`): new
+    /// epochs sign from now on, epochs still in the file keep verifying. A file that does not
+    /// load leaves the current ring in place (the error says why). Returns the epochs held.
+    pub fn reload_keys(&self) -> anyhow::Result<Vec<u32>> {
+        if self.keys.read().is_none() {
+            anyhow::bail!("authentication is off (auth = \"none\"): no keys to reload");
+        }
+        let ring = shoal_auth::KeyRing::load(&self.map.security.cluster_key, shoal_auth::KeyKind::Cluster)?;
+        let epochs = ring.epochs();
+        *self.keys.write() = Some(Arc::new(ring));
+        Ok(epochs)
     }
 
     pub fn new_op_id(&self) -> u64 {

@@ -41,6 +41,8 @@ impl Cluster {
         }
         let config = dir.path().join("cluster.toml");
         std::fs::write(&config, map.to_toml()).unwrap();
+        let loaded = ClusterMap::load(&config).unwrap();
+        shoal_auth::make_keys(&loaded.security.cluster_key, &loaded.security.host_key).unwrap();
         let pool = Pool::new(
             map.clone(),
             PoolOptions {

@@ -48,6 +48,8 @@ impl Cluster {
         tweak(&mut map);
         let config = dir.path().join("cluster.toml");
         std::fs::write(&config, map.to_toml()).unwrap();
+        let loaded = ClusterMap::load(&config).unwrap();
+        shoal_auth::make_keys(&loaded.security.cluster_key, &loaded.security.host_key).unwrap();
         let server_args = args.iter().map(|a| a.to_string()).collect();
         let mut c = Cluster { dir, config, map, children: Vec::new(), server_args };
         for id in 0..n {
