@@ -338,7 +338,11 @@ fn check_format(meta: &MetaStore, id: ServerId, dir: &std::path::Path) -> anyhow
 /// takes writes again as soon as there is room.
 async fn wal_sync_loop(st: Arc<State>) {
     loop {
-        tokio::time::sleep(WAL_SYNC_INTERVAL).await;
+        // A failed metadata write asks for the reopen at once: replies wait for it.
+        tokio::select! {
+            _ = tokio::time::sleep(WAL_SYNC_INTERVAL) => {}
+            _ = st.meta.reopen_wanted() => {}
+        }
         let r = st
             .blocking(|st| {
                 st.space.upkeep();

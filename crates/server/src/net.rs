@@ -20,8 +20,10 @@
 
 use crate::conn_io::{LazyReader, LazyWriter};
 use crate::dispatch::{self, Payload};
+use crate::error::Fail;
 use crate::limits::{ConnLimits, REFUSING};
 use crate::state::State;
+use crate::store::commits::{self, Settled, Ticket};
 use crate::store::data::{send_region, Region};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -213,17 +215,75 @@ async fn make_room(
     None
 }
 
-/// A reply ready to go: the frame, or the head of one whose data comes from a file.
-enum Outgoing {
-    Frame(Frame, Permits),
-    /// Header and body, then `region` (sent with `sendfile` off the async threads).
-    Region(Vec<u8>, Region, Permits),
+/// A reply ready to go: the frame, or the head of one whose data comes from a file; and
+/// what it takes to settle it (`store::commits`).
+struct Outgoing {
+    reply: Encoded,
+    ticket: Arc<Ticket>,
+    /// The request, to run again if a failed metadata log write leaves its reply in doubt.
+    redo: Redo,
+    permits: Permits,
 }
+
+enum Encoded {
+    Frame(Frame),
+    /// Header and body, then `region` (sent with `sendfile` off the async threads).
+    Region(Vec<u8>, Region),
+}
+
+struct Redo {
+    request_id: u64,
+    req: Request,
+    data: Bytes,
+    from_peer: bool,
+}
+
+/// Times a request is run again after failed log writes before its reply says the store is
+/// unavailable (each run waits at most `commits::REOPEN_WAIT` for the store).
+const MAX_RERUNS: u32 = 3;
 
 /// What a request holds until its reply has been written.
 struct Permits {
     _count: OwnedSemaphorePermit,
     _bytes: OwnedSemaphorePermit,
+}
+
+/// Handle a request with a fresh ticket, and encode its reply.
+async fn run_request(st: &Arc<State>, redo: &Redo, addr: SocketAddr) -> (Encoded, Arc<Ticket>) {
+    let ticket = Ticket::new(st.meta.generation());
+    let (reply, payload) =
+        commits::scope(ticket.clone(), dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.from_peer)).await;
+    (encode_reply(st, redo.request_id, &reply, payload, addr), ticket)
+}
+
+fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, addr: SocketAddr) -> Encoded {
+    let encoded = match payload {
+        Payload::Region(region) => match Frame::reply_head(request_id, reply, region.len) {
+            Ok(head) => {
+                st.counters.sent(head.len() - HEADER_LEN + region.len);
+                return Encoded::Region(head, region);
+            }
+            Err(e) => Err(e),
+        },
+        Payload::Bytes(data) => Frame::reply(request_id, reply, data),
+    };
+    let f = match encoded {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("reply to {addr} does not encode: {e}");
+            error_frame(request_id, Fail::new(Errno::EIO, format!("reply does not encode: {e}")))
+        }
+    };
+    st.counters.sent(f.body.len() + f.data.len());
+    Encoded::Frame(f)
+}
+
+fn error_frame(request_id: u64, f: Fail) -> Frame {
+    let r = f.into_reply();
+    Frame::reply(request_id, &r, Bytes::new()).unwrap_or_else(|_| {
+        // An error reply is a number and a line of text: it always encodes.
+        Frame::reply(request_id, &dispatch::refuse(Errno::EIO, "error"), Bytes::new()).expect("error reply encodes")
+    })
 }
 
 async fn send_now(wr: &mut Writer, request_id: u64, reply: &Reply) {
@@ -379,55 +439,54 @@ async fn read_requests(
         };
         st.counters.received(frame.body.len() + frame.data.len());
         let (st, tx) = (st.clone(), tx.clone());
-        let request_id = frame.request_id;
-        let data = frame.data;
+        let redo = Redo { request_id: frame.request_id, req, data: frame.data, from_peer };
         tokio::spawn(async move {
-            let (reply, payload) = dispatch::handle(&st, req, data, from_peer).await;
+            let (reply, ticket) = run_request(&st, &redo, addr).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
-            let encoded = match payload {
-                Payload::Region(region) => match Frame::reply_head(request_id, &reply, region.len) {
-                    Ok(head) => {
-                        st.counters.sent(head.len() - HEADER_LEN + region.len);
-                        let _ = tx.send(Outgoing::Region(head, region, permits));
-                        return;
-                    }
-                    Err(e) => Err(e),
-                },
-                Payload::Bytes(data) => Frame::reply(request_id, &reply, data),
-            };
-            let f = match encoded {
-                Ok(f) => f,
-                Err(e) => {
-                    tracing::warn!("reply to {addr} does not encode: {e}");
-                    let r = dispatch::refuse(Errno::EIO, format!("reply does not encode: {e}"));
-                    match Frame::reply(request_id, &r, Bytes::new()) {
-                        Ok(f) => f,
-                        Err(_) => return,
-                    }
-                }
-            };
-            st.counters.sent(f.body.len() + f.data.len());
-            let _ = tx.send(Outgoing::Frame(f, permits));
+            let _ = tx.send(Outgoing { reply, ticket, redo, permits });
         });
     }
 }
 
-/// Write one reply, after handing the metadata commits it may depend on to the OS (the
-/// group commit of `MetaStore`: a no-op when nothing is pending, one WAL write for a whole
-/// burst of replies otherwise). A WAL that cannot be written closes the connection rather
-/// than acknowledge what would not survive a crash.
+/// Write one reply, once what it depends on is settled (`store::commits::settle`): normally
+/// the group commit of `MetaStore` (a no-op when nothing is pending, one WAL write for a
+/// whole burst of replies otherwise), so that nothing is acknowledged before it would
+/// survive a crash. After a failed log write, a request whose commit was lost is answered
+/// with the failure's errno (ENOSPC), and one that committed nothing is run again on the
+/// reopened store.
 ///
 /// A reply with data from a file is sent by a blocking task (the disk may have to be read
 /// first) on a duplicate of the socket's descriptor, after everything buffered before it:
 /// replies on one connection never interleave.
 async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, addr: SocketAddr) -> bool {
-    if let Err(e) = st.meta.flush_wal_to_os() {
-        tracing::error!("connection from {addr}: cannot write the metadata log, closing: {e}");
-        return false;
+    let Outgoing { mut reply, mut ticket, redo, permits: _permits } = out;
+    let mut reruns = 0;
+    loop {
+        match commits::settle(&st.meta, &ticket).await {
+            Settled::Send => break,
+            Settled::Lost(f) | Settled::Unavailable(f) => {
+                tracing::warn!("connection from {addr}: {} answered with: {f}", redo.req.op.name());
+                reply = Encoded::Frame(error_frame(redo.request_id, f));
+                break;
+            }
+            Settled::Rerun if reruns < MAX_RERUNS => {
+                reruns += 1;
+                tracing::debug!("connection from {addr}: {} run again after a failed log write", redo.req.op.name());
+                (reply, ticket) = run_request(st, &redo, addr).await;
+            }
+            Settled::Rerun => {
+                let f = Fail::new(
+                    Errno::EIO,
+                    format!("the metadata log could not be written {MAX_RERUNS} times while this request ran"),
+                );
+                reply = Encoded::Frame(error_frame(redo.request_id, f));
+                break;
+            }
+        }
     }
-    match out {
-        Outgoing::Frame(f, _permits) => f.write_to(wr).await.is_ok(),
-        Outgoing::Region(head, region, _permits) => {
+    match reply {
+        Encoded::Frame(f) => f.write_to(wr).await.is_ok(),
+        Encoded::Region(head, region) => {
             if wr.flush().await.is_err() {
                 return false;
             }

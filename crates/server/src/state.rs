@@ -153,7 +153,9 @@ impl State {
         F: FnOnce(&State) -> R<T> + Send + 'static,
     {
         let st = self.clone();
-        match tokio::task::spawn_blocking(move || f(&st)).await {
+        // Commits made there count for the request being handled (store::commits).
+        let ticket = crate::store::commits::current();
+        match tokio::task::spawn_blocking(move || crate::store::commits::on_thread(ticket, || f(&st))).await {
             Ok(r) => r,
             Err(e) => fail(Errno::EIO, format!("internal error in a storage task: {e}")),
         }
@@ -281,7 +283,7 @@ impl State {
         // it (see MetaStore::flush_wal_to_os).
         if let Err(e) = self.meta.flush_wal_to_os() {
             tracing::error!("cannot write the metadata log before a step on server {server}: {e}");
-            return Err(Errno::EIO);
+            return Err(e.errno);
         }
         self.counters.peer_sent();
         self.pool.call(server, cred, op, Bytes::new()).await.map(|(r, _)| r)

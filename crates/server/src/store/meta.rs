@@ -30,12 +30,16 @@
 //!
 //! **When the log cannot be written** (a full disk): RocksDB stops taking writes after a
 //! failed WAL write and does not resume by itself (measured with RocksDB 7.8: the WAL writer
-//! keeps answering "Seen error"), and the commits still in its buffer are lost. The store then
-//! refuses every write and flush with the errno of the failure (ENOSPC), keeps serving reads,
-//! and [`MetaStore::reopen`] (called by the server's upkeep once space is back) closes and
-//! reopens the database, which replays the WAL as far as it reached the OS. Nothing lost
-//! was acknowledged: replies wait for [`MetaStore::flush_wal_to_os`], which failed.
+//! keeps answering "Seen error"), and its memtable still holds the commits whose log records
+//! never reached the file, so reads would see them. The store then refuses every write and
+//! flush with the errno of the failure (ENOSPC) and asks the server's upkeep for
+//! [`MetaStore::reopen`] at once; the reopen replays the WAL exactly as far as it was
+//! written (whole records: a torn tail is dropped) and starts a new *generation*. Each
+//! commit's RocksDB sequence number is recorded in the committing request's ticket
+//! (`store::commits`), and [`MetaStore::lost_in`] tells from the last sequence number after
+//! the replay which commits were lost; no reply that depends on a lost commit is sent.
 
+use super::commits;
 use crate::error::{Fail, R};
 use bincode::Options as _;
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
@@ -319,16 +323,33 @@ pub struct MetaStore {
     path: PathBuf,
     opts: Options,
     wopts: WriteOptions,
-    /// Commits so far, and how many of them are known to have reached the OS: a flush is
-    /// only needed when the second lags the first.
+    /// RocksDB sequence number of the last commit, and the highest one known to have reached
+    /// the OS: a flush is only needed when the second lags the first.
     committed: AtomicU64,
     flushed: AtomicU64,
-    /// One flusher at a time; the others find their commits covered when they get it.
-    flush_lock: Mutex<()>,
+    /// Held by every call that touches the WAL (commit, flush, sync) and by `reopen`. Commits
+    /// one at a time, so that the sequence number read after a commit is its own; one
+    /// flusher at a time, so the others find their commits covered when they get it. And no
+    /// call reaches RocksDB's WAL writer once one has failed (`failed` is checked under it):
+    /// its writer asserts (aborting the process in Debian's build) when written, flushed or
+    /// synced again after an error, and RocksDB itself lets a concurrent commit or sync
+    /// through between a failed flush and its marking the database stopped (seen on a full
+    /// tmpfs: "Assertion `sync_without_flush_called_' failed").
+    wal_lock: Mutex<()>,
     /// 0, or the errno of a failed write or WAL flush: the store takes no writes until
     /// reopened (see the module comment). Calling RocksDB's write or flush again on a WAL
     /// that failed would only repeat the failure.
     failed: AtomicI32,
+    /// Errno and text of the last failure (kept after the reopen, for the replies it costs).
+    last_failure: Mutex<(Errno, String)>,
+    /// Number of reopens so far; `recovered[g]` is the last sequence number the reopen that
+    /// ended generation `g` found in the log: commits of `g` beyond it were lost.
+    generation: AtomicU64,
+    recovered: Mutex<Vec<u64>>,
+    /// Tells waiters that the generation changed (the store reopened).
+    reopened: tokio::sync::watch::Sender<u64>,
+    /// Wakes the server's upkeep to reopen the store at once after a failure.
+    reopen_wanted: tokio::sync::Notify,
 }
 
 impl MetaStore {
@@ -339,15 +360,21 @@ impl MetaStore {
         let mut wopts = WriteOptions::default();
         // Power-loss durability comes from sync_wal (every second and on fsync).
         wopts.set_sync(false);
+        let seq = db.latest_sequence_number();
         Ok(MetaStore {
             db: RwLock::new(Some(db)),
             path: path.to_path_buf(),
             opts,
             wopts,
-            committed: AtomicU64::new(0),
-            flushed: AtomicU64::new(0),
-            flush_lock: Mutex::new(()),
+            committed: AtomicU64::new(seq),
+            flushed: AtomicU64::new(seq),
+            wal_lock: Mutex::new(()),
             failed: AtomicI32::new(0),
+            last_failure: Mutex::new((Errno::EIO, String::new())),
+            generation: AtomicU64::new(0),
+            recovered: Mutex::new(Vec::new()),
+            reopened: tokio::sync::watch::channel(0).0,
+            reopen_wanted: tokio::sync::Notify::new(),
         })
     }
 
@@ -392,6 +419,7 @@ impl MetaStore {
     /// queued behind the scan.
     fn db(&self) -> R<MappedRwLockReadGuard<'_, DB>> {
         RwLockReadGuard::try_map(self.db.read_recursive(), |d| d.as_ref()).map_err(|_| {
+            commits::refused();
             Fail::new(Errno::EIO, format!("metadata store {} is closed after a failed write", self.path.display()))
         })
     }
@@ -404,42 +432,99 @@ impl MetaStore {
         }
     }
 
+    /// Errno and text of the last failure (also after the store reopened).
+    pub fn last_failure(&self) -> (Errno, String) {
+        self.last_failure.lock().clone()
+    }
+
+    pub fn failure_text(&self) -> String {
+        self.last_failure.lock().1.clone()
+    }
+
     fn check_writable(&self) -> R<()> {
         match self.failure() {
             None => Ok(()),
-            Some(e) => Err(Fail::new(
-                e,
-                format!("metadata store takes no writes since its log could not be written ({e}); it resumes when space is free"),
-            )),
+            Some(e) => {
+                commits::refused();
+                Err(Fail::new(
+                    e,
+                    format!(
+                        "metadata store takes no writes since its log could not be written ({e}); it resumes when space is free"
+                    ),
+                ))
+            }
         }
     }
 
-    /// Remember that a write or flush failed: no more writes or flushes until `reopen`.
+    /// Remember that a write or flush failed: no more writes or flushes until `reopen`,
+    /// which the server's upkeep is asked for at once.
     fn note_failure(&self, f: &Fail) {
         if self.failed.compare_exchange(0, f.errno.0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            *self.last_failure.lock() = (f.errno, f.to_string());
             tracing::error!("metadata store stops taking writes: {f}");
+            self.reopen_wanted.notify_one();
         }
+    }
+
+    /// Completes when a failure asks for a reopen (see `note_failure`).
+    pub async fn reopen_wanted(&self) {
+        self.reopen_wanted.notified().await
+    }
+
+    /// Number of reopens so far: commits of an older generation have a known fate.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the commit with last sequence number `seq` of generation `gen` was lost:
+    /// `None` while `gen` is the current generation (not decided yet).
+    pub fn lost_in(&self, gen: u64, seq: u64) -> Option<bool> {
+        self.recovered.lock().get(gen as usize).map(|&r| seq > r)
+    }
+
+    /// Wait until the store takes writes (false if it does not by `deadline`).
+    pub async fn wait_healthy(&self, deadline: tokio::time::Instant) -> bool {
+        let mut rx = self.reopened.subscribe();
+        tokio::time::timeout_at(deadline, async {
+            while self.failure().is_some() {
+                self.reopen_wanted.notify_one();
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await
+        .is_ok()
+            && self.failure().is_none()
     }
 
     /// After a failed write: close the database and open it again, which starts a new WAL
-    /// after replaying what reached the OS (commits whose flush failed were never
-    /// acknowledged and are gone). Needs a little free space (new WAL, MANIFEST, OPTIONS
-    /// files). A no-op while healthy. Blocking.
+    /// after replaying what reached the OS (whole records; commits beyond were never
+    /// acknowledged and are gone) and a new generation. Needs a little free space (new WAL,
+    /// MANIFEST, OPTIONS files). A no-op while healthy. Blocking.
     pub fn reopen(&self) -> R<()> {
         if self.failure().is_none() {
             return Ok(());
         }
-        let _g = self.flush_lock.lock();
+        let _g = self.wal_lock.lock();
         let mut db = self.db.write();
         // Closing first: RocksDB's LOCK file allows one open database per directory.
         *db = None;
         match Self::open_db(&self.opts, &self.path) {
             Ok(d) => {
+                // Everything in the new database is in its log or its tables.
+                let seq = d.latest_sequence_number();
                 *db = Some(d);
-                let c = self.committed.load(Ordering::Acquire);
-                self.flushed.store(c, Ordering::Release);
+                self.recovered.lock().push(seq);
+                self.committed.store(seq, Ordering::Release);
+                self.flushed.store(seq, Ordering::Release);
+                let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 self.failed.store(0, Ordering::Release);
-                tracing::info!("metadata store {} reopened; it takes writes again", self.path.display());
+                self.reopened.send_replace(gen);
+                tracing::info!(
+                    "metadata store {} reopened at sequence {seq}; it takes writes again",
+                    self.path.display()
+                );
                 Ok(())
             }
             Err(e) => Err(Fail::new(Errno::EIO, e)),
@@ -624,13 +709,19 @@ impl MetaStore {
     }
 
     pub fn write(&self, batch: WriteBatch) -> R<()> {
+        let _w = self.wal_lock.lock();
         self.check_writable()?;
-        if let Err(e) = self.db()?.write_opt(batch, &self.wopts) {
+        let db = self.db()?;
+        if let Err(e) = db.write_opt(batch, &self.wopts) {
             let f = Fail::from(e);
             self.note_failure(&f);
             return Err(f);
         }
-        self.committed.fetch_add(1, Ordering::AcqRel);
+        // Ours: commits are serialised by `wal_lock`. The generation cannot change while
+        // `db` is held (a reopen takes the lock exclusively).
+        let seq = db.latest_sequence_number();
+        self.committed.fetch_max(seq, Ordering::AcqRel);
+        commits::record(self, self.generation(), seq);
         Ok(())
     }
 
@@ -638,26 +729,27 @@ impl MetaStore {
     /// from then on it survives `kill -9` of this process. Cheap when nothing is pending.
     pub fn flush_wal_to_os(&self) -> R<()> {
         let target = self.committed.load(Ordering::Acquire);
-        if self.flushed.load(Ordering::Acquire) >= target {
+        if self.flushed.load(Ordering::Acquire) >= target && self.failure().is_none() {
             return Ok(());
         }
-        let _g = self.flush_lock.lock();
+        let _g = self.wal_lock.lock();
+        self.check_writable()?;
         if self.flushed.load(Ordering::Acquire) >= target {
             return Ok(());
         }
         self.flush(false)
     }
 
-    /// Make every write so far durable against power loss.
+    /// Make every write so far durable against power loss. Commits and flushes wait for the
+    /// disk sync (once a second): see `wal_lock` for why nothing may run beside it.
     pub fn sync_wal(&self) -> R<()> {
-        // Not under `flush_lock`: replies waiting for a flush must not wait for a disk sync
-        // (RocksDB serialises the two itself).
+        let _g = self.wal_lock.lock();
+        self.check_writable()?;
         self.flush(true)
     }
 
-    /// Flush (and sync) the WAL buffer.
+    /// Flush (and sync) the WAL buffer. Under `wal_lock`, on a store that takes writes.
     fn flush(&self, sync: bool) -> R<()> {
-        self.check_writable()?;
         // Everything counted here finished its write before the flush starts.
         let upto = self.committed.load(Ordering::Acquire);
         if let Err(e) = self.db()?.flush_wal(sync) {
