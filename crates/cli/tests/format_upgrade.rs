@@ -248,7 +248,6 @@ async fn make_format_1_fixture() {
     eprintln!("wrote {}", out.display());
 }
 
-#[allow(dead_code)]
 fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
@@ -258,4 +257,92 @@ fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(100));
     }
     false
+}
+
+/// Object files of `ino` on server `id`'s disk.
+fn object_files(c: &Cluster, id: u32, ino: u64) -> Vec<PathBuf> {
+    let bucket = c.path().join(format!("s{id}/objects/{:02x}", ino & 0xff));
+    let prefix = format!("{ino:016x}.");
+    match std::fs::read_dir(&bucket) {
+        Ok(rd) => {
+            rd.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&prefix)).map(|e| e.path()).collect()
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The namespace, the orphan and the records left between two steps read back as the
+/// manifest says the old code served them.
+async fn check_against_manifest(c: &Cluster, manifest: &Value) {
+    let fs = c.uncached_client();
+    let got = walk(&fs).await;
+    let want = manifest["paths"].as_object().unwrap();
+    assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "paths of the namespace");
+    for (path, w) in want {
+        assert_eq!(&got[path], w, "{path} reads back as written");
+    }
+    // The orphan (no name, link count 0) is still there, with its data, for its grace period.
+    let o = &manifest["orphan"];
+    let ino = Ino(o["ino"].as_u64().unwrap());
+    assert_eq!(describe_attr(&fs.getattr_fresh(ino).await.unwrap()), o["attr"], "orphan {ino}");
+    assert_eq!(json!(fnv(&read_all(&fs, ino).await)), o["data"], "orphan {ino}'s data");
+    // The unfinished mkdir was rolled back (its intent decoded and replayed) and never
+    // shows; the pending deletion of the removed file's objects ran.
+    let p = &manifest["pending_mkdir"];
+    let path = format!("{}/{}", p["parent"].as_str().unwrap(), p["name"].as_str().unwrap());
+    assert!(fs.lstat(&path).await.is_err(), "{path} must not exist");
+    let gc_ino = manifest["gc"]["ino"].as_u64().unwrap();
+    let objects_gone =
+        wait_until(Duration::from_secs(60), || (0..SERVERS).all(|id| object_files(c, id, gc_ino).is_empty()));
+    assert!(objects_gone, "objects of the removed file {gc_ino:#x} still on disk");
+    let mut intents_done = false;
+    for _ in 0..600 {
+        let mut pending = 0;
+        for (_, st) in fs.status_all().await {
+            pending += st.unwrap().pending_intents;
+        }
+        if pending == 0 {
+            intents_done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(intents_done, "intents still pending after 60 s");
+}
+
+fn unpack(archive: &Path, into: &Path) {
+    let status = Command::new("tar").arg("-xzf").arg(archive).arg("-C").arg(into).status().expect("run tar");
+    assert!(status.success(), "tar -xzf {} failed", archive.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_store_is_upgraded_in_place_and_reads_back_as_written() {
+    let archive = fixtures().join("format-1.tar.gz");
+    let mut c = Cluster::start_prepared(SERVERS, |dir| unpack(&archive, dir));
+    let manifest: Value = serde_json::from_slice(&std::fs::read(c.path().join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], 1);
+    for id in 0..SERVERS {
+        let log = c.log(id);
+        assert!(log.contains("metadata store upgraded to format 2"), "server {id} did not log its upgrade:\n{log}");
+    }
+    check_against_manifest(&c, &manifest).await;
+
+    // The store now says format 2, and reads the same after a restart (no second upgrade).
+    for id in 0..SERVERS {
+        c.stop(id);
+        let meta = c.path().join(format!("s{id}/meta"));
+        assert_eq!(shoal_server::stored_format(&meta).unwrap(), Some(shoal_server::FORMAT_VERSION));
+        assert_eq!(shoal_server::FORMAT_VERSION, 2);
+    }
+    let first_logs: Vec<usize> = (0..SERVERS).map(|id| c.log(id).len()).collect();
+    for id in 0..SERVERS {
+        c.restart(id);
+    }
+    check_against_manifest(&c, &manifest).await;
+    for id in 0..SERVERS {
+        let log = c.log(id);
+        let second = &log[first_logs[id as usize]..];
+        assert!(!second.contains("upgrading"), "server {id} upgraded twice:\n{second}");
+        assert!(!log.contains("does not decode"), "server {id}:\n{log}");
+    }
 }
