@@ -185,3 +185,134 @@ pub fn stored_format(meta_dir: &Path) -> Result<Option<u32>, String> {
             .map_err(|_| format!("format key of {} has {} bytes", meta_dir.display(), v.len())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::meta::{AppliedRecord, EntryRecord, GcRecord, InodeRecord, IntentRecord, OrphanRecord};
+    use crate::store::records::{decode, Record};
+    use shoal_proto::Errno;
+    use std::path::PathBuf;
+
+    fn fixture_dir() -> tempfile::TempDir {
+        let archive = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cli/tests/fixtures/format-1.tar.gz");
+        let dir = tempfile::tempdir().unwrap();
+        let status =
+            std::process::Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(dir.path()).status().unwrap();
+        assert!(status.success(), "unpack {}", archive.display());
+        dir
+    }
+
+    /// Every record of every kind under `tag` decodes as format 2; how many there are.
+    fn decode_all(meta: &MetaStore) -> u64 {
+        fn check<T: Record>(meta: &MetaStore, tag: u8) -> u64 {
+            let mut n = 0;
+            meta.scan(&[tag], None, |k, v| {
+                decode::<T>(&format_args!("{:?}", k), v).unwrap();
+                n += 1;
+                Ok(true)
+            })
+            .unwrap();
+            n
+        }
+        check::<InodeRecord>(meta, key::INODE)
+            + check::<EntryRecord>(meta, key::ENTRY)
+            + check::<IntentRecord>(meta, key::INTENT)
+            + check::<AppliedRecord>(meta, key::APPLIED)
+            + check::<GcRecord>(meta, key::GC)
+            + check::<OrphanRecord>(meta, key::ORPHAN)
+    }
+
+    #[test]
+    fn a_store_of_a_newer_format_is_refused_naming_both_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::open(&dir.path().join("meta")).unwrap();
+        check_and_upgrade(&meta, ServerId(0), dir.path()).unwrap();
+        meta.put_raw(key::FORMAT, &(FORMAT_VERSION + 1).to_be_bytes()).unwrap();
+        let e = check_and_upgrade(&meta, ServerId(0), dir.path()).unwrap_err().to_string();
+        assert!(e.contains(&format!("format {}", FORMAT_VERSION + 1)), "{e}");
+        assert!(e.contains(&format!("format {FORMAT_VERSION}")), "{e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+        // Refused without a change: the version is still the newer one.
+        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), (FORMAT_VERSION + 1).to_be_bytes());
+    }
+
+    #[test]
+    fn a_new_store_gets_the_current_format_and_its_owner() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = MetaStore::open(&dir.path().join("meta")).unwrap();
+        check_and_upgrade(&meta, ServerId(3), dir.path()).unwrap();
+        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
+        let e = check_and_upgrade(&meta, ServerId(4), dir.path()).unwrap_err().to_string();
+        assert!(e.contains("belongs to server s3, not s4"), "{e}");
+    }
+
+    #[test]
+    fn format_1_records_are_not_read_before_the_upgrade_and_all_read_after_it() {
+        let dir = fixture_dir();
+        for id in 0..2u32 {
+            let data: PathBuf = dir.path().join(format!("s{id}"));
+            let meta = MetaStore::open(&data.join("meta")).unwrap();
+            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), 1u32.to_be_bytes());
+            let mut first = None;
+            meta.scan(&[key::INODE], None, |_, v| {
+                first = Some(decode::<InodeRecord>(&"inode", v));
+                Ok(false)
+            })
+            .unwrap();
+            let e = first.expect("an inode").unwrap_err();
+            assert_eq!(e.errno, Errno::EIO);
+            assert!(e.message.contains("still in format 1"), "{}", e.message);
+            check_and_upgrade(&meta, ServerId(id), &data).unwrap();
+            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
+            assert!(decode_all(&meta) > 10, "server {id} holds records");
+        }
+    }
+
+    /// An upgrade stopped part way (some records rewritten, the version still 1) resumes on
+    /// the next open: the rewritten records are left alone, the rest rewritten, and the
+    /// store reads exactly as an uninterrupted upgrade leaves it.
+    #[test]
+    fn an_interrupted_upgrade_resumes_and_ends_as_an_uninterrupted_one() {
+        let whole = fixture_dir();
+        let cut = fixture_dir();
+        let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
+        upgrade_1_to_2(&whole_meta, whole.path()).unwrap();
+
+        let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+        // The first half of the inodes and entries, as the first batches of an upgrade.
+        let mut half = WriteBatch::default();
+        for tag in [key::INODE, key::ENTRY] {
+            let mut all = Vec::new();
+            meta.scan(&[tag], None, |k, v| {
+                all.push((k.to_vec(), v.to_vec()));
+                Ok(true)
+            })
+            .unwrap();
+            for (k, v) in &all[..all.len() / 2] {
+                half.put(k, convert(tag, v).unwrap().unwrap());
+            }
+        }
+        let rewritten_before = half.len() as u64;
+        assert!(rewritten_before > 4);
+        meta.write(half).unwrap();
+        drop(meta);
+
+        let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), 1u32.to_be_bytes(), "still format 1");
+        let done = upgrade_1_to_2(&meta, cut.path()).unwrap();
+        assert_eq!(done.already, rewritten_before);
+        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
+        let dump = |m: &MetaStore| {
+            let mut out = Vec::new();
+            m.scan(&[], None, |k, v| {
+                out.push((k.to_vec(), v.to_vec()));
+                Ok(true)
+            })
+            .unwrap();
+            out
+        };
+        assert_eq!(dump(&meta), dump(&whole_meta));
+        assert!(decode_all(&meta) > 10);
+    }
+}
