@@ -1209,7 +1209,7 @@ pub async fn peer_rename_in(
     st.require_home(dst_dir)?;
     name_ok(&dst_name)?;
     if let Some(a) = st.store(move |st| st.meta.get_applied(op_id)).await? {
-        return Ok(a.reply.to_wire());
+        return Ok(a.reply.into_wire());
     }
     let se = EntryRecord { ino: entry.ino, kind: entry.kind };
     let flags = RenameFlags { noreplace, exchange: false };
@@ -1228,7 +1228,7 @@ pub async fn peer_rename_in(
                 .store(move |st| -> R<Ren<(Reply, After)>> {
                     let (dst_name, cred, known) = (d1, c1, k1);
                     if let Some(a) = st.meta.get_applied(op_id)? {
-                        return Ok(Step::Done((a.reply.to_wire(), After::default())).into());
+                        return Ok(Step::Done((a.reply.into_wire(), After::default())).into());
                     }
                     let mut txn = st.meta.txn();
                     let now = now();

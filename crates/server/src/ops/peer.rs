@@ -21,7 +21,7 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
     let _g = st.locks.lock(&[ino]).await;
     st.store(move |st| {
         if let Some(a) = st.meta.get_applied(op_id)? {
-            return Ok(a.reply.to_wire());
+            return Ok(a.reply.into_wire());
         }
         let mut txn = st.meta.txn();
         match txn.inode(ino)? {
@@ -66,7 +66,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64, orpha
     let (reply, gc) = st
         .store(move |st| {
             if let Some(a) = st.meta.get_applied(op_id)? {
-                return Ok((a.reply.to_wire(), None));
+                return Ok((a.reply.into_wire(), None));
             }
             let mut txn = st.meta.txn();
             let now = now();

@@ -380,7 +380,7 @@ impl AppliedReply {
         })
     }
 
-    pub fn to_wire(self) -> Reply {
+    pub fn into_wire(self) -> Reply {
         match self {
             AppliedReply::Ok => Reply::Ok,
             AppliedReply::NLink { nlink } => Reply::NLink(nlink),
@@ -724,7 +724,7 @@ mod tests {
         for reply in [Reply::Ok, Reply::NLink(4), Reply::Replaced(None), Reply::Replaced(Some(entry))] {
             let stored = AppliedReply::from_wire(&reply).unwrap();
             let r = AppliedRecord { created: 1, reply: stored };
-            assert_eq!(decode::<AppliedRecord>(&"applied", &encode(&r)).unwrap().reply.to_wire(), reply);
+            assert_eq!(decode::<AppliedRecord>(&"applied", &encode(&r)).unwrap().reply.into_wire(), reply);
         }
         assert_eq!(AppliedReply::from_wire(&Reply::Data), None);
     }
