@@ -346,3 +346,40 @@ async fn a_format_1_store_is_upgraded_in_place_and_reads_back_as_written() {
         assert!(!log.contains("does not decode"), "server {id}:\n{log}");
     }
 }
+
+/// A store written by a newer shoald (a higher format version under `m` "format", see
+/// docs/formats.md) is refused at start, with one line naming both versions, and left as is.
+#[test]
+fn a_store_of_a_newer_format_is_refused_with_one_line_naming_both_versions() {
+    let mut c = Cluster::start(1);
+    c.stop(0);
+    let meta = c.path().join("s0/meta");
+    let newer = shoal_server::FORMAT_VERSION + 1;
+    {
+        let db = rocksdb::DB::open_default(&meta).unwrap();
+        db.put(b"mformat", newer.to_be_bytes()).unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shoald"))
+        .arg("--config")
+        .arg(&c.config)
+        .args(["--id", "0"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = wait_until(Duration::from_secs(30), || matches!(child.try_wait(), Ok(Some(_))));
+    if !exited {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("shoald served a store of format {newer}");
+    }
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(last.starts_with("shoald: data directory"), "{err}");
+    assert!(last.contains(&format!("format {newer}")) && last.contains(&format!("format {}", newer - 1)), "{err}");
+    assert_eq!(shoal_server::stored_format(&meta).unwrap(), Some(newer), "the store is left as it was");
+}

@@ -697,6 +697,20 @@ mod tests {
         assert!(v1::inode(&b).is_err());
     }
 
+    proptest::proptest! {
+        #[test]
+        fn format_1_garbage_is_an_error_not_a_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..96)) {
+            let mut v = vec![VALUE_BINCODE1];
+            v.extend(bytes);
+            let _ = v1::inode(&v);
+            let _ = v1::entry(&v);
+            let _ = v1::intent(&v);
+            let _ = v1::applied(&v);
+            let _ = v1::gc(&v);
+            let _ = v1::orphan(&v);
+        }
+    }
+
     #[test]
     fn every_intent_and_applied_reply_round_trips() {
         let intents = [
