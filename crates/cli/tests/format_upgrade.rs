@@ -121,7 +121,8 @@ fn striped(stripe_size: u64) -> Option<LayoutSpec> {
 /// Makes `tests/fixtures/format-1.tar.gz` with the code of the commit it runs on. Run only
 /// to make a fixture for a new format version (see tests/fixtures/README.md):
 /// `cargo test --release -p shoal --test format_upgrade make_format_1_fixture -- --ignored`
-/// (`SHOAL_FIXTURE_OUT` overrides where the archive goes).
+/// (`SHOAL_FIXTURE_OUT` overrides where the archive goes; an existing fixture is never
+/// overwritten otherwise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
 async fn make_format_1_fixture() {
@@ -233,6 +234,12 @@ async fn make_format_1_fixture() {
 
     let out =
         std::env::var_os("SHOAL_FIXTURE_OUT").map(PathBuf::from).unwrap_or_else(|| fixtures().join("format-1.tar.gz"));
+    // A committed fixture stands for stores in the field: never overwritten by newer code.
+    assert!(
+        !out.exists() || std::env::var_os("SHOAL_FIXTURE_OUT").is_some(),
+        "{} exists; set SHOAL_FIXTURE_OUT to write elsewhere",
+        out.display()
+    );
     std::fs::create_dir_all(out.parent().unwrap()).unwrap();
     // The reserve file (`store::space`) is only a placeholder for free space.
     let status = Command::new("tar")
@@ -290,7 +297,10 @@ async fn check_against_manifest(c: &Cluster, manifest: &Value) {
     // shows; the pending deletion of the removed file's objects ran.
     let p = &manifest["pending_mkdir"];
     let path = format!("{}/{}", p["parent"].as_str().unwrap(), p["name"].as_str().unwrap());
-    assert!(fs.lstat(&path).await.is_err(), "{path} must not exist");
+    match fs.lstat(&path).await {
+        Err(e) => assert_eq!(e.errno, shoal_client::Errno::ENOENT, "{path}: {e}"),
+        Ok(a) => panic!("{path} exists: {a:?}"),
+    }
     let gc_ino = manifest["gc"]["ino"].as_u64().unwrap();
     let objects_gone =
         wait_until(Duration::from_secs(60), || (0..SERVERS).all(|id| object_files(c, id, gc_ino).is_empty()));
