@@ -34,7 +34,10 @@ mod perm;
 mod state;
 mod store;
 
-use anyhow::{anyhow, bail, Context};
+pub use store::records::FORMAT_VERSION;
+pub use store::upgrade::stored_format;
+
+use anyhow::{anyhow, Context};
 use shoal_placement::ClusterMap;
 use shoal_proto::msg::FileKind;
 use shoal_proto::{ServerId, ROOT_INO};
@@ -46,7 +49,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::data::DataStore;
-use store::meta::{key, InodeRecord, MetaStore, FORMAT_VERSION};
+use store::meta::{InodeRecord, MetaStore};
 use store::space::Space;
 use tokio::net::TcpListener;
 
@@ -137,7 +140,7 @@ impl Server {
                 let space = Space::new(&dd);
                 space.prepare_for_open();
                 let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
-                check_format(&meta, id, &dd)?;
+                store::upgrade::check_and_upgrade(&meta, id, &dd)?;
                 let data = DataStore::open(&dd.join("objects"))
                     .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
                 // Writes acknowledged before a restart were only in the page cache; make them
@@ -298,39 +301,6 @@ fn conn_limits(opts: &ServerOptions, servers: usize) -> limits::ConnLimits {
 
 fn now_secs() -> i64 {
     shoal_proto::msg::Timestamp::now().secs
-}
-
-/// Check (or, on a new store, write) the format version and owning server id, so that a
-/// data directory from another server or a newer release is refused rather than misread.
-fn check_format(meta: &MetaStore, id: ServerId, dir: &std::path::Path) -> anyhow::Result<()> {
-    let err = |e: error::Fail| anyhow!("{}: {e}", dir.display());
-    match meta.get_raw(key::FORMAT).map_err(err)? {
-        None => {
-            meta.put_raw(key::FORMAT, &FORMAT_VERSION.to_be_bytes()).map_err(err)?;
-            meta.put_raw(key::SERVER, &id.0.to_be_bytes()).map_err(err)?;
-        }
-        Some(v) => {
-            let found = <[u8; 4]>::try_from(v.as_slice()).ok().map(u32::from_be_bytes);
-            if found != Some(FORMAT_VERSION) {
-                bail!(
-                    "data directory {} has format {:?}; this shoald reads format {FORMAT_VERSION}",
-                    dir.display(),
-                    found
-                );
-            }
-            if let Some(owner) = meta.get_raw(key::SERVER).map_err(err)? {
-                let owner = <[u8; 4]>::try_from(owner.as_slice()).ok().map(u32::from_be_bytes);
-                if owner != Some(id.0) {
-                    bail!(
-                        "data directory {} belongs to server {}, not {id}",
-                        dir.display(),
-                        owner.map_or("?".to_string(), |o| format!("s{o}"))
-                    );
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Every second: sync the metadata log, keep the reserve file (see `store::space`), and

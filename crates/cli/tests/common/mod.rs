@@ -39,8 +39,19 @@ impl Cluster {
         Cluster::start_full(n, |_| {}, args)
     }
 
+    /// Start `n` servers after `prepare` has filled the cluster's directory (data
+    /// directories `s0`, `s1`, … from a fixture, say).
+    pub fn start_prepared(n: u32, prepare: impl FnOnce(&Path)) -> Cluster {
+        Cluster::start_inner(n, |_| {}, &[], prepare)
+    }
+
     fn start_full(n: u32, tweak: impl FnOnce(&mut ClusterMap), args: &[&str]) -> Cluster {
+        Cluster::start_inner(n, tweak, args, |_| {})
+    }
+
+    fn start_inner(n: u32, tweak: impl FnOnce(&mut ClusterMap), args: &[&str], prepare: impl FnOnce(&Path)) -> Cluster {
         let dir = tempfile::Builder::new().prefix("shoal-test-").tempdir().unwrap();
+        prepare(dir.path());
         let mut map = ClusterMap::local(n, 0, dir.path());
         for (s, p) in map.servers.iter_mut().zip(free_ports(n as usize)) {
             s.addr = format!("127.0.0.1:{p}");
@@ -119,6 +130,22 @@ impl Cluster {
         let child = self.children[id as usize].as_ref().expect("server running");
         // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
         assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0, "signal server {id}");
+    }
+
+    /// Stop one server cleanly (SIGTERM: it syncs its log and closes its stores) and reap it.
+    pub fn stop(&mut self, id: u32) {
+        if let Some(mut child) = self.children[id as usize].take() {
+            // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            while matches!(child.try_wait(), Ok(None)) {
+                if start.elapsed() > Duration::from_secs(30) {
+                    let _ = child.kill();
+                    panic!("shoald {id} did not stop within 30 s of SIGTERM:\n{}", self.log(id));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
     }
 
     /// Start a killed server again (same data directory) and wait until it accepts.

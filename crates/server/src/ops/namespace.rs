@@ -1209,7 +1209,7 @@ pub async fn peer_rename_in(
     st.require_home(dst_dir)?;
     name_ok(&dst_name)?;
     if let Some(a) = st.store(move |st| st.meta.get_applied(op_id)).await? {
-        return Ok(a.reply);
+        return Ok(a.reply.into_wire());
     }
     let se = EntryRecord { ino: entry.ino, kind: entry.kind };
     let flags = RenameFlags { noreplace, exchange: false };
@@ -1228,7 +1228,7 @@ pub async fn peer_rename_in(
                 .store(move |st| -> R<Ren<(Reply, After)>> {
                     let (dst_name, cred, known) = (d1, c1, k1);
                     if let Some(a) = st.meta.get_applied(op_id)? {
-                        return Ok(Step::Done((a.reply, After::default())).into());
+                        return Ok(Step::Done((a.reply.into_wire(), After::default())).into());
                     }
                     let mut txn = st.meta.txn();
                     let now = now();
@@ -1274,7 +1274,7 @@ pub async fn peer_rename_in(
                     }
                     txn.inode_mut(dst_dir)?.touch(now);
                     let reply = Reply::Replaced(te.map(as_dirent));
-                    txn.put_applied(op_id, &reply, now.secs);
+                    txn.put_applied(op_id, &reply, now.secs)?;
                     txn.commit()?;
                     Ok(Step::Done((reply, after)).into())
                 })

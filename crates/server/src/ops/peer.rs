@@ -21,7 +21,7 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
     let _g = st.locks.lock(&[ino]).await;
     st.store(move |st| {
         if let Some(a) = st.meta.get_applied(op_id)? {
-            return Ok(a.reply);
+            return Ok(a.reply.into_wire());
         }
         let mut txn = st.meta.txn();
         match txn.inode(ino)? {
@@ -30,7 +30,7 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
             None => {}
         }
         txn.put_inode(ino, InodeRecord::from_attr(&attr));
-        txn.put_applied(op_id, &Reply::Ok, now().secs);
+        txn.put_applied(op_id, &Reply::Ok, now().secs)?;
         txn.commit()?;
         Ok(Reply::Ok)
     })
@@ -66,7 +66,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64, orpha
     let (reply, gc) = st
         .store(move |st| {
             if let Some(a) = st.meta.get_applied(op_id)? {
-                return Ok((a.reply, None));
+                return Ok((a.reply.into_wire(), None));
             }
             let mut txn = st.meta.txn();
             let now = now();
@@ -95,7 +95,7 @@ pub async fn link_delta(st: &Arc<State>, ino: Ino, delta: i32, op_id: u64, orpha
                 r.ctime = now;
             }
             let reply = Reply::NLink(n);
-            txn.put_applied(op_id, &reply, now.secs);
+            txn.put_applied(op_id, &reply, now.secs)?;
             txn.commit()?;
             Ok((reply, gc))
         })

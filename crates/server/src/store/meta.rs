@@ -12,10 +12,13 @@
 //! | `t` op-id | [`IntentRecord`]: an operation spanning servers, for recovery |
 //! | `o` op-id | [`AppliedRecord`]: a peer step applied, and what it answered |
 //! | `g` ino | [`GcRecord`]: data objects of a deleted file still to delete |
-//! | `m` "format" / `m` "server" | on-disk format version / owning server id |
+//! | `O` ino | [`OrphanRecord`]: a file with no name left that a client has open |
+//! | `m` "format" / `m` "server" | metadata format version / owning server id (big-endian `u32`) |
 //!
-//! Values are one format byte followed by bincode, so that a future format can be told
-//! apart.
+//! The records here hold wire types and are what the server works with; what is stored is
+//! their own types in `records.rs` (one format byte, then MessagePack with named fields),
+//! converted on every read and write. docs/formats.md describes every record byte by byte;
+//! `upgrade.rs` brings a store of an older format up to date when it is opened.
 //!
 //! **When a write is safe.** Writes are neither synced nor handed to the OS one by one:
 //! RocksDB runs with `manual_wal_flush`, so a commit lands in the memtable and in RocksDB's
@@ -41,22 +44,15 @@
 
 use super::commits;
 use crate::error::{Fail, R};
-use bincode::Options as _;
+use crate::store::records::AppliedReply;
+pub use crate::store::records::{decode, encode, Record};
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
 use rocksdb::{BlockBasedOptions, Cache, Direction, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
-use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use shoal_proto::msg::{Attr, DirEntry, FileKind, Layout, LayoutSpec, Reply, Timestamp};
 use shoal_proto::{Errno, Ino};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-
-/// Version of the on-disk format written under `m` "format".
-pub const FORMAT_VERSION: u32 = 1;
-/// Format byte in front of every encoded value.
-const VALUE_FORMAT: u8 = 1;
-/// No record is larger than this (inodes with 1024-server layouts are ~10 KiB).
-const RECORD_LIMIT: u64 = 1 << 20;
 
 /// Key construction and parsing.
 pub mod key {
@@ -142,34 +138,10 @@ pub mod key {
     }
 }
 
-fn codec() -> impl bincode::Options {
-    bincode::DefaultOptions::new().with_fixint_encoding()
-}
-
-/// Encode a value: format byte + bincode.
-pub fn encode<T: Serialize>(v: &T) -> Vec<u8> {
-    let mut out = vec![VALUE_FORMAT];
-    // Serialising plain structs (no maps with non-string keys, no unbounded limit) into a
-    // Vec cannot fail.
-    codec().serialize_into(&mut out, v).expect("record serialises");
-    out
-}
-
-/// Decode a value written by [`encode`]; any damage is EIO, never a panic.
-pub fn decode<T: DeserializeOwned>(what: &dyn std::fmt::Display, bytes: &[u8]) -> R<T> {
-    match bytes.split_first() {
-        Some((&VALUE_FORMAT, rest)) => codec()
-            .with_limit(RECORD_LIMIT)
-            .deserialize(rest)
-            .map_err(|e| Fail::corrupt(format!("{what} does not decode: {e}"))),
-        Some((v, _)) => Err(Fail::corrupt(format!("{what} has unknown value format {v}"))),
-        None => Err(Fail::corrupt(format!("{what} is empty"))),
-    }
-}
-
-/// An inode as stored: the attributes of [`Attr`] (minus the inode number, which is the key,
-/// and the allocation size, which the object files know) plus a symlink's target.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// An inode: the attributes of [`Attr`] (minus the inode number, which is the key, and the
+/// allocation size, which the object files know) plus a symlink's target. Stored as
+/// `records::Inode`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InodeRecord {
     pub kind: FileKind,
     pub perm: u32,
@@ -236,16 +208,17 @@ impl InodeRecord {
     }
 }
 
-/// A directory entry as stored under `e` dir name.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A directory entry, stored under `e` dir name as `records::Entry`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryRecord {
     pub ino: Ino,
     pub kind: FileKind,
 }
 
 /// An operation that spans servers, written before its remote step and deleted in the batch
-/// that commits its local step. See `intents.rs` for what recovery does with each.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// that commits its local step. See `intents.rs` for what recovery does with each. Stored
+/// as `records::IntentOp`.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Intent {
     /// A directory object was (maybe) created on `home(ino)`; its entry `dir/name` is not
     /// committed. Rolled back.
@@ -277,7 +250,7 @@ impl Intent {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IntentRecord {
     /// Seconds since the epoch when written.
     pub created: i64,
@@ -285,14 +258,14 @@ pub struct IntentRecord {
 }
 
 /// A peer step applied at most once: what it answered, for a resent request.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppliedRecord {
     pub created: i64,
-    pub reply: Reply,
+    pub reply: AppliedReply,
 }
 
 /// Data objects of a deleted file still to be deleted (on this and other servers).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GcRecord {
     pub created: i64,
     pub layout: Layout,
@@ -302,7 +275,7 @@ pub struct GcRecord {
 /// inode record stays under `i` with link count 0; its objects stay). Deleted with the inode
 /// at the session's `ReleaseOrphan`, or by the reclaim loop once the session has had no
 /// connection to this server for the grace period (see `orphans.rs`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OrphanRecord {
     pub session: u64,
     /// Seconds since the epoch when the last name went.
@@ -541,7 +514,7 @@ impl MetaStore {
         self.write(b)
     }
 
-    fn get_decoded<T: DeserializeOwned>(&self, key: &[u8], what: &dyn std::fmt::Display) -> R<Option<T>> {
+    fn get_decoded<T: Record>(&self, key: &[u8], what: &dyn std::fmt::Display) -> R<Option<T>> {
         match self.db()?.get_pinned(key)? {
             Some(v) => Ok(Some(decode(what, &v)?)),
             None => Ok(None),
@@ -868,8 +841,13 @@ impl<'a> Txn<'a> {
         self.batch.delete(key::intent(op_id));
     }
 
-    pub fn put_applied(&mut self, op_id: u64, reply: &Reply, now_secs: i64) {
-        self.batch.put(key::applied(op_id), encode(&AppliedRecord { created: now_secs, reply: reply.clone() }));
+    /// Remember what peer step `op_id` answered. Only the replies of peer steps can be kept
+    /// (`AppliedReply`); anything else is a bug, refused with EIO rather than stored.
+    pub fn put_applied(&mut self, op_id: u64, reply: &Reply, now_secs: i64) -> R<()> {
+        let reply = AppliedReply::from_wire(reply)
+            .ok_or_else(|| Fail::new(Errno::EIO, format!("reply {reply:?} of peer step {op_id:#x} cannot be kept")))?;
+        self.batch.put(key::applied(op_id), encode(&AppliedRecord { created: now_secs, reply }));
+        Ok(())
     }
 
     pub fn put_gc(&mut self, ino: Ino, rec: &GcRecord) {

@@ -1,7 +1,9 @@
-//! Local persistence: the metadata store (RocksDB), the data objects (plain files) and the
-//! watch on free space.
+//! Local persistence: the metadata store (RocksDB), its stored records and their upgrade,
+//! the data objects (plain files) and the watch on free space.
 
 pub mod commits;
 pub mod data;
 pub mod meta;
+pub mod records;
 pub mod space;
+pub mod upgrade;
