@@ -2,10 +2,13 @@
 //! request and a writer that sends replies as they complete (out of order, matched by
 //! request id).
 //!
-//! The first frame must be `Hello` with our protocol version, within the handshake timeout.
-//! After that, any frame that does not decode, or a reply frame from the client, closes that
-//! connection only (with a warning naming the peer) — a confused or hostile client cannot
-//! take the server down. In-flight requests per connection are bounded in number and in
+//! The first frame must be `Hello` with a range of protocol versions that meets ours, within
+//! the handshake timeout; it also settles the connection's features (data checksums) and
+//! names the client session, under which replies of state-changing requests are cached
+//! (`replies.rs`: a retried request is applied once). After that, any frame that does not
+//! decode or fails its checksum, or a reply frame from the client, closes that connection
+//! only (with a warning naming the peer; a checksum failure is also answered with EIO
+//! naming it) — a confused or hostile client cannot take the server down. In-flight requests per connection are bounded in number and in
 //! bytes, so one client cannot make the server buffer without limit: the reader simply
 //! stops reading.
 //!
@@ -27,7 +30,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind, HEADER_LEN};
 use shoal_proto::msg::{Op, Reply, Request};
-use shoal_proto::{Errno, PROTOCOL_VERSION};
+use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC};
+use shoal_proto::Errno;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -218,6 +222,8 @@ enum Outgoing {
     Frame(Frame, Permits),
     /// Header and body, then `region` (sent with `sendfile` off the async threads).
     Region(Vec<u8>, Region, Permits),
+    /// The last frame: an error answering a frame that failed its checksum.
+    Last(Frame),
 }
 
 /// What a request holds until its reply has been written.
@@ -268,19 +274,20 @@ async fn serve_conn(
         tracing::warn!("connection from {addr}: first frame is a reply, closing");
         return;
     }
-    let (from_peer, client, session) = match first.request_body() {
-        Ok(Request { op: Op::Hello { protocol_version, client, session }, .. }) => {
-            if protocol_version != PROTOCOL_VERSION {
-                let msg = format!(
-                    "protocol version {protocol_version} not supported (this server speaks {PROTOCOL_VERSION})"
-                );
-                tracing::warn!("connection from {addr} ({client}): {msg}");
-                send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
-                return;
-            }
+    let (from_peer, client, session, agreed) = match first.request_body() {
+        Ok(Request { op: Op::Hello { client, session, min_version, max_version, features }, .. }) => {
+            let agreed = match negotiate(min_version, max_version, features, default_features()) {
+                Ok(a) => a,
+                Err(msg) => {
+                    tracing::warn!("connection from {addr} ({client}): {msg}, closing");
+                    send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
+                    let _ = wr.shutdown().await;
+                    return;
+                }
+            };
             // Other servers name themselves "shoald …" (see lib.rs); their requests count
             // as peer traffic.
-            (client.starts_with("shoald"), client, session)
+            (client.starts_with("shoald"), client, session, agreed)
         }
         Ok(_) => {
             tracing::warn!("connection from {addr}: first request is not Hello, closing");
@@ -319,24 +326,37 @@ async fn serve_conn(
     tracing::debug!("connection from {addr}: {client}");
     st.counters.request("hello", from_peer);
     st.counters.received(first.body.len());
-    let hello = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() };
+    let hello = Reply::Hello {
+        protocol_version: agreed.version,
+        server: st.id,
+        map_version: st.map.version(),
+        features: agreed.features,
+    };
     send_now(&mut wr, first.request_id, &hello).await;
+    let conn = ConnInfo { addr, from_peer, session, data_crc: agreed.features & FEATURE_DATA_CRC != 0 };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
     let _connected = st.sessions.connected(session);
 
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-    let reader = read_requests(st.clone(), &mut rd, tx, addr, from_peer);
+    let reader = read_requests(st.clone(), &mut rd, tx, conn);
     let writer = write_replies(st.clone(), wr, rx, addr);
     tokio::join!(reader, writer);
 }
 
-async fn read_requests(
-    st: Arc<State>,
-    rd: &mut Reader,
-    tx: mpsc::UnboundedSender<Outgoing>,
+/// What a connection settled in its `Hello`.
+#[derive(Clone, Copy)]
+struct ConnInfo {
     addr: SocketAddr,
+    /// Sent by another server.
     from_peer: bool,
-) {
+    /// The client session: with the request id, the name of a request in the reply cache.
+    session: u64,
+    /// Data sections of replies carry a CRC32C (`FEATURE_DATA_CRC` negotiated).
+    data_crc: bool,
+}
+
+async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSender<Outgoing>, conn: ConnInfo) {
+    let ConnInfo { addr, from_peer, session, data_crc } = conn;
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
     loop {
@@ -345,6 +365,17 @@ async fn read_requests(
             Ok(None) => break,
             Err(FrameError::Io(e)) => {
                 tracing::debug!("connection from {addr}: {e}");
+                break;
+            }
+            Err(e @ FrameError::Checksum { request_id, .. }) => {
+                // Corrupted in transit (or a broken sender): say so to the request's caller
+                // (the id is the header's, best effort), and close, as the stream cannot be
+                // trusted any more.
+                tracing::warn!("connection from {addr}: {e}; closing the connection");
+                let r = dispatch::refuse(Errno::EIO, format!("server {}: request frame rejected: {e}", st.id));
+                if let Ok(f) = Frame::reply(request_id, &r, Bytes::new()) {
+                    let _ = tx.send(Outgoing::Last(f));
+                }
                 break;
             }
             Err(e) => {
@@ -382,8 +413,25 @@ async fn read_requests(
         let request_id = frame.request_id;
         let data = frame.data;
         tokio::spawn(async move {
-            let (reply, payload) = dispatch::handle(&st, req, data, from_peer).await;
+            let (mut reply, payload) = if session != 0 && crate::replies::changes_state(&req.op) {
+                st.replies.once(session, request_id, dispatch::handle(&st, req, data, from_peer)).await
+            } else {
+                dispatch::handle(&st, req, data, from_peer).await
+            };
             let permits = Permits { _count: p_count, _bytes: p_bytes };
+            // With data checksums, the bytes must be read to be summed: from the file into
+            // memory, then sent from there (sendfile gives way; docs/protocol.md has the cost).
+            let payload = match payload {
+                Payload::Region(region) if data_crc => match read_region(region).await {
+                    Ok(data) => Payload::Bytes(data),
+                    Err(e) => {
+                        tracing::warn!("reply to {addr}: reading file data: {e}");
+                        reply = dispatch::refuse(Errno::EIO, format!("server {}: reading file data: {e}", st.id));
+                        Payload::none()
+                    }
+                },
+                p => p,
+            };
             let encoded = match payload {
                 Payload::Region(region) => match Frame::reply_head(request_id, &reply, region.len) {
                     Ok(head) => {
@@ -393,7 +441,10 @@ async fn read_requests(
                     }
                     Err(e) => Err(e),
                 },
-                Payload::Bytes(data) => Frame::reply(request_id, &reply, data),
+                Payload::Bytes(data) => Frame::reply(request_id, &reply, data).map(|mut f| {
+                    f.data_crc = data_crc;
+                    f
+                }),
             };
             let f = match encoded {
                 Ok(f) => f,
@@ -412,6 +463,27 @@ async fn read_requests(
     }
 }
 
+/// The bytes of `region` in memory (zeros past the end of the file, as `send_region` sends),
+/// read off the async threads.
+async fn read_region(region: Region) -> std::io::Result<Bytes> {
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; region.len];
+        let mut at = 0;
+        while at < buf.len() {
+            match region.file.read_at(&mut buf[at..], region.offset + at as u64) {
+                Ok(0) => break, // the file ends early: the rest stays zero
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Bytes::from(buf))
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 /// Write one reply, after handing the metadata commits it may depend on to the OS (the
 /// group commit of `MetaStore`: a no-op when nothing is pending, one WAL write for a whole
 /// burst of replies otherwise). A WAL that cannot be written closes the connection rather
@@ -427,6 +499,10 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, addr: Sock
     }
     match out {
         Outgoing::Frame(f, _permits) => f.write_to(wr).await.is_ok(),
+        Outgoing::Last(f) => {
+            let _ = f.write_to(wr).await;
+            false
+        }
         Outgoing::Region(head, region, _permits) => {
             if wr.flush().await.is_err() {
                 return false;
