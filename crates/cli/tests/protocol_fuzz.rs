@@ -11,11 +11,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 fn hello() -> Vec<u8> {
-    let req = Request {
-        cred: Cred::root(),
-        map_version: 0,
-        op: shoal_proto::hello::hello_op("fuzz", 0),
-    };
+    let req = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("fuzz", 0) };
     let mut v = Vec::new();
     Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);
     v
@@ -81,7 +77,8 @@ fn garbage_frames_close_only_their_connection() {
         .run(
             &(any::<u16>(), any::<u8>(), any::<u32>(), proptest::option::of(any::<u32>()), any::<bool>()),
             |(code, flags, data_crc, head_crc, with_hello)| {
-                let req = Request { cred: Cred::root(), map_version: 0, op: Op::GetAttr { ino: shoal_proto::ROOT_INO } };
+                let req =
+                    Request { cred: Cred::root(), map_version: 0, op: Op::GetAttr { ino: shoal_proto::ROOT_INO } };
                 let mut f = Vec::new();
                 Frame::request(2, &req, bytes::Bytes::from_static(b"data")).unwrap().encode_into(&mut f);
                 f[5] = flags;

@@ -30,8 +30,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind};
-use shoal_proto::msg::{Cred, Op, Reply, Request};
 use shoal_proto::hello::{check_answer, default_features, FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
+use shoal_proto::msg::{Cred, Op, Reply, Request};
 use shoal_proto::{Errno, ServerId, PROTOCOL_VERSION};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -771,7 +771,8 @@ mod tests {
             let (sock, _) = listener.accept().await.unwrap();
             let (mut rd, mut wr) = sock.into_split();
             let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-            let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
+            let r =
+                Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
             Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
             let f = Frame::read_from(&mut rd).await.unwrap().unwrap();
             let r = Reply::Error { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() };
@@ -780,6 +781,75 @@ mod tests {
         let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
         let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
         assert_eq!(e, CallError::Server { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() });
+    }
+
+    /// Answer a Hello on `sock` (with the data checksum); the Hello's session.
+    async fn accept_hello(sock: &mut TcpStream) -> u64 {
+        let hello = Frame::read_from(sock).await.unwrap().unwrap();
+        let Op::Hello { session, .. } = hello.request_body().unwrap().op else { panic!("not a Hello") };
+        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 1 };
+        Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(sock).await.unwrap();
+        session
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_lost_with_its_connection_is_sent_again_under_the_same_id() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            // First connection: read the request, then drop the connection unanswered.
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let s1 = accept_hello(&mut sock).await;
+            let first = Frame::read_from(&mut sock).await.unwrap().unwrap();
+            drop(sock);
+            // Second connection: the same request under the same id; answer it.
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let s2 = accept_hello(&mut sock).await;
+            let again = Frame::read_from(&mut sock).await.unwrap().unwrap();
+            Frame::reply(again.request_id, &Reply::Appended { offset: 0 }, Bytes::new())
+                .unwrap()
+                .write_to(&mut sock)
+                .await
+                .unwrap();
+            (s1, s2, first, again)
+        });
+        let opts = PoolOptions { connections_per_server: 1, session: 77, ..PoolOptions::default() };
+        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), opts);
+        let op = Op::Append { ino: shoal_proto::ROOT_INO };
+        let (reply, _) = pool.request(ServerId(0), &Cred::root(), op, Bytes::from_static(b"abc")).await.unwrap();
+        assert_eq!(reply, Reply::Appended { offset: 0 });
+        let (s1, s2, first, again) = server.await.unwrap();
+        assert_eq!((s1, s2), (77, 77), "the client id is the session, on every connection");
+        assert_eq!(again.request_id, first.request_id, "the request keeps its id");
+        assert_eq!((again.body, again.data), (first.body, first.data));
+        // The next call has an id of its own (unique within the process).
+        assert_ne!(NEXT_REQUEST_ID.load(Ordering::Relaxed), first.request_id);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_refused_hello_is_reported_in_one_line_naming_both_ranges() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let hello = Frame::read_from(&mut sock).await.unwrap().unwrap();
+            let Op::Hello { min_version, max_version, .. } = hello.request_body().unwrap().op else { panic!() };
+            let r = Reply::Error {
+                errno: Errno::EPROTO,
+                message: format!("client speaks protocol {min_version}..={max_version}, this server 9..=9"),
+            };
+            Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut sock).await.unwrap();
+        });
+        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
+        assert_eq!(e.errno(), Errno::EPROTO);
+        let line = e.to_string();
+        assert_eq!(
+            line,
+            format!("client speaks protocol {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}, this server 9..=9 (EPROTO)")
+                .replace("(EPROTO)", &format!("({})", Errno::EPROTO))
+        );
+        assert!(!line.contains('\n'));
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -572,11 +572,7 @@ async fn write_read_truncate_objects() {
 
 async fn raw_hello(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let hello = Request {
-        cred: Cred::root(),
-        map_version: 0,
-        op: shoal_proto::hello::hello_op("raw", 0),
-    };
+    let hello = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("raw", 0) };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);
     s.write_all(&buf).await.unwrap();
