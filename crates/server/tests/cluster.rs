@@ -48,6 +48,7 @@ impl Cluster {
                 connections_per_server: 1,
                 client_name: "test".into(),
                 session: 0,
+                ..PoolOptions::default()
             },
         );
         let mut c = Cluster { dir, config, map, servers: Vec::new(), pool };
