@@ -107,15 +107,7 @@ impl Drop for Server {
 }
 
 fn hello_frame() -> Vec<u8> {
-    let req = Request {
-        cred: Cred::root(),
-        map_version: 0,
-        op: Op::Hello {
-            protocol_version: shoal_proto::PROTOCOL_VERSION,
-            client: "connections test".into(),
-            session: 0,
-        },
-    };
+    let req = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("connections test", 0) };
     let mut v = Vec::new();
     Frame::request(0, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);
     v
@@ -278,6 +270,11 @@ async fn a_frame_announcing_a_large_body_reserves_memory_only_as_its_bytes_arriv
     // few bytes, then nothing.
     let mut head = [0u8; HEADER_LEN];
     head[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    head[6..8].copy_from_slice(
+        &Op::Write { ino: shoal_proto::ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false }
+            .code()
+            .to_le_bytes(),
+    );
     head[8..16].copy_from_slice(&1u64.to_le_bytes());
     head[16..20].copy_from_slice(&100u32.to_le_bytes());
     head[20..24].copy_from_slice(&(64u32 << 20).to_le_bytes());

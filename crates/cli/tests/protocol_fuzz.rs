@@ -11,11 +11,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 fn hello() -> Vec<u8> {
-    let req = Request {
-        cred: Cred::root(),
-        map_version: 0,
-        op: Op::Hello { protocol_version: shoal_proto::PROTOCOL_VERSION, client: "fuzz".into(), session: 0 },
-    };
+    let req = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("fuzz", 0) };
     let mut v = Vec::new();
     Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);
     v
@@ -47,20 +43,67 @@ fn garbage_frames_close_only_their_connection() {
     let mut huge = hello();
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[6..8].copy_from_slice(&2u16.to_le_bytes());
     h[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
     huge.extend_from_slice(&h);
     cases.push(huge);
-    // A valid hello followed by a well-framed body that is not a Request.
+    // A valid hello followed by a well-framed body that is not a Request (checksum right).
+    let junk = [0xde, 0xad, 0xbe, 0xef, 0x99];
     let mut junk_body = hello();
     let mut h = [0u8; HEADER_LEN];
     h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    h[6..8].copy_from_slice(&2u16.to_le_bytes());
     h[16..20].copy_from_slice(&5u32.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..28]), &junk);
+    h[28..32].copy_from_slice(&crc.to_le_bytes());
     junk_body.extend_from_slice(&h);
-    junk_body.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef, 0x99]);
+    junk_body.extend_from_slice(&junk);
     cases.push(junk_body);
+    // A header of protocol 4 (24 bytes, no op code) instead of a hello.
+    let mut old = vec![0u8; 24];
+    old[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    old[16..20].copy_from_slice(&5u32.to_le_bytes());
+    old.extend_from_slice(&junk);
+    cases.push(old);
     for case in &cases {
         poke(&addr, case);
     }
+
+    // Valid frames with a forged op code, flags, data checksum or header checksum, after a
+    // hello or instead of it, and hellos with random version ranges and feature bits.
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(150));
+    let a1 = addr.clone();
+    runner
+        .run(
+            &(any::<u16>(), any::<u8>(), any::<u32>(), proptest::option::of(any::<u32>()), any::<bool>()),
+            |(code, flags, data_crc, head_crc, with_hello)| {
+                let req =
+                    Request { cred: Cred::root(), map_version: 0, op: Op::GetAttr { ino: shoal_proto::ROOT_INO } };
+                let mut f = Vec::new();
+                Frame::request(2, &req, bytes::Bytes::from_static(b"data")).unwrap().encode_into(&mut f);
+                f[5] = flags;
+                f[6..8].copy_from_slice(&code.to_le_bytes());
+                f[24..28].copy_from_slice(&data_crc.to_le_bytes());
+                if let Some(c) = head_crc {
+                    f[28..32].copy_from_slice(&c.to_le_bytes());
+                }
+                let mut msg = if with_hello { hello() } else { Vec::new() };
+                msg.extend_from_slice(&f);
+                poke(&a1, &msg);
+                Ok(())
+            },
+        )
+        .unwrap();
+    runner
+        .run(&(any::<u32>(), any::<u32>(), any::<u64>()), |(min_version, max_version, features)| {
+            let op = Op::Hello { client: "fuzz".into(), session: 0, min_version, max_version, features };
+            let mut msg = Vec::new();
+            let req = Request { cred: Cred::root(), map_version: 0, op };
+            Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut msg);
+            poke(&a1, &msg);
+            Ok(())
+        })
+        .unwrap();
 
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig::with_cases(300));
     let a2 = addr.clone();

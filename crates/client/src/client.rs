@@ -136,6 +136,7 @@ fn pool_options(opts: &ClientOptions, session: u64) -> PoolOptions {
         connections_per_server: opts.connections_per_server.max(1),
         client_name: format!("shoal-client pid {}", std::process::id()),
         session,
+        ..PoolOptions::default()
     }
 }
 

@@ -321,7 +321,12 @@ async fn serve(mock: Arc<Mock>, me: ServerId, listener: TcpListener) {
                 tokio::spawn(async move {
                     let (reply, data) = match req.op {
                         Op::Hello { .. } => (
-                            Reply::Hello { protocol_version: PROTOCOL_VERSION, server: me, map_version: 1 },
+                            Reply::Hello {
+                                protocol_version: PROTOCOL_VERSION,
+                                server: me,
+                                map_version: 1,
+                                features: 0,
+                            },
                             Bytes::new(),
                         ),
                         _ => mock.handle(me, req, f.data.clone()),

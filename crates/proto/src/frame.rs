@@ -1,18 +1,22 @@
-//! Length-framed messages on a byte stream.
+//! Length-framed, checksummed messages on a byte stream (frame header version 2).
 //!
 //! ```text
 //! offset size field
 //!      0    4 magic       0x53484F4C ("SHOL"), little endian
 //!      4    1 kind        0 = request, 1 = reply
-//!      5    1 flags       0 (reserved, must be 0)
-//!      6    2 reserved    0
+//!      5    1 flags       bit 0: `data crc` is set (FLAG_DATA_CRC); other bits must be 0
+//!      6    2 op code     Op::code (requests) or Reply::code (replies); never 0
 //!      8    8 request_id  chosen by the sender of the request, echoed in the reply
 //!     16    4 body_len    bytes of MessagePack body that follow (1 ..= MAX_BODY)
 //!     20    4 data_len    raw bulk bytes after the body (0 ..= MAX_DATA)
+//!     24    4 data_crc    CRC32C of the data section (0 when flag bit 0 is clear)
+//!     28    4 head_crc    CRC32C of bytes 0..28 followed by the body
 //! ```
 //! The header is written by hand (it is the product's own format); the body is
 //! MessagePack (named fields), bounded by the frame's length so that a forged length can
-//! never make the decoder allocate more than the frame holds.
+//! never make the decoder allocate more than the frame holds. Lengths are checked before
+//! anything is allocated; checksums once the frame's bytes are all there; the op code
+//! against the body when the body is decoded.
 
 use crate::msg::{Reply, Request};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -20,7 +24,9 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub const MAGIC: u32 = 0x5348_4F4C;
-pub const HEADER_LEN: usize = 24;
+pub const HEADER_LEN: usize = 32;
+/// Header flag: the `data_crc` field holds the CRC32C of the data section.
+pub const FLAG_DATA_CRC: u8 = 1;
 /// Largest encoded message body (a ReadDir reply of READDIR_MAX long names fits).
 pub const MAX_BODY: usize = 4 << 20;
 /// Largest bulk data section: one read or write request moves at most this much.
@@ -71,6 +77,17 @@ pub enum FrameError {
     BadKind(u8),
     #[error("reserved header bits set")]
     Reserved,
+    #[error(
+        "frame without an operation code: a peer of protocol 4 or older (24-byte header), which this side \
+         ({}..={}) does not speak",
+        crate::hello::MIN_PROTOCOL_VERSION,
+        crate::PROTOCOL_VERSION
+    )]
+    NoOpCode,
+    #[error("CRC32C checksum mismatch over the {what} of request {request_id}: the header says {expected:#010x}, the bytes give {actual:#010x}")]
+    Checksum { what: &'static str, request_id: u64, expected: u32, actual: u32 },
+    #[error("operation code {header} in the header, but the body is a message of code {body}")]
+    OpCode { header: u16, body: u16 },
     #[error("body length {0} out of bounds (1..={MAX_BODY})")]
     BodyLen(usize),
     #[error("data length {0} out of bounds (max {MAX_DATA})")]
@@ -85,9 +102,15 @@ pub enum FrameError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Frame {
     pub kind: FrameKind,
+    /// `Op::code` or `Reply::code` of the body.
+    pub op_code: u16,
     pub request_id: u64,
     pub body: Bytes,
     pub data: Bytes,
+    /// Whether the data section is checksummed: on by default; the sender clears it on a
+    /// connection that did not negotiate `FEATURE_DATA_CRC`. A decoded frame says whether
+    /// its sender set it (and then the checksum was verified).
+    pub data_crc: bool,
 }
 
 /// Encode a message body: MessagePack with every struct a map keyed by field name and
@@ -118,9 +141,12 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, FrameError> {
 
 struct Header {
     kind: FrameKind,
+    data_crc: Option<u32>,
+    op_code: u16,
     request_id: u64,
     body_len: usize,
     data_len: usize,
+    head_crc: u32,
 }
 
 fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
@@ -133,81 +159,140 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
         1 => FrameKind::Reply,
         k => return Err(FrameError::BadKind(k)),
     };
-    if h[5] != 0 || h[6] != 0 || h[7] != 0 {
+    if h[5] & !FLAG_DATA_CRC != 0 {
         return Err(FrameError::Reserved);
+    }
+    let op_code = u16::from_le_bytes(h[6..8].try_into().unwrap());
+    if op_code == 0 {
+        return Err(FrameError::NoOpCode);
     }
     let request_id = u64::from_le_bytes(h[8..16].try_into().unwrap());
     let body_len = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
     let data_len = u32::from_le_bytes(h[20..24].try_into().unwrap()) as usize;
+    let data_crc = u32::from_le_bytes(h[24..28].try_into().unwrap());
+    let head_crc = u32::from_le_bytes(h[28..32].try_into().unwrap());
     if body_len == 0 || body_len > MAX_BODY {
         return Err(FrameError::BodyLen(body_len));
     }
     if data_len > MAX_DATA {
         return Err(FrameError::DataLen(data_len));
     }
-    Ok(Header { kind, request_id, body_len, data_len })
+    let data_crc = if h[5] & FLAG_DATA_CRC != 0 {
+        Some(data_crc)
+    } else if data_crc != 0 {
+        return Err(FrameError::Reserved);
+    } else {
+        None
+    };
+    Ok(Header { kind, data_crc, op_code, request_id, body_len, data_len, head_crc })
+}
+
+/// CRC32C of the header's first 28 bytes followed by the body: what `head_crc` holds.
+fn head_crc(h: &[u8], body: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&h[..HEADER_LEN - 4]), body)
+}
+
+impl Header {
+    /// Check both checksums of a frame whose bytes have all arrived.
+    fn verify(&self, raw: &[u8; HEADER_LEN], body: &[u8], data: &[u8]) -> Result<(), FrameError> {
+        let actual = head_crc(raw, body);
+        if actual != self.head_crc {
+            return Err(FrameError::Checksum {
+                what: "header and body",
+                request_id: self.request_id,
+                expected: self.head_crc,
+                actual,
+            });
+        }
+        if let Some(expected) = self.data_crc {
+            let actual = crc32c::crc32c(data);
+            if actual != expected {
+                return Err(FrameError::Checksum { what: "data", request_id: self.request_id, expected, actual });
+            }
+        }
+        Ok(())
+    }
+
+    fn frame(&self, body: Bytes, data: Bytes) -> Frame {
+        Frame {
+            kind: self.kind,
+            op_code: self.op_code,
+            request_id: self.request_id,
+            body,
+            data,
+            data_crc: self.data_crc.is_some(),
+        }
+    }
 }
 
 impl Frame {
     pub fn request(request_id: u64, req: &Request, data: Bytes) -> Result<Frame, FrameError> {
-        Frame::new(FrameKind::Request, request_id, encode_body(req)?, data)
+        Frame::new(FrameKind::Request, req.op.code(), request_id, encode_body(req)?, data)
     }
 
     pub fn reply(request_id: u64, reply: &Reply, data: Bytes) -> Result<Frame, FrameError> {
-        Frame::new(FrameKind::Reply, request_id, encode_body(reply)?, data)
+        Frame::new(FrameKind::Reply, reply.code(), request_id, encode_body(reply)?, data)
     }
 
-    fn new(kind: FrameKind, request_id: u64, body: Bytes, data: Bytes) -> Result<Frame, FrameError> {
+    fn new(kind: FrameKind, op_code: u16, request_id: u64, body: Bytes, data: Bytes) -> Result<Frame, FrameError> {
         if data.len() > MAX_DATA {
             return Err(FrameError::DataLen(data.len()));
         }
-        Ok(Frame { kind, request_id, body, data })
+        Ok(Frame { kind, op_code, request_id, body, data, data_crc: true })
     }
 
-    fn header(&self) -> [u8; HEADER_LEN] {
+    /// The header for this frame with `data_len` bytes of data whose checksum (if any) is
+    /// `data_crc`.
+    fn header(&self, data_len: usize, data_crc: Option<u32>) -> [u8; HEADER_LEN] {
         let mut h = [0u8; HEADER_LEN];
         h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
         h[4] = match self.kind {
             FrameKind::Request => 0,
             FrameKind::Reply => 1,
         };
+        h[5] = if data_crc.is_some() { FLAG_DATA_CRC } else { 0 };
+        h[6..8].copy_from_slice(&self.op_code.to_le_bytes());
         h[8..16].copy_from_slice(&self.request_id.to_le_bytes());
         h[16..20].copy_from_slice(&(self.body.len() as u32).to_le_bytes());
-        h[20..24].copy_from_slice(&(self.data.len() as u32).to_le_bytes());
+        h[20..24].copy_from_slice(&(data_len as u32).to_le_bytes());
+        h[24..28].copy_from_slice(&data_crc.unwrap_or(0).to_le_bytes());
+        let crc = head_crc(&h, &self.body);
+        h[28..32].copy_from_slice(&crc.to_le_bytes());
         h
     }
 
     pub fn encode_into(&self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.header());
-        out.extend_from_slice(&self.body);
+        out.extend_from_slice(&self.head());
         out.extend_from_slice(&self.data);
     }
 
     /// Decode one frame from the front of `buf`: `Ok(None)` if more bytes are needed,
-    /// otherwise the frame and how many bytes it used.
+    /// otherwise the frame (checksums verified) and how many bytes it used.
     pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, FrameError> {
         if buf.len() < HEADER_LEN {
             return Ok(None);
         }
-        let h = parse_header(buf[..HEADER_LEN].try_into().unwrap())?;
+        let raw: &[u8; HEADER_LEN] = buf[..HEADER_LEN].try_into().unwrap();
+        let h = parse_header(raw)?;
         let total = HEADER_LEN + h.body_len + h.data_len;
         if buf.len() < total {
             return Ok(None);
         }
-        let body = Bytes::copy_from_slice(&buf[HEADER_LEN..HEADER_LEN + h.body_len]);
-        let data = Bytes::copy_from_slice(&buf[HEADER_LEN + h.body_len..total]);
-        Ok(Some((Frame { kind: h.kind, request_id: h.request_id, body, data }, total)))
+        let (body, data) = (&buf[HEADER_LEN..HEADER_LEN + h.body_len], &buf[HEADER_LEN + h.body_len..total]);
+        h.verify(raw, body, data)?;
+        Ok(Some((h.frame(Bytes::copy_from_slice(body), Bytes::copy_from_slice(data)), total)))
     }
 
-    /// Read one frame. `Ok(None)` on a clean end of stream before a header.
+    /// Read one frame and verify its checksums. `Ok(None)` on a clean end of stream before
+    /// a header.
     pub async fn read_from<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, FrameError> {
-        let mut h = [0u8; HEADER_LEN];
-        match r.read_exact(&mut h).await {
+        let mut raw = [0u8; HEADER_LEN];
+        match r.read_exact(&mut raw).await {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(e.into()),
         }
-        let h = parse_header(&h)?;
+        let h = parse_header(&raw)?;
         // One buffer for body and data (both are views into it), filled straight from the
         // stream: not zeroed first. It grows with what has arrived, never to what the header
         // merely announces (see FIRST_STEP and GROWTH).
@@ -223,27 +308,32 @@ impl Frame {
                 return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
             }
         }
+        h.verify(&raw, &buf[..h.body_len], &buf[h.body_len..])?;
         let mut all = buf.freeze();
         let data = all.split_off(h.body_len);
-        Ok(Some(Frame { kind: h.kind, request_id: h.request_id, body: all, data }))
+        Ok(Some(h.frame(all, data)))
     }
 
     /// The header and body of a reply whose `data_len` bytes of data the sender writes
-    /// itself after them (from a file, with `sendfile`).
+    /// itself after them (from a file, with `sendfile`), without a data checksum: the
+    /// sender has not read the bytes (a connection without `FEATURE_DATA_CRC`).
     pub fn reply_head(request_id: u64, reply: &Reply, data_len: usize) -> Result<Vec<u8>, FrameError> {
         if data_len > MAX_DATA {
             return Err(FrameError::DataLen(data_len));
         }
-        let f = Frame::new(FrameKind::Reply, request_id, encode_body(reply)?, Bytes::new())?;
-        let mut head = f.head();
-        head[20..24].copy_from_slice(&(data_len as u32).to_le_bytes());
+        let f = Frame::new(FrameKind::Reply, reply.code(), request_id, encode_body(reply)?, Bytes::new())?;
+        let mut head = Vec::with_capacity(HEADER_LEN + f.body.len());
+        head.extend_from_slice(&f.header(data_len, None));
+        head.extend_from_slice(&f.body);
         Ok(head)
     }
 
-    /// The header and the body in one buffer: what goes on the wire before `data`.
+    /// The header and the body in one buffer: what goes on the wire before `data`. The data
+    /// checksum (when `data_crc` is set) is computed here, over the data in memory.
     pub fn head(&self) -> Vec<u8> {
+        let data_crc = self.data_crc.then(|| crc32c::crc32c(&self.data));
         let mut head = Vec::with_capacity(HEADER_LEN + self.body.len());
-        head.extend_from_slice(&self.header());
+        head.extend_from_slice(&self.header(self.data.len(), data_crc));
         head.extend_from_slice(&self.body);
         head
     }
@@ -257,12 +347,25 @@ impl Frame {
         Ok(())
     }
 
+    /// The request in the body; its operation must be the header's op code.
     pub fn request_body(&self) -> Result<Request, FrameError> {
-        decode_body(&self.body)
+        let req: Request = decode_body(&self.body)?;
+        self.check_code(req.op.code())?;
+        Ok(req)
     }
 
+    /// The reply in the body; it must be of the header's op code.
     pub fn reply_body(&self) -> Result<Reply, FrameError> {
-        decode_body(&self.body)
+        let reply: Reply = decode_body(&self.body)?;
+        self.check_code(reply.code())?;
+        Ok(reply)
+    }
+
+    fn check_code(&self, body: u16) -> Result<(), FrameError> {
+        if body != self.op_code {
+            return Err(FrameError::OpCode { header: self.op_code, body });
+        }
+        Ok(())
     }
 }
 
@@ -310,10 +413,10 @@ mod tests {
         assert_eq!(n, v.len());
         assert_eq!(f.request_id, 7);
         assert_eq!(&f.data[..], b"12345");
-        assert_eq!(
-            v[..HEADER_LEN + f.body.len()],
-            Frame::reply(7, &reply, Bytes::from_static(b"12345")).unwrap().head()[..]
-        );
+        assert!(!f.data_crc, "a head for data sent from a file carries no data checksum");
+        let mut whole = Frame::reply(7, &reply, Bytes::from_static(b"12345")).unwrap();
+        whole.data_crc = false;
+        assert_eq!(v[..HEADER_LEN + f.body.len()], whole.head()[..]);
         assert!(Frame::reply_head(7, &reply, MAX_DATA + 1).is_err());
     }
 
@@ -434,6 +537,67 @@ mod tests {
     }
 
     #[test]
+    fn every_flipped_bit_is_caught_by_a_checksum_or_a_header_check() {
+        let v = sample();
+        for i in 0..v.len() {
+            for bit in 0..8 {
+                let mut w = v.clone();
+                w[i] ^= 1 << bit;
+                match Frame::decode(&w) {
+                    // A flipped length may ask for more bytes than the frame has.
+                    Ok(None) => assert!((16..24).contains(&i), "byte {i} bit {bit}"),
+                    Ok(Some(_)) => panic!("byte {i} bit {bit} flipped and the frame decoded"),
+                    Err(FrameError::Checksum { what, .. }) => {
+                        assert_eq!(what == "data", i >= v.len() - 3, "byte {i}: {what}")
+                    }
+                    Err(_) => assert!(i < HEADER_LEN, "byte {i} bit {bit}: not a checksum error"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn without_the_data_checksum_only_header_and_body_are_covered() {
+        let req = Request { cred: Cred::root(), map_version: 3, op: Op::StatFs };
+        let mut f = Frame::request(1, &req, Bytes::from_static(b"xyz")).unwrap();
+        f.data_crc = false;
+        let mut v = Vec::new();
+        f.encode_into(&mut v);
+        assert_eq!(v[5] & FLAG_DATA_CRC, 0);
+        assert_eq!(v[24..28], [0; 4]);
+        let n = v.len();
+        v[n - 1] ^= 1;
+        let (got, _) = Frame::decode(&v).unwrap().unwrap();
+        assert!(!got.data_crc);
+        assert_eq!(&got.data[..], b"xy{");
+    }
+
+    #[test]
+    fn the_op_code_must_match_the_body() {
+        let v = sample();
+        let (f, _) = Frame::decode(&v).unwrap().unwrap();
+        assert_eq!(f.op_code, Op::Lookup { dir: crate::ROOT_INO, name: String::new() }.code());
+        assert_eq!(u16::from_le_bytes([v[6], v[7]]), f.op_code);
+        let mut forged = f.clone();
+        forged.op_code = Op::StatFs.code();
+        let mut w = Vec::new();
+        forged.encode_into(&mut w);
+        let (back, _) = Frame::decode(&w).unwrap().unwrap();
+        assert!(matches!(back.request_body(), Err(FrameError::OpCode { header: 25, body: 2 })));
+        assert!(matches!(back.reply_body(), Err(FrameError::Body(_) | FrameError::OpCode { .. })));
+    }
+
+    #[test]
+    fn a_header_of_protocol_4_or_older_is_named_as_such() {
+        // Versions 1 to 4 had zeros where the op code is now.
+        let mut v = sample();
+        v[6..8].copy_from_slice(&[0, 0]);
+        let e = Frame::decode(&v).unwrap_err();
+        assert!(matches!(e, FrameError::NoOpCode));
+        assert!(e.to_string().contains("protocol 4 or older"), "{e}");
+    }
+
+    #[test]
     fn oversized_lengths_are_rejected_before_allocating() {
         let mut v = sample();
         v[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
@@ -459,6 +623,28 @@ mod tests {
             for (i, b) in flips { let n = v.len(); v[i % n] = b; }
             if let Ok(Some((f, _))) = Frame::decode(&v) {
                 let _ = f.request_body();
+            }
+        }
+
+        #[test]
+        fn random_op_codes_flags_and_checksums_are_refused(
+            code in any::<u16>(), flags in any::<u8>(), data_crc in any::<u32>(), head_crc in any::<u32>()
+        ) {
+            let mut v = sample();
+            let (good, _) = Frame::decode(&v).unwrap().unwrap();
+            v[5] = flags;
+            v[6..8].copy_from_slice(&code.to_le_bytes());
+            v[24..28].copy_from_slice(&data_crc.to_le_bytes());
+            v[28..32].copy_from_slice(&head_crc.to_le_bytes());
+            match Frame::decode(&v) {
+                Ok(Some((f, _))) => {
+                    // Only a header whose checksums hold decodes, and then the body must
+                    // still be of the header's op code.
+                    prop_assert_eq!(head_crc, super::head_crc(&v, &good.body));
+                    prop_assert_eq!(f.request_body().is_ok(), code == good.op_code);
+                }
+                Ok(None) => prop_assert!(false, "a whole frame asks for more bytes"),
+                Err(_) => {}
             }
         }
 

@@ -1,7 +1,7 @@
 //! Shoal's wire protocol: the identifiers every component shares, the request and reply
 //! messages, and the frame codec that carries them over TCP.
 //!
-//! A frame is a fixed 24-byte header, a MessagePack-encoded message body (named fields) and, for reads and
+//! A frame is a fixed 32-byte header (operation code, CRC32C checksums), a MessagePack-encoded message body (named fields) and, for reads and
 //! writes, the bulk data as raw bytes after the body (never re-encoded). Every length is
 //! bounded by [`frame::MAX_BODY`] and [`frame::MAX_DATA`]; a decoder error closes the
 //! connection. `docs/protocol.md` describes the format byte by byte.
@@ -20,12 +20,15 @@
 
 pub mod errno;
 pub mod frame;
+pub mod hello;
 pub mod ids;
 pub mod msg;
+pub mod opcode;
 
 pub use errno::Errno;
 pub use ids::{Ino, ServerId, ROOT_INO};
 
-/// Version of the wire protocol spoken in the handshake. Bump on any incompatible change
-/// to [`msg`] or [`frame`].
+/// Newest version of the wire protocol this build speaks; `Hello` negotiates a version in
+/// both peers' ranges (`hello::MIN_PROTOCOL_VERSION ..= PROTOCOL_VERSION`). Bump on any
+/// change to [`msg`] or [`frame`] (additive ones included, so peers can tell).
 pub const PROTOCOL_VERSION: u32 = 5;

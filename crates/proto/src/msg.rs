@@ -258,14 +258,22 @@ pub struct Request {
 /// servers to each other as steps of operations that span servers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Op {
-    /// First frame on every connection.
+    /// First frame on every connection. Must stay decodable by every later version: fields
+    /// may only be added, as optional ones (see `hello.rs`). Versions 1 to 4 had a single
+    /// `protocol_version` here; it is gone (their frames cannot be read by version 5 anyway).
     Hello {
-        protocol_version: u32,
         client: String,
         /// Random id of the client instance (0 for servers): owns the orphans its unlinks
         /// leave (see [`KeepOpen`]); a server reclaims them once no connection of this
-        /// session has been open for its grace period.
+        /// session has been open for its grace period. Also the client id of the reply
+        /// cache: (session, request id) names a request across reconnections.
         session: u64,
+        /// Oldest protocol version the sender speaks.
+        min_version: u32,
+        /// Newest protocol version the sender speaks.
+        max_version: u32,
+        /// `FEATURE_*` bits (`hello.rs`) the sender supports; unknown bits are ignored.
+        features: u64,
     },
 
     // ---- namespace: sent to the home server of `dir` ----
@@ -586,10 +594,13 @@ impl BatchReply {
 /// A reply. Errors carry an errno and a human sentence naming the cause.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
+    /// Answer to `Hello`: the version both sides speak from now on (the highest in both
+    /// ranges) and the features both support.
     Hello {
         protocol_version: u32,
         server: ServerId,
         map_version: u64,
+        features: u64,
     },
     Ok,
     Entry(EntryOut),

@@ -9,6 +9,12 @@
 //! again or one timeout has passed, so callers that can only ask one after another (the
 //! kernel does so for lookups of one name) are not each held for a whole timeout.
 //!
+//! Every request has an id unique within the process (one counter for all pools), so with
+//! the session sent in `Hello` it names the request on every connection. A call whose
+//! connection is lost before its reply comes is sent once more, with the same id, on a new
+//! connection (when the pool has a session): the server's reply cache answers it with the
+//! first reply if the first copy was applied, so a retried create or append is applied once.
+//!
 //! ```no_run
 //! # async fn f() -> Result<(), shoal_proto::Errno> {
 //! use shoal_rpc::{Pool, PoolOptions};
@@ -24,6 +30,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind};
+use shoal_proto::hello::{check_answer, default_features, FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
 use shoal_proto::msg::{Cred, Op, Reply, Request};
 use shoal_proto::{Errno, ServerId, PROTOCOL_VERSION};
 use std::collections::{HashMap, VecDeque};
@@ -44,8 +51,13 @@ pub struct PoolOptions {
     /// Name sent in the handshake (shows in server logs).
     pub client_name: String,
     /// Session id sent in the handshake: a random id per client instance (0 for servers),
-    /// the owner of the orphans its unlinks leave (see `Op::ReleaseOrphan`).
+    /// the owner of the orphans its unlinks leave (see `Op::ReleaseOrphan`), and the
+    /// client id of the servers' reply cache. With a session, a call whose connection is
+    /// lost is resent once on a new connection (the server applies it once).
     pub session: u64,
+    /// `FEATURE_*` bits offered in `Hello` (default: all this build knows, less the data
+    /// checksum under `SHOAL_DATA_CRC=off`).
+    pub features: u64,
 }
 
 impl Default for PoolOptions {
@@ -55,6 +67,7 @@ impl Default for PoolOptions {
             connections_per_server: 2,
             client_name: "shoal-client".into(),
             session: 0,
+            features: default_features(),
         }
     }
 }
@@ -170,6 +183,8 @@ struct Conn {
     out: Arc<Outbox>,
     pending: Pending,
     broken: Arc<AtomicBool>,
+    /// Data sections sent on this connection carry a CRC32C (negotiated in `Hello`).
+    data_crc: bool,
 }
 
 /// The sending side of a connection. The socket is shut down for writing when the last
@@ -239,6 +254,9 @@ fn read_error(e: shoal_proto::frame::FrameError, during: &str) -> CallError {
         shoal_proto::frame::FrameError::Io(e) => {
             CallError::transport(Errno::ENOTCONN, format!("connection lost{during}: {e}"))
         }
+        e @ shoal_proto::frame::FrameError::Checksum { .. } => {
+            CallError::transport(Errno::EIO, format!("frame corrupted{during}, connection closed: {e}"))
+        }
         other => CallError::transport(Errno::EPROTO, format!("undecodable frame{during}: {other}")),
     }
 }
@@ -263,9 +281,11 @@ impl Conn {
             cred: Cred::root(),
             map_version,
             op: Op::Hello {
-                protocol_version: PROTOCOL_VERSION,
                 client: opts.client_name.clone(),
                 session: opts.session,
+                min_version: MIN_PROTOCOL_VERSION,
+                max_version: PROTOCOL_VERSION,
+                features: opts.features,
             },
         };
         let f = Frame::request(0, &hello, Bytes::new())
@@ -277,13 +297,12 @@ impl Conn {
             })?;
         live.heard_from();
         let body = reply.reply_body().map_err(|e| read_error(e, " in the handshake reply"))?;
-        let server = match body {
-            Reply::Hello { protocol_version, server, .. } if protocol_version == PROTOCOL_VERSION => server,
-            Reply::Hello { protocol_version, .. } => {
-                return Err(CallError::transport(
-                    Errno::EPROTO,
-                    format!("the server speaks protocol {protocol_version}, this side {PROTOCOL_VERSION}"),
-                ))
+        let (server, agreed) = match body {
+            Reply::Hello { protocol_version, server, features, .. } => {
+                match check_answer(protocol_version, features, opts.features) {
+                    Ok(agreed) => (server, agreed),
+                    Err(m) => return Err(CallError::transport(Errno::EPROTO, m)),
+                }
             }
             Reply::Error { errno, message } => return Err(CallError::Server { errno, message }),
             _ => return Err(CallError::transport(Errno::EPROTO, "unexpected reply to the handshake")),
@@ -315,13 +334,14 @@ impl Conn {
             tracing::debug!("connection to a server ends: {why}");
             fail_all(&b, &p, why);
         });
-        Ok((Conn { out, pending, broken }, server))
+        Ok((Conn { out, pending, broken, data_crc: agreed.features & FEATURE_DATA_CRC != 0 }, server))
     }
 
     /// Send `frame`; its reply (or ENOTCONN if the connection breaks first) goes to
     /// `waiter`. Err if the connection is already broken.
-    fn send(&self, frame: Frame, waiter: Waiter) -> Result<(), CallError> {
+    fn send(&self, mut frame: Frame, waiter: Waiter) -> Result<(), CallError> {
         let id = frame.request_id;
+        frame.data_crc = self.data_crc;
         // Registered before the bytes leave, so the reply always finds it.
         self.pending.lock().insert(id, waiter);
         // The reader marks the connection broken before failing the waiters: a waiter
@@ -384,6 +404,11 @@ async fn flush(out: &Outbox) -> std::io::Result<()> {
     }
 }
 
+/// Request ids: one counter for every pool of the process, so that an id names one request
+/// of a client session even across pools (a client replaces its pool when it reloads the
+/// cluster map) and connections (the servers' reply cache keys on it).
+static NEXT_REQUEST_ID: AtomicU64 = AtomicU64::new(1);
+
 /// One connection slot: a server and the index of one of its `connections_per_server`.
 type Slot = (ServerId, usize);
 
@@ -391,7 +416,6 @@ type Slot = (ServerId, usize);
 pub struct Pool {
     map: ClusterMap,
     opts: PoolOptions,
-    next_id: AtomicU64,
     rr: AtomicU64,
     conns: Mutex<HashMap<Slot, Arc<Conn>>>,
     /// Serialises connection set-up per slot so a burst of calls opens one connection.
@@ -408,7 +432,6 @@ impl Pool {
             liveness,
             map,
             opts,
-            next_id: AtomicU64::new(1),
             rr: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
@@ -511,19 +534,25 @@ impl Pool {
         data: Bytes,
     ) -> Result<(Reply, Bytes), CallError> {
         let req = Request { cred: cred.clone(), map_version: self.map.version(), op };
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
         let frame = Frame::request(id, &req, data)
             .map_err(|e| CallError::transport(Errno::EINVAL, format!("cannot encode the request: {e}")))?;
         let sent = (frame.body.len() + frame.data.len()) as u64;
         let conn = self.conn(server, live).await?;
-        let (tx, rx) = oneshot::channel();
-        conn.send(frame, tx)?;
-        // From here until the reply, dropping this call (its timeout) unregisters it.
-        let mut registered = Registered { pending: conn.pending.clone(), id, armed: true };
-        drop(conn);
-        let reply = rx.await.map_err(|_| CallError::transport(Errno::ENOTCONN, "connection closed"))??;
-        // The reader (or `fail_all`) removed the waiter when it handed over the answer.
-        registered.armed = false;
+        let reply = match exchange(conn, frame.clone()).await {
+            // The connection was lost with the request sent or about to be: send it again,
+            // same id, on a new connection; the server's reply cache (keyed by session and
+            // id) applies it once. Without a session there is no cache: no retry. If no new
+            // connection can be made, the first error says what happened.
+            Err(e) if self.opts.session != 0 && e.errno() == Errno::ENOTCONN => match self.conn(server, live).await {
+                Ok(conn) => {
+                    tracing::debug!("request {id} to server {server}: {e}; sent again on a new connection");
+                    exchange(conn, frame).await?
+                }
+                Err(_) => return Err(e),
+            },
+            r => r?,
+        };
         {
             let mut s = self.stats.lock();
             let e = s.entry(server).or_default();
@@ -546,6 +575,20 @@ impl Pool {
     }
 }
 
+/// Send `frame` on `conn` and wait for its reply.
+async fn exchange(conn: Arc<Conn>, frame: Frame) -> Result<Frame, CallError> {
+    let id = frame.request_id;
+    let (tx, rx) = oneshot::channel();
+    conn.send(frame, tx)?;
+    // From here until the reply, dropping this call (its timeout) unregisters it.
+    let mut registered = Registered { pending: conn.pending.clone(), id, armed: true };
+    drop(conn);
+    let reply = rx.await.map_err(|_| CallError::transport(Errno::ENOTCONN, "connection closed"))??;
+    // The reader (or `fail_all`) removed the waiter when it handed over the answer.
+    registered.armed = false;
+    Ok(reply)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -559,7 +602,7 @@ mod tests {
         let (sock, _) = listener.accept().await.unwrap();
         let (mut rd, mut wr) = sock.into_split();
         let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1 };
+        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
         Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
         tokio::time::sleep(stall).await;
         while let Some(f) = Frame::read_from(&mut rd).await.unwrap() {
@@ -607,7 +650,7 @@ mod tests {
         let (sock, _) = listener.accept().await.unwrap();
         let (mut rd, mut wr) = sock.into_split();
         let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1 };
+        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
         Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
         let mut unanswered = Vec::new();
         let mut thaw = std::pin::pin!(thaw);
@@ -728,7 +771,8 @@ mod tests {
             let (sock, _) = listener.accept().await.unwrap();
             let (mut rd, mut wr) = sock.into_split();
             let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-            let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1 };
+            let r =
+                Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
             Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
             let f = Frame::read_from(&mut rd).await.unwrap().unwrap();
             let r = Reply::Error { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() };
@@ -737,6 +781,75 @@ mod tests {
         let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
         let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
         assert_eq!(e, CallError::Server { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() });
+    }
+
+    /// Answer a Hello on `sock` (with the data checksum); the Hello's session.
+    async fn accept_hello(sock: &mut TcpStream) -> u64 {
+        let hello = Frame::read_from(sock).await.unwrap().unwrap();
+        let Op::Hello { session, .. } = hello.request_body().unwrap().op else { panic!("not a Hello") };
+        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 1 };
+        Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(sock).await.unwrap();
+        session
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_lost_with_its_connection_is_sent_again_under_the_same_id() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            // First connection: read the request, then drop the connection unanswered.
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let s1 = accept_hello(&mut sock).await;
+            let first = Frame::read_from(&mut sock).await.unwrap().unwrap();
+            drop(sock);
+            // Second connection: the same request under the same id; answer it.
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let s2 = accept_hello(&mut sock).await;
+            let again = Frame::read_from(&mut sock).await.unwrap().unwrap();
+            Frame::reply(again.request_id, &Reply::Appended { offset: 0 }, Bytes::new())
+                .unwrap()
+                .write_to(&mut sock)
+                .await
+                .unwrap();
+            (s1, s2, first, again)
+        });
+        let opts = PoolOptions { connections_per_server: 1, session: 77, ..PoolOptions::default() };
+        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), opts);
+        let op = Op::Append { ino: shoal_proto::ROOT_INO };
+        let (reply, _) = pool.request(ServerId(0), &Cred::root(), op, Bytes::from_static(b"abc")).await.unwrap();
+        assert_eq!(reply, Reply::Appended { offset: 0 });
+        let (s1, s2, first, again) = server.await.unwrap();
+        assert_eq!((s1, s2), (77, 77), "the client id is the session, on every connection");
+        assert_eq!(again.request_id, first.request_id, "the request keeps its id");
+        assert_eq!((again.body, again.data), (first.body, first.data));
+        // The next call has an id of its own (unique within the process).
+        assert_ne!(NEXT_REQUEST_ID.load(Ordering::Relaxed), first.request_id);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_refused_hello_is_reported_in_one_line_naming_both_ranges() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let hello = Frame::read_from(&mut sock).await.unwrap().unwrap();
+            let Op::Hello { min_version, max_version, .. } = hello.request_body().unwrap().op else { panic!() };
+            let r = Reply::Error {
+                errno: Errno::EPROTO,
+                message: format!("client speaks protocol {min_version}..={max_version}, this server 9..=9"),
+            };
+            Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut sock).await.unwrap();
+        });
+        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
+        assert_eq!(e.errno(), Errno::EPROTO);
+        let line = e.to_string();
+        assert_eq!(
+            line,
+            format!("client speaks protocol {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}, this server 9..=9 (EPROTO)")
+                .replace("(EPROTO)", &format!("({})", Errno::EPROTO))
+        );
+        assert!(!line.contains('\n'));
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -8,7 +8,7 @@ use crate::store::data::Region;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use shoal_proto::msg::{BatchOp, BatchReply, Cred, Op, Reply, Request, BATCH_MAX};
-use shoal_proto::{Errno, PROTOCOL_VERSION};
+use shoal_proto::Errno;
 use std::sync::Arc;
 
 /// The data section of a reply.
@@ -20,7 +20,7 @@ pub enum Payload {
 }
 
 impl Payload {
-    fn none() -> Payload {
+    pub fn none() -> Payload {
         Payload::Bytes(Bytes::new())
     }
 }
@@ -118,8 +118,21 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         st.space.check(bytes)?;
     }
     let r = match op {
-        Op::Hello { .. } => {
-            Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() }
+        // A repeated Hello is answered as the first was (net.rs) and changes nothing.
+        Op::Hello { min_version, max_version, features, .. } => {
+            let agreed = shoal_proto::hello::negotiate(
+                min_version,
+                max_version,
+                features,
+                shoal_proto::hello::default_features(),
+            )
+            .map_err(|m| Fail::new(Errno::EPROTO, m))?;
+            Reply::Hello {
+                protocol_version: agreed.version,
+                server: st.id,
+                map_version: st.map.version(),
+                features: agreed.features,
+            }
         }
         Op::Lookup { dir, name } => namespace::lookup(st, cred, dir, name).await?,
         Op::Create { dir, name, perm, exclusive, layout } => {

@@ -31,6 +31,7 @@ mod net;
 mod ops;
 mod orphans;
 mod perm;
+mod replies;
 mod state;
 mod store;
 
@@ -161,6 +162,7 @@ impl Server {
                 connections_per_server: 2,
                 client_name: format!("shoald {id}"),
                 session: 0,
+                ..PoolOptions::default()
             },
         );
         let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool, keys));

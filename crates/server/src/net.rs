@@ -2,10 +2,13 @@
 //! request and a writer that sends replies as they complete (out of order, matched by
 //! request id).
 //!
-//! The first frame must be `Hello` with our protocol version, within the handshake timeout.
-//! After that, any frame that does not decode, or a reply frame from the client, closes that
-//! connection only (with a warning naming the peer) — a confused or hostile client cannot
-//! take the server down. In-flight requests per connection are bounded in number and in
+//! The first frame must be `Hello` with a range of protocol versions that meets ours, within
+//! the handshake timeout; it also settles the connection's features (data checksums) and
+//! names the client session, under which replies of state-changing requests are cached
+//! (`replies.rs`: a retried request is applied once). After that, any frame that does not
+//! decode or fails its checksum, or a reply frame from the client, closes that connection
+//! only (with a warning naming the peer; a checksum failure is also answered with EIO
+//! naming it) — a confused or hostile client cannot take the server down. In-flight requests per connection are bounded in number and in
 //! bytes, so one client cannot make the server buffer without limit: the reader simply
 //! stops reading.
 //!
@@ -28,8 +31,9 @@ use crate::store::data::{send_region, Region};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind, HEADER_LEN};
+use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC};
 use shoal_proto::msg::{Op, Reply, Request};
-use shoal_proto::{Errno, PROTOCOL_VERSION};
+use shoal_proto::Errno;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -215,9 +219,16 @@ async fn make_room(
     None
 }
 
+/// What the reader hands the writer: a reply to settle and send, or the very last frame
+/// (an error answering a frame that failed its checksum; the connection closes after it).
+enum Outgoing {
+    Reply(Pending),
+    Last(Frame),
+}
+
 /// A reply ready to go: the frame, or the head of one whose data comes from a file; and
 /// what it takes to settle it (`store::commits`).
-struct Outgoing {
+struct Pending {
     reply: Encoded,
     ticket: Arc<Ticket>,
     /// The request, to run again if a failed metadata log write leaves its reply in doubt.
@@ -248,15 +259,34 @@ struct Permits {
     _bytes: OwnedSemaphorePermit,
 }
 
-/// Handle a request with a fresh ticket, and encode its reply.
-async fn run_request(st: &Arc<State>, redo: &Redo, addr: SocketAddr) -> (Encoded, Arc<Ticket>) {
+/// Handle a request with a fresh ticket, and encode its reply. A state-changing request of a
+/// client session runs once per request id (`replies.rs`): a retry gets the first reply.
+async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, Arc<Ticket>) {
     let ticket = Ticket::new(st.meta.generation());
-    let (reply, payload) =
-        commits::scope(ticket.clone(), dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.from_peer)).await;
-    (encode_reply(st, redo.request_id, &reply, payload, addr), ticket)
+    let handle = dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.from_peer);
+    let (mut reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
+        commits::scope(ticket.clone(), st.replies.once(conn.session, redo.request_id, handle)).await
+    } else {
+        commits::scope(ticket.clone(), handle).await
+    };
+    // With data checksums, the bytes must be read to be summed: from the file into memory,
+    // then sent from there (sendfile gives way; docs/protocol.md has the cost).
+    let payload = match payload {
+        Payload::Region(region) if conn.data_crc => match read_region(region).await {
+            Ok(data) => Payload::Bytes(data),
+            Err(e) => {
+                tracing::warn!("reply to {}: reading file data: {e}", conn.addr);
+                reply = dispatch::refuse(Errno::EIO, format!("server {}: reading file data: {e}", st.id));
+                Payload::none()
+            }
+        },
+        p => p,
+    };
+    (encode_reply(st, redo.request_id, &reply, payload, conn), ticket)
 }
 
-fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, addr: SocketAddr) -> Encoded {
+fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, conn: ConnInfo) -> Encoded {
+    let addr = conn.addr;
     let encoded = match payload {
         Payload::Region(region) => match Frame::reply_head(request_id, reply, region.len) {
             Ok(head) => {
@@ -265,7 +295,10 @@ fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, ad
             }
             Err(e) => Err(e),
         },
-        Payload::Bytes(data) => Frame::reply(request_id, reply, data),
+        Payload::Bytes(data) => Frame::reply(request_id, reply, data).map(|mut f| {
+            f.data_crc = conn.data_crc;
+            f
+        }),
     };
     let f = match encoded {
         Ok(f) => f,
@@ -328,19 +361,20 @@ async fn serve_conn(
         tracing::warn!("connection from {addr}: first frame is a reply, closing");
         return;
     }
-    let (from_peer, client, session) = match first.request_body() {
-        Ok(Request { op: Op::Hello { protocol_version, client, session }, .. }) => {
-            if protocol_version != PROTOCOL_VERSION {
-                let msg = format!(
-                    "protocol version {protocol_version} not supported (this server speaks {PROTOCOL_VERSION})"
-                );
-                tracing::warn!("connection from {addr} ({client}): {msg}");
-                send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
-                return;
-            }
+    let (from_peer, client, session, agreed) = match first.request_body() {
+        Ok(Request { op: Op::Hello { client, session, min_version, max_version, features }, .. }) => {
+            let agreed = match negotiate(min_version, max_version, features, default_features()) {
+                Ok(a) => a,
+                Err(msg) => {
+                    tracing::warn!("connection from {addr} ({client}): {msg}, closing");
+                    send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
+                    let _ = wr.shutdown().await;
+                    return;
+                }
+            };
             // Other servers name themselves "shoald …" (see lib.rs); their requests count
             // as peer traffic.
-            (client.starts_with("shoald"), client, session)
+            (client.starts_with("shoald"), client, session, agreed)
         }
         Ok(_) => {
             tracing::warn!("connection from {addr}: first request is not Hello, closing");
@@ -379,24 +413,37 @@ async fn serve_conn(
     tracing::debug!("connection from {addr}: {client}");
     st.counters.request("hello", from_peer);
     st.counters.received(first.body.len());
-    let hello = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: st.id, map_version: st.map.version() };
+    let hello = Reply::Hello {
+        protocol_version: agreed.version,
+        server: st.id,
+        map_version: st.map.version(),
+        features: agreed.features,
+    };
     send_now(&mut wr, first.request_id, &hello).await;
+    let conn = ConnInfo { addr, from_peer, session, data_crc: agreed.features & FEATURE_DATA_CRC != 0 };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
     let _connected = st.sessions.connected(session);
 
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-    let reader = read_requests(st.clone(), &mut rd, tx, addr, from_peer);
-    let writer = write_replies(st.clone(), wr, rx, addr);
+    let reader = read_requests(st.clone(), &mut rd, tx, conn);
+    let writer = write_replies(st.clone(), wr, rx, conn);
     tokio::join!(reader, writer);
 }
 
-async fn read_requests(
-    st: Arc<State>,
-    rd: &mut Reader,
-    tx: mpsc::UnboundedSender<Outgoing>,
+/// What a connection settled in its `Hello`.
+#[derive(Clone, Copy)]
+struct ConnInfo {
     addr: SocketAddr,
+    /// Sent by another server.
     from_peer: bool,
-) {
+    /// The client session: with the request id, the name of a request in the reply cache.
+    session: u64,
+    /// Data sections of replies carry a CRC32C (`FEATURE_DATA_CRC` negotiated).
+    data_crc: bool,
+}
+
+async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSender<Outgoing>, conn: ConnInfo) {
+    let ConnInfo { addr, from_peer, .. } = conn;
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
     loop {
@@ -405,6 +452,17 @@ async fn read_requests(
             Ok(None) => break,
             Err(FrameError::Io(e)) => {
                 tracing::debug!("connection from {addr}: {e}");
+                break;
+            }
+            Err(e @ FrameError::Checksum { request_id, .. }) => {
+                // Corrupted in transit (or a broken sender): say so to the request's caller
+                // (the id is the header's, best effort), and close, as the stream cannot be
+                // trusted any more.
+                tracing::warn!("connection from {addr}: {e}; closing the connection");
+                let r = dispatch::refuse(Errno::EIO, format!("server {}: request frame rejected: {e}", st.id));
+                if let Ok(f) = Frame::reply(request_id, &r, Bytes::new()) {
+                    let _ = tx.send(Outgoing::Last(f));
+                }
                 break;
             }
             Err(e) => {
@@ -441,11 +499,32 @@ async fn read_requests(
         let (st, tx) = (st.clone(), tx.clone());
         let redo = Redo { request_id: frame.request_id, req, data: frame.data, from_peer };
         tokio::spawn(async move {
-            let (reply, ticket) = run_request(&st, &redo, addr).await;
+            let (reply, ticket) = run_request(&st, &redo, conn).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
-            let _ = tx.send(Outgoing { reply, ticket, redo, permits });
+            let _ = tx.send(Outgoing::Reply(Pending { reply, ticket, redo, permits }));
         });
     }
+}
+
+/// The bytes of `region` in memory (zeros past the end of the file, as `send_region` sends),
+/// read off the async threads.
+async fn read_region(region: Region) -> std::io::Result<Bytes> {
+    tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; region.len];
+        let mut at = 0;
+        while at < buf.len() {
+            match region.file.read_at(&mut buf[at..], region.offset + at as u64) {
+                Ok(0) => break, // the file ends early: the rest stays zero
+                Ok(n) => at += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Bytes::from(buf))
+    })
+    .await
+    .map_err(std::io::Error::other)?
 }
 
 /// Write one reply, once what it depends on is settled (`store::commits::settle`): normally
@@ -458,21 +537,32 @@ async fn read_requests(
 /// A reply with data from a file is sent by a blocking task (the disk may have to be read
 /// first) on a duplicate of the socket's descriptor, after everything buffered before it:
 /// replies on one connection never interleave.
-async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, addr: SocketAddr) -> bool {
-    let Outgoing { mut reply, mut ticket, redo, permits: _permits } = out;
+async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: ConnInfo) -> bool {
+    let addr = conn.addr;
+    let Pending { mut reply, mut ticket, redo, permits: _permits } = match out {
+        Outgoing::Reply(p) => p,
+        Outgoing::Last(f) => {
+            let _ = f.write_to(wr).await;
+            return false;
+        }
+    };
     let mut reruns = 0;
     loop {
         match commits::settle(&st.meta, &ticket).await {
             Settled::Send => break,
             Settled::Lost(f) | Settled::Unavailable(f) => {
                 tracing::warn!("connection from {addr}: {} answered with: {f}", redo.req.op.name());
+                // The cached reply (if any) claimed an effect that was lost: a retry must
+                // run the request again, not be told it succeeded.
+                st.replies.forget(conn.session, redo.request_id).await;
                 reply = Encoded::Frame(error_frame(redo.request_id, f));
                 break;
             }
             Settled::Rerun if reruns < MAX_RERUNS => {
                 reruns += 1;
                 tracing::debug!("connection from {addr}: {} run again after a failed log write", redo.req.op.name());
-                (reply, ticket) = run_request(st, &redo, addr).await;
+                st.replies.forget(conn.session, redo.request_id).await;
+                (reply, ticket) = run_request(st, &redo, conn).await;
             }
             Settled::Rerun => {
                 let f = Fail::new(
@@ -514,13 +604,14 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, addr: Sock
     }
 }
 
-async fn write_replies(st: Arc<State>, mut wr: Writer, mut rx: mpsc::UnboundedReceiver<Outgoing>, addr: SocketAddr) {
+async fn write_replies(st: Arc<State>, mut wr: Writer, mut rx: mpsc::UnboundedReceiver<Outgoing>, conn: ConnInfo) {
+    let addr = conn.addr;
     while let Some(out) = rx.recv().await {
-        let mut ok = write_reply(&st, &mut wr, out, addr).await;
+        let mut ok = write_reply(&st, &mut wr, out, conn).await;
         // Write whatever else is ready, then flush once.
         while ok {
             match rx.try_recv() {
-                Ok(out) => ok = write_reply(&st, &mut wr, out, addr).await,
+                Ok(out) => ok = write_reply(&st, &mut wr, out, conn).await,
                 Err(_) => break,
             }
         }

@@ -57,6 +57,8 @@ pub struct State {
     /// `auth = "none"`. What servers prove to each other and key capabilities with.
     /// Replaced whole by [`State::reload_keys`] (SIGHUP), so a rotation needs no restart.
     keys: parking_lot::RwLock<Option<Arc<shoal_auth::KeyRing>>>,
+    /// Replies of state-changing requests by (session, request id): a retry is applied once.
+    pub replies: crate::replies::Replies,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -109,6 +111,7 @@ impl State {
             dir_turn: AtomicU64::new(0),
             sessions: crate::orphans::Sessions::new(),
             keys: parking_lot::RwLock::new(keys.map(Arc::new)),
+            replies: crate::replies::Replies::new(),
         }
     }
 

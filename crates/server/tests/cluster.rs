@@ -50,6 +50,7 @@ impl Cluster {
                 connections_per_server: 1,
                 client_name: "test".into(),
                 session: 0,
+                ..PoolOptions::default()
             },
         );
         let mut c = Cluster { dir, config, map, servers: Vec::new(), pool };
@@ -574,11 +575,7 @@ async fn write_read_truncate_objects() {
 
 async fn raw_hello(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    let hello = Request {
-        cred: Cred::root(),
-        map_version: 0,
-        op: Op::Hello { protocol_version: PROTOCOL_VERSION, client: "raw".into(), session: 0 },
-    };
+    let hello = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("raw", 0) };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);
     s.write_all(&buf).await.unwrap();
@@ -633,12 +630,12 @@ async fn malformed_frames_close_only_their_connection() {
         }
     }
 
-    // A wrong protocol version is refused.
+    // A range of protocol versions that does not meet ours is refused.
     let mut s = TcpStream::connect(&addr).await.unwrap();
     let hello = Request {
         cred: Cred::root(),
         map_version: 0,
-        op: Op::Hello { protocol_version: 999, client: "old".into(), session: 0 },
+        op: Op::Hello { client: "new".into(), session: 0, min_version: 999, max_version: 999, features: 0 },
     };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);

@@ -1,0 +1,105 @@
+//! Version and feature negotiation in `Hello` (docs/protocol.md, "Hello").
+//!
+//! The requester sends the range of protocol versions it speaks and the feature bits it
+//! supports; the answer names the version both will speak (the highest in both ranges) and
+//! the features both support (the intersection). A peer whose range does not meet ours is
+//! refused with a message naming both ranges.
+//!
+//! **The `Hello` exchange must stay decodable by every later version**: its frame header
+//! layout (version 2, `frame.rs`) and the fields of `Op::Hello` and `Reply::Hello` may only
+//! grow by optional fields, never change, so that any two versions can at least tell each
+//! other which versions they speak.
+
+use crate::PROTOCOL_VERSION;
+
+/// Oldest protocol version this build speaks.
+pub const MIN_PROTOCOL_VERSION: u32 = 5;
+
+/// Bulk data sections carry a CRC32C (the header's `data crc`, flag bit 0). Without it only
+/// header and body are checksummed. On unless a side turns it off (`SHOAL_DATA_CRC=off`).
+pub const FEATURE_DATA_CRC: u64 = 1 << 0;
+
+/// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
+pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC;
+
+/// The features this process offers by default: all it knows, less the data checksum when
+/// the environment says `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost.
+pub fn default_features() -> u64 {
+    match std::env::var("SHOAL_DATA_CRC").as_deref() {
+        Ok("off") | Ok("0") => KNOWN_FEATURES & !FEATURE_DATA_CRC,
+        _ => KNOWN_FEATURES,
+    }
+}
+
+/// The `Hello` this build sends: its whole version range and its default features.
+pub fn hello_op(client: impl Into<String>, session: u64) -> crate::msg::Op {
+    crate::msg::Op::Hello {
+        client: client.into(),
+        session,
+        min_version: MIN_PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        features: default_features(),
+    }
+}
+
+/// What two sides agreed on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Agreed {
+    pub version: u32,
+    pub features: u64,
+}
+
+/// The answer to a peer that speaks `peer_min..=peer_max` with `peer_features`, when this
+/// side speaks `MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION` with `own_features`. `Err` is
+/// the refusal, naming both ranges ("client speaks protocol 3..=4, this server 5..=5").
+pub fn negotiate(peer_min: u32, peer_max: u32, peer_features: u64, own_features: u64) -> Result<Agreed, String> {
+    let version = peer_max.min(PROTOCOL_VERSION);
+    if peer_min > peer_max || version < peer_min.max(MIN_PROTOCOL_VERSION) {
+        return Err(format!(
+            "client speaks protocol {peer_min}..={peer_max}, this server {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}"
+        ));
+    }
+    Ok(Agreed { version, features: peer_features & own_features & KNOWN_FEATURES })
+}
+
+/// Check a server's answer against what this side offered: the version must be in our
+/// range and the features among those we offered.
+pub fn check_answer(version: u32, features: u64, offered: u64) -> Result<Agreed, String> {
+    if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+        return Err(format!(
+            "server chose protocol {version}, this client speaks {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}"
+        ));
+    }
+    if features & !offered != 0 {
+        return Err(format!("server chose features {features:#x}, this client offered {offered:#x}"));
+    }
+    Ok(Agreed { version, features })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_peer_is_spoken_to_in_our_newest_version_with_the_common_features() {
+        let a = negotiate(5, 9, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
+        assert_eq!(a, Agreed { version: PROTOCOL_VERSION, features: FEATURE_DATA_CRC });
+        let a = negotiate(1, 9, 1 << 40, KNOWN_FEATURES).unwrap();
+        assert_eq!(a.features, 0, "unknown bits are dropped");
+    }
+
+    #[test]
+    fn a_too_old_or_too_new_peer_is_refused_naming_both_ranges() {
+        let e = negotiate(3, 4, 0, KNOWN_FEATURES).unwrap_err();
+        assert_eq!(e, format!("client speaks protocol 3..=4, this server {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}"));
+        assert!(negotiate(PROTOCOL_VERSION + 1, PROTOCOL_VERSION + 3, 0, KNOWN_FEATURES).is_err());
+        assert!(negotiate(6, 5, 0, KNOWN_FEATURES).is_err(), "an empty range");
+    }
+
+    #[test]
+    fn an_answer_outside_what_was_offered_is_refused() {
+        assert!(check_answer(PROTOCOL_VERSION, FEATURE_DATA_CRC, KNOWN_FEATURES).is_ok());
+        assert!(check_answer(PROTOCOL_VERSION + 1, 0, KNOWN_FEATURES).is_err());
+        assert!(check_answer(PROTOCOL_VERSION, FEATURE_DATA_CRC, 0).is_err());
+    }
+}

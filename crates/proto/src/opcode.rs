@@ -1,0 +1,80 @@
+//! Operation codes: a stable `u16` per [`Op`] variant (requests) and per [`Reply`] variant
+//! (replies), carried in every frame header (docs/protocol.md, "Operation codes").
+//!
+//! The header's code lets a receiver name what a frame is before (or without) decoding its
+//! body, and the decoder checks it against the body (`Frame::request_body`,
+//! `Frame::reply_body`). Invariants: a code, once given, never changes and is never reused;
+//! 0 is never a code (a 24-byte header of protocol 4 and older has zeros there); a new
+//! variant takes the next free number. The matches are exhaustive, so a variant cannot be
+//! added without a code.
+
+use crate::msg::{Op, Reply};
+
+impl Op {
+    /// This operation's code in the frame header.
+    pub fn code(&self) -> u16 {
+        match self {
+            Op::Hello { .. } => 1,
+            Op::Lookup { .. } => 2,
+            Op::Create { .. } => 3,
+            Op::Mkdir { .. } => 4,
+            Op::Symlink { .. } => 5,
+            Op::Link { .. } => 6,
+            Op::Unlink { .. } => 7,
+            Op::Rmdir { .. } => 8,
+            Op::Rename { .. } => 9,
+            Op::ReadDir { .. } => 10,
+            Op::GetAttr { .. } => 11,
+            Op::SetAttr { .. } => 12,
+            Op::SetDirLayout { .. } => 13,
+            Op::ReadLink { .. } => 14,
+            Op::Access { .. } => 15,
+            Op::ExtendSize { .. } => 16,
+            Op::SetXattr { .. } => 17,
+            Op::GetXattr { .. } => 18,
+            Op::ListXattr { .. } => 19,
+            Op::RemoveXattr { .. } => 20,
+            Op::Read { .. } => 21,
+            Op::Write { .. } => 22,
+            Op::Fsync { .. } => 23,
+            Op::Batch { .. } => 24,
+            Op::StatFs => 25,
+            Op::Status => 26,
+            Op::PeerMkdirObject { .. } => 27,
+            Op::PeerRmdirObject { .. } => 28,
+            Op::PeerLinkDelta { .. } => 29,
+            Op::PeerRenameIn { .. } => 30,
+            Op::PeerSetParent { .. } => 31,
+            Op::PeerDeleteObjects { .. } => 32,
+            Op::PeerTruncateObject { .. } => 33,
+            Op::Append { .. } => 34,
+            Op::ReleaseOrphan { .. } => 35,
+        }
+    }
+}
+
+impl Reply {
+    /// This reply's code in the frame header.
+    pub fn code(&self) -> u16 {
+        match self {
+            Reply::Hello { .. } => 1,
+            Reply::Ok => 2,
+            Reply::Entry(_) => 3,
+            Reply::Attr(_) => 4,
+            Reply::DirEntries { .. } => 5,
+            Reply::Link(_) => 6,
+            Reply::Xattr(_) => 7,
+            Reply::XattrNames(_) => 8,
+            Reply::Data => 9,
+            Reply::Written { .. } => 10,
+            Reply::NLink(_) => 11,
+            Reply::Replaced(_) => 12,
+            Reply::StatFs(_) => 13,
+            Reply::Status(_) => 14,
+            Reply::Batch(_) => 15,
+            Reply::StaleMap { .. } => 16,
+            Reply::Error { .. } => 17,
+            Reply::Appended { .. } => 18,
+        }
+    }
+}

@@ -1,0 +1,575 @@
+//! Golden vectors: for every `Op`, `Reply`, `BatchOp` and `BatchReply` variant, for the
+//! `Hello` exchange and for whole frames, bytes committed in `golden/vectors.hex` that must
+//! decode to the sample below and re-encode to the same bytes. An accidental change to the
+//! format (a renamed field, a changed type, a moved header byte) fails here.
+//!
+//! A variant without a vector fails too: the variants are listed from serde's own
+//! description of each enum, not by hand. `SHOAL_BLESS=1 cargo test -p shoal-proto --test
+//! golden` rewrites the file from the samples; allowed only for additive changes (a new
+//! variant, a new optional field that old vectors still decode to), never to make a
+//! changed encoding pass (docs/protocol.md, "Golden vectors").
+
+use bytes::Bytes;
+use serde::de::{Deserialize, Deserializer, Visitor};
+use serde::Serialize;
+use shoal_proto::frame::{decode_body, encode_body, Frame, FrameKind};
+use shoal_proto::hello::{FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
+use shoal_proto::msg::*;
+use shoal_proto::{Errno, Ino, ServerId, PROTOCOL_VERSION};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+// ---- the samples: one per variant, with every field set to something recognisable ----
+
+fn ts(secs: i64) -> Timestamp {
+    Timestamp { secs, nsecs: 123_456_789 }
+}
+
+fn spec() -> LayoutSpec {
+    LayoutSpec {
+        stripe_size: Some(1 << 20),
+        stripe_count: Some(2),
+        first_server: Some(ServerId(1)),
+        policy: Some(PlacementPolicy::Spread),
+    }
+}
+
+fn attr() -> Attr {
+    Attr {
+        ino: Ino(0x0001_0000_0000_002a),
+        kind: FileKind::File,
+        perm: 0o644,
+        uid: 1000,
+        gid: 100,
+        size: 5000,
+        nlink: 1,
+        atime: ts(1_700_000_000),
+        mtime: ts(1_700_000_001),
+        ctime: ts(1_700_000_002),
+        blocks_bytes: 8192,
+        layout: Some(Layout { stripe_size: 65536, servers: vec![ServerId(0), ServerId(1)] }),
+        dir_default: None,
+        parent: None,
+    }
+}
+
+fn dir_attr() -> Attr {
+    Attr {
+        kind: FileKind::Dir,
+        perm: 0o1755,
+        layout: None,
+        dir_default: Some(LayoutSpec { policy: Some(PlacementPolicy::Same), ..LayoutSpec::default() }),
+        parent: Some(Ino(1)),
+        ..attr()
+    }
+}
+
+fn entry() -> EntryOut {
+    EntryOut { ino: Ino(42), kind: FileKind::File, attr: Some(attr()) }
+}
+
+fn dirent() -> DirEntry {
+    DirEntry { name: "b.txt".into(), ino: Ino(43), kind: FileKind::Symlink }
+}
+
+const DIR: Ino = Ino(1);
+const FILE: Ino = Ino(42);
+
+fn ops() -> Vec<Op> {
+    let keep = Some(KeepOpen { ino: FILE, session: 0xfeed });
+    vec![
+        Op::Hello {
+            client: "shoal-client pid 7".into(),
+            session: 0x5e55_10a0,
+            min_version: 5,
+            max_version: 5,
+            features: FEATURE_DATA_CRC,
+        },
+        Op::Lookup { dir: DIR, name: "a".into() },
+        Op::Create { dir: DIR, name: "f".into(), perm: 0o600, exclusive: true, layout: Some(spec()) },
+        Op::Mkdir { dir: DIR, name: "d".into(), perm: 0o755 },
+        Op::Symlink { dir: DIR, name: "l".into(), target: "../t".into() },
+        Op::Link { ino: FILE, dir: DIR, name: "hard".into() },
+        Op::Unlink { dir: DIR, name: "f".into(), keep },
+        Op::Rmdir { dir: DIR, name: "d".into() },
+        Op::Rename {
+            src_dir: DIR,
+            src_name: "x".into(),
+            dst_dir: Ino(2),
+            dst_name: "y".into(),
+            flags: RenameFlags { noreplace: true, exchange: false },
+            keep,
+        },
+        Op::ReadDir { dir: DIR, after: Some("m".into()), limit: 4096 },
+        Op::GetAttr { ino: FILE },
+        Op::SetAttr {
+            ino: FILE,
+            set: SetAttrs {
+                perm: Some(0o640),
+                uid: Some(1),
+                gid: None,
+                size: Some(10),
+                atime: Some(TimeSet::Now),
+                mtime: Some(TimeSet::At(ts(5))),
+            },
+        },
+        Op::SetDirLayout { ino: DIR, spec: spec() },
+        Op::ReadLink { ino: FILE },
+        Op::Access { ino: FILE, mask: 6 },
+        Op::ExtendSize { ino: FILE, size: 1 << 33 },
+        Op::SetXattr {
+            ino: FILE,
+            name: "user.k".into(),
+            value: vec![0, 1, 2, 255],
+            create_only: true,
+            replace_only: false,
+        },
+        Op::GetXattr { ino: FILE, name: "user.k".into() },
+        Op::ListXattr { ino: FILE },
+        Op::RemoveXattr { ino: FILE, name: "user.k".into() },
+        Op::Read { ino: FILE, index: 1, offset: 1 << 20, len: 65536 },
+        Op::Write { ino: FILE, index: 0, offset: 4096, file_end: 8192, inode_local: true },
+        Op::Fsync { ino: FILE, data_only: true },
+        Op::Batch { ops: batch_ops() },
+        Op::StatFs,
+        Op::Status,
+        Op::PeerMkdirObject { attr: dir_attr(), op_id: 77 },
+        Op::PeerRmdirObject { ino: Ino(9), op_id: 78 },
+        Op::PeerLinkDelta { ino: FILE, delta: -1, op_id: 79, orphan_of: Some(0xfeed) },
+        Op::PeerRenameIn {
+            dst_dir: Ino(2),
+            dst_name: "y".into(),
+            entry: dirent(),
+            noreplace: false,
+            op_id: 80,
+            keep: None,
+        },
+        Op::PeerSetParent { ino: Ino(9), parent: Ino(2) },
+        Op::PeerDeleteObjects { objects: vec![(FILE, 0), (Ino(43), 3)] },
+        Op::PeerTruncateObject { ino: FILE, index: 2, len: 100 },
+        Op::Append { ino: FILE },
+        Op::ReleaseOrphan { ino: FILE, session: 0xfeed },
+    ]
+}
+
+fn batch_ops() -> Vec<BatchOp> {
+    vec![
+        BatchOp::Lookup { dir: DIR, name: "a".into() },
+        BatchOp::Create { dir: DIR, name: "f".into(), perm: 0o644, exclusive: false, layout: None },
+        BatchOp::Mkdir { dir: DIR, name: "d".into(), perm: 0o700 },
+        BatchOp::Symlink { dir: DIR, name: "l".into(), target: "/abs".into() },
+        BatchOp::Unlink { dir: DIR, name: "f".into() },
+        BatchOp::Rmdir { dir: DIR, name: "d".into() },
+        BatchOp::GetAttr { ino: FILE },
+    ]
+}
+
+fn batch_replies() -> Vec<BatchReply> {
+    vec![
+        BatchReply::Ok,
+        BatchReply::Entry(entry()),
+        BatchReply::Attr(attr()),
+        BatchReply::Error { errno: Errno::EEXIST, message: "f exists".into() },
+    ]
+}
+
+fn replies() -> Vec<Reply> {
+    vec![
+        Reply::Hello { protocol_version: 5, server: ServerId(1), map_version: 3, features: FEATURE_DATA_CRC },
+        Reply::Ok,
+        Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None }),
+        Reply::Attr(dir_attr()),
+        Reply::DirEntries { entries: vec![dirent()], more: true },
+        Reply::Link("../t".into()),
+        Reply::Xattr(vec![9, 8, 7]),
+        Reply::XattrNames(vec!["user.a".into(), "user.b".into()]),
+        Reply::Data,
+        Reply::Written { len: 4096 },
+        Reply::NLink(2),
+        Reply::Replaced(Some(dirent())),
+        Reply::StatFs(StatFsOut { capacity_bytes: 1 << 40, free_bytes: 1 << 39, inodes: 12 }),
+        Reply::Status(ServerStatus {
+            id: Some(ServerId(0)),
+            map_version: 3,
+            uptime_secs: 60,
+            capacity_bytes: 1 << 40,
+            free_bytes: 1 << 39,
+            used_bytes: 1 << 20,
+            inodes: 12,
+            entries: 11,
+            data_objects: 5,
+            pending_intents: 0,
+            counters: Counters {
+                client_requests: 100,
+                peer_requests: 10,
+                peer_requests_sent: 9,
+                bytes_received: 1000,
+                bytes_sent: 2000,
+                errors: 1,
+                cpu_ns: 123_456,
+                ops: vec![("create".into(), 4), ("lookup".into(), 6)],
+            },
+        }),
+        Reply::Batch(batch_replies()),
+        Reply::StaleMap { current: 4 },
+        Reply::Error { errno: Errno::ENOENT, message: "no such entry \"a\" in directory 1".into() },
+        Reply::Appended { offset: 1 << 32 },
+    ]
+}
+
+fn request(op: Op) -> Request {
+    Request { cred: Cred { uid: 1000, gid: 100, groups: vec![10, 20] }, map_version: 3, op }
+}
+
+/// What a vector is, and how to check bytes against it.
+enum Sample {
+    Request(Request),
+    Reply(Reply),
+    BatchOp(BatchOp),
+    BatchReply(BatchReply),
+    /// A whole frame: (frame, whether it is a request).
+    Frame(Frame),
+}
+
+impl Sample {
+    fn encode(&self) -> Vec<u8> {
+        match self {
+            Sample::Request(m) => encode_body(m).unwrap().to_vec(),
+            Sample::Reply(m) => encode_body(m).unwrap().to_vec(),
+            Sample::BatchOp(m) => encode_body(m).unwrap().to_vec(),
+            Sample::BatchReply(m) => encode_body(m).unwrap().to_vec(),
+            Sample::Frame(f) => {
+                let mut v = Vec::new();
+                f.encode_into(&mut v);
+                v
+            }
+        }
+    }
+
+    /// Decode `bytes`, compare with the sample, re-encode and compare with `bytes`.
+    fn check(&self, bytes: &[u8]) -> Result<(), String> {
+        fn again<T: serde::de::DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(
+            bytes: &[u8],
+            want: &T,
+        ) -> Result<(), String> {
+            let got: T = decode_body(bytes).map_err(|e| format!("does not decode: {e}"))?;
+            if &got != want {
+                return Err(format!("decodes to {got:?}, not the sample {want:?}"));
+            }
+            let re = encode_body(&got).unwrap();
+            if re[..] != *bytes {
+                return Err(format!("re-encodes differently: {}", hex(&re)));
+            }
+            Ok(())
+        }
+        match self {
+            Sample::Request(m) => again(bytes, m),
+            Sample::Reply(m) => again(bytes, m),
+            Sample::BatchOp(m) => again(bytes, m),
+            Sample::BatchReply(m) => again(bytes, m),
+            Sample::Frame(want) => {
+                let (got, used) =
+                    Frame::decode(bytes).map_err(|e| format!("frame does not decode: {e}"))?.ok_or("frame is short")?;
+                if used != bytes.len() || &got != want {
+                    return Err(format!("frame decodes to {got:?}, not {want:?}"));
+                }
+                // Through the message types and back: the same bytes.
+                let mut rebuilt = match got.kind {
+                    FrameKind::Request => {
+                        Frame::request(got.request_id, &got.request_body().unwrap(), got.data.clone())
+                    }
+                    FrameKind::Reply => Frame::reply(got.request_id, &got.reply_body().unwrap(), got.data.clone()),
+                }
+                .unwrap();
+                rebuilt.data_crc = got.data_crc;
+                let mut re = Vec::new();
+                rebuilt.encode_into(&mut re);
+                if re != bytes {
+                    return Err(format!("frame re-encodes differently: {}", hex(&re)));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn samples() -> Vec<(String, Sample)> {
+    let mut v = Vec::new();
+    for op in ops() {
+        v.push((format!("Op.{}", variant_name(&op)), Sample::Request(request(op))));
+    }
+    for r in replies() {
+        v.push((format!("Reply.{}", variant_name(&r)), Sample::Reply(r)));
+    }
+    for b in batch_ops() {
+        v.push((format!("BatchOp.{}", variant_name(&b)), Sample::BatchOp(b)));
+    }
+    for b in batch_replies() {
+        v.push((format!("BatchReply.{}", variant_name(&b)), Sample::BatchReply(b)));
+    }
+    // The Hello exchange, as frames (this build's range), and frames with data both ways.
+    let hello = Op::Hello {
+        client: "shoal-client pid 7".into(),
+        session: 0x5e55_10a0,
+        min_version: MIN_PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        features: FEATURE_DATA_CRC,
+    };
+    let frames = [
+        ("Frame.HelloRequest", Frame::request(0, &request(hello), Bytes::new())),
+        (
+            "Frame.HelloReply",
+            Frame::reply(
+                0,
+                &Reply::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    server: ServerId(1),
+                    map_version: 3,
+                    features: FEATURE_DATA_CRC,
+                },
+                Bytes::new(),
+            ),
+        ),
+        (
+            "Frame.WriteRequest",
+            Frame::request(
+                0x0102_0304_0506_0708,
+                &request(Op::Write { ino: FILE, index: 0, offset: 0, file_end: 11, inode_local: true }),
+                Bytes::from_static(b"hello world"),
+            ),
+        ),
+        ("Frame.ReadReply", Frame::reply(9, &Reply::Data, Bytes::from_static(b"some bytes"))),
+    ];
+    for (name, f) in frames {
+        v.push((name.into(), Sample::Frame(f.unwrap())));
+    }
+    let mut plain = Frame::reply(10, &Reply::Data, Bytes::from_static(b"no data checksum")).unwrap();
+    plain.data_crc = false;
+    v.push(("Frame.ReadReplyWithoutDataCrc".into(), Sample::Frame(plain)));
+    v
+}
+
+// ---- names of variants: from the encoding, and from serde's description of the enum ----
+
+/// The variant name a message is tagged with: a unit variant is its name as a string, any
+/// other a one-entry map from its name.
+fn variant_name<T: Serialize>(m: &T) -> String {
+    let b = encode_body(m).unwrap();
+    let s = if b[0] == 0x81 { &b[1..] } else { &b[..] };
+    let (len, at) = match s[0] {
+        m @ 0xa0..=0xbf => ((m & 0x1f) as usize, 1),
+        0xd9 => (s[1] as usize, 2),
+        m => panic!("not a variant tag: {m:#x}"),
+    };
+    String::from_utf8(s[at..at + len].to_vec()).unwrap()
+}
+
+/// Asks a type to deserialize itself and records the variant names it declares.
+struct VariantsOf;
+
+#[derive(Debug)]
+struct Found(&'static [&'static str]);
+
+impl std::fmt::Display for Found {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+impl std::error::Error for Found {}
+impl serde::de::Error for Found {
+    fn custom<T: std::fmt::Display>(_: T) -> Self {
+        Found(&[])
+    }
+}
+
+impl<'de> Deserializer<'de> for VariantsOf {
+    type Error = Found;
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Found> {
+        Err(Found(&[]))
+    }
+    fn deserialize_enum<V: Visitor<'de>>(
+        self,
+        _: &'static str,
+        variants: &'static [&'static str],
+        _: V,
+    ) -> Result<V::Value, Found> {
+        Err(Found(variants))
+    }
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+        unit_struct newtype_struct seq tuple tuple_struct map struct identifier ignored_any
+    }
+}
+
+fn variants<T: Deserialize<'static>>() -> BTreeSet<String> {
+    match T::deserialize(VariantsOf) {
+        Err(Found(v)) => v.iter().map(|s| s.to_string()).collect(),
+        Ok(_) => unreachable!(),
+    }
+}
+
+// ---- the file ----
+
+fn path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/vectors.hex")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+}
+
+fn load() -> BTreeMap<String, Vec<u8>> {
+    let text = std::fs::read_to_string(path()).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| {
+            let (name, hex) = l.split_once(' ').expect("`name hex` lines");
+            (name.to_string(), unhex(hex.trim()))
+        })
+        .collect()
+}
+
+#[test]
+fn every_message_matches_its_golden_vector() {
+    let samples = samples();
+    if std::env::var("SHOAL_BLESS").as_deref() == Ok("1") {
+        let mut out = String::from(
+            "# Golden vectors of the Shoal wire protocol: `name hex`, one per message variant and\n\
+             # frame (crates/proto/tests/golden.rs). Rewritten by SHOAL_BLESS=1, for additive\n\
+             # changes only (docs/protocol.md, \"Golden vectors\").\n",
+        );
+        for (name, s) in &samples {
+            out += &format!("{name} {}\n", hex(&s.encode()));
+        }
+        std::fs::create_dir_all(path().parent().unwrap()).unwrap();
+        std::fs::write(path(), out).unwrap();
+        return;
+    }
+    let file = load();
+    let mut failures = Vec::new();
+    for (name, s) in &samples {
+        match file.get(name) {
+            None => failures.push(format!(
+                "{name}: no golden vector (a new message? SHOAL_BLESS=1 adds it, if the change is additive)"
+            )),
+            Some(bytes) => {
+                if let Err(e) = s.check(bytes) {
+                    failures.push(format!("{name}: {e}"));
+                }
+                if s.encode() != *bytes {
+                    failures.push(format!("{name}: the sample now encodes as {}", hex(&s.encode())));
+                }
+            }
+        }
+    }
+    let known: BTreeSet<&String> = samples.iter().map(|(n, _)| n).collect();
+    for name in file.keys().filter(|n| !known.contains(n)) {
+        failures.push(format!("{name}: a vector without a sample (a message was removed or renamed?)"));
+    }
+    assert!(failures.is_empty(), "golden vectors differ:\n{}", failures.join("\n"));
+}
+
+#[test]
+fn every_variant_has_a_sample_and_a_distinct_op_code() {
+    let names: BTreeSet<String> = samples().into_iter().map(|(n, _)| n).collect();
+    for (prefix, all) in [
+        ("Op", variants::<Op>()),
+        ("Reply", variants::<Reply>()),
+        ("BatchOp", variants::<BatchOp>()),
+        ("BatchReply", variants::<BatchReply>()),
+    ] {
+        assert!(!all.is_empty());
+        for v in all {
+            assert!(names.contains(&format!("{prefix}.{v}")), "{prefix}::{v} has no golden sample");
+        }
+    }
+    let op_codes: BTreeSet<u16> = ops().iter().map(Op::code).collect();
+    assert_eq!(op_codes.len(), ops().len(), "two ops share a code");
+    assert!(!op_codes.contains(&0));
+    let reply_codes: BTreeSet<u16> = replies().iter().map(Reply::code).collect();
+    assert_eq!(reply_codes.len(), replies().len(), "two replies share a code");
+    assert!(!reply_codes.contains(&0));
+}
+
+// ---- evolvability: what later and earlier versions send still decodes ----
+
+/// `Op::Create` as a later version might send it: a field this version does not know.
+#[derive(Serialize)]
+enum LaterOp {
+    Create { dir: Ino, name: String, perm: u32, exclusive: bool, layout: Option<LayoutSpec>, capability: Vec<u8> },
+    Hello { client: String, session: u64, min_version: u32, max_version: u32, features: u64, auth: Option<String> },
+}
+
+/// A request of a later version, with a field this version does not know.
+#[derive(Serialize)]
+struct LaterRequest {
+    cred: Cred,
+    map_version: u64,
+    op: LaterOp,
+    trace: u64,
+}
+
+/// `Op::Create` without its optional `layout` (as a field added later is missing from an
+/// earlier sender's messages).
+#[derive(Serialize)]
+enum EarlierOp {
+    Create { dir: Ino, name: String, perm: u32, exclusive: bool },
+}
+
+#[derive(Serialize)]
+struct EarlierRequest {
+    cred: Cred,
+    map_version: u64,
+    op: EarlierOp,
+}
+
+#[test]
+fn unknown_fields_are_ignored_and_missing_optional_ones_are_none() {
+    let cred = Cred { uid: 1, gid: 2, groups: vec![] };
+    let later = LaterRequest {
+        cred: cred.clone(),
+        map_version: 3,
+        op: LaterOp::Create {
+            dir: DIR,
+            name: "f".into(),
+            perm: 0o644,
+            exclusive: true,
+            layout: Some(spec()),
+            capability: vec![1, 2, 3],
+        },
+        trace: 99,
+    };
+    let got: Request = decode_body(&rmp_serde::to_vec_named(&later).unwrap()).unwrap();
+    let want = Op::Create { dir: DIR, name: "f".into(), perm: 0o644, exclusive: true, layout: Some(spec()) };
+    assert_eq!(got, Request { cred: cred.clone(), map_version: 3, op: want });
+
+    let earlier = EarlierRequest {
+        cred: cred.clone(),
+        map_version: 3,
+        op: EarlierOp::Create { dir: DIR, name: "f".into(), perm: 0o644, exclusive: true },
+    };
+    let got: Request = decode_body(&rmp_serde::to_vec_named(&earlier).unwrap()).unwrap();
+    let want = Op::Create { dir: DIR, name: "f".into(), perm: 0o644, exclusive: true, layout: None };
+    assert_eq!(got.op, want);
+
+    // A later client's Hello, with a field of its own, is still understood.
+    let hello = LaterRequest {
+        cred,
+        map_version: 0,
+        op: LaterOp::Hello {
+            client: "later".into(),
+            session: 1,
+            min_version: 5,
+            max_version: 9,
+            features: u64::MAX,
+            auth: Some("token".into()),
+        },
+        trace: 0,
+    };
+    let got: Request = decode_body(&rmp_serde::to_vec_named(&hello).unwrap()).unwrap();
+    assert!(matches!(got.op, Op::Hello { max_version: 9, features: u64::MAX, .. }), "{got:?}");
+}
