@@ -222,7 +222,7 @@ async fn make_room(
 /// What the reader hands the writer: a reply to settle and send, or the very last frame
 /// (an error answering a frame that failed its checksum; the connection closes after it).
 enum Outgoing {
-    Reply(Pending),
+    Reply(Box<Pending>),
     Last(Frame),
 }
 
@@ -501,7 +501,7 @@ async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSende
         tokio::spawn(async move {
             let (reply, ticket) = run_request(&st, &redo, conn).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
-            let _ = tx.send(Outgoing::Reply(Pending { reply, ticket, redo, permits }));
+            let _ = tx.send(Outgoing::Reply(Box::new(Pending { reply, ticket, redo, permits })));
         });
     }
 }
@@ -540,7 +540,7 @@ async fn read_region(region: Region) -> std::io::Result<Bytes> {
 async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: ConnInfo) -> bool {
     let addr = conn.addr;
     let Pending { mut reply, mut ticket, redo, permits: _permits } = match out {
-        Outgoing::Reply(p) => p,
+        Outgoing::Reply(p) => *p,
         Outgoing::Last(f) => {
             let _ = f.write_to(wr).await;
             return false;
