@@ -31,6 +31,7 @@ mod net;
 mod ops;
 mod orphans;
 mod perm;
+mod scrub;
 mod state;
 mod store;
 

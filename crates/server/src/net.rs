@@ -22,16 +22,14 @@ use crate::conn_io::{LazyReader, LazyWriter};
 use crate::dispatch::{self, Payload};
 use crate::limits::{ConnLimits, REFUSING};
 use crate::state::State;
-use crate::store::data::{send_region, Region};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use shoal_proto::frame::{Frame, FrameError, FrameKind, HEADER_LEN};
+use shoal_proto::frame::{Frame, FrameError, FrameKind};
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::{Errno, PROTOCOL_VERSION};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -213,11 +211,9 @@ async fn make_room(
     None
 }
 
-/// A reply ready to go: the frame, or the head of one whose data comes from a file.
+/// A reply ready to go.
 enum Outgoing {
     Frame(Frame, Permits),
-    /// Header and body, then `region` (sent with `sendfile` off the async threads).
-    Region(Vec<u8>, Region, Permits),
 }
 
 /// What a request holds until its reply has been written.
@@ -385,14 +381,6 @@ async fn read_requests(
             let (reply, payload) = dispatch::handle(&st, req, data, from_peer).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
             let encoded = match payload {
-                Payload::Region(region) => match Frame::reply_head(request_id, &reply, region.len) {
-                    Ok(head) => {
-                        st.counters.sent(head.len() - HEADER_LEN + region.len);
-                        let _ = tx.send(Outgoing::Region(head, region, permits));
-                        return;
-                    }
-                    Err(e) => Err(e),
-                },
                 Payload::Bytes(data) => Frame::reply(request_id, &reply, data),
             };
             let f = match encoded {
@@ -427,31 +415,6 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, addr: Sock
     }
     match out {
         Outgoing::Frame(f, _permits) => f.write_to(wr).await.is_ok(),
-        Outgoing::Region(head, region, _permits) => {
-            if wr.flush().await.is_err() {
-                return false;
-            }
-            let sock: &tokio::net::TcpStream = wr.get_ref().as_ref();
-            let dup = match sock.as_fd().try_clone_to_owned() {
-                Ok(fd) => fd,
-                Err(e) => {
-                    tracing::warn!("connection from {addr}: cannot duplicate the socket: {e}");
-                    return false;
-                }
-            };
-            let sent = tokio::task::spawn_blocking(move || send_region(dup.as_fd(), &head, &region)).await;
-            match sent {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) => {
-                    tracing::debug!("connection from {addr}: sending file data: {e}");
-                    false
-                }
-                Err(e) => {
-                    tracing::warn!("connection from {addr}: sending file data: {e}");
-                    false
-                }
-            }
-        }
     }
 }
 

@@ -53,6 +53,8 @@ pub struct State {
     dir_turn: AtomicU64,
     /// Client sessions connected here: whose orphans may be reclaimed (`orphans.rs`).
     pub sessions: crate::orphans::Sessions,
+    /// The background verification of this server's objects and records (`scrub.rs`).
+    pub scrub: crate::scrub::Scrub,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -100,6 +102,7 @@ impl State {
             gc_wake: tokio::sync::Notify::new(),
             dir_turn: AtomicU64::new(0),
             sessions: crate::orphans::Sessions::new(),
+            scrub: Default::default(),
         }
     }
 
