@@ -44,7 +44,13 @@ impl Scrub {
     }
 
     fn error(&self, e: ScrubError) {
-        tracing::error!("scrub: {} {}{}: {}", e.kind, e.name, e.offset.map(|o| format!(" at offset {o}")).unwrap_or_default(), e.message);
+        tracing::error!(
+            "scrub: {} {}{}: {}",
+            e.kind,
+            e.name,
+            e.offset.map(|o| format!(" at offset {o}")).unwrap_or_default(),
+            e.message
+        );
         self.update(|s| {
             if s.errors.len() < SCRUB_ERRORS_MAX {
                 s.errors.push(e);
@@ -110,13 +116,7 @@ fn run(st: &State) {
     }
     let mut t = Instant::now();
     for (ino, index) in objects {
-        let found = st.data.scrub_object(
-            ino,
-            index,
-            STEP_BLOCKS,
-            |n| sc.update(|s| s.bytes += n),
-            || pause(&mut t),
-        );
+        let found = st.data.scrub_object(ino, index, STEP_BLOCKS, |n| sc.update(|s| s.bytes += n), || pause(&mut t));
         match found {
             Ok((_, bad)) => {
                 for b in bad {
@@ -206,13 +206,7 @@ fn check_record(k: &[u8], v: &[u8]) -> Result<(), String> {
 /// A key as text: printable ASCII as is, other bytes as `\xNN`.
 fn printable(k: &[u8]) -> String {
     k.iter()
-        .flat_map(|&b| {
-            if b.is_ascii_graphic() {
-                vec![b as char]
-            } else {
-                format!("\\x{b:02x}").chars().collect()
-            }
-        })
+        .flat_map(|&b| if b.is_ascii_graphic() { vec![b as char] } else { format!("\\x{b:02x}").chars().collect() })
         .collect()
 }
 

@@ -102,7 +102,10 @@ pub enum Entry {
     Hole,
     Settled(u32),
     /// A write was under way: the block holds its new bytes (`new`) or the old (`old`).
-    Pending { new: u32, old: u32 },
+    Pending {
+        new: u32,
+        old: u32,
+    },
 }
 
 impl Entry {

@@ -187,18 +187,12 @@ impl DataStore {
         let last = (end - 1) / BLOCK;
         let from = first * BLOCK;
         let upto = size.min((last + 1) * BLOCK);
+        // Read into fresh memory without zeroing it first (up to 8 MiB per read).
         let mut buf = Vec::with_capacity((upto - from) as usize);
-        // SAFETY: u8 has no invalid values; the bytes are overwritten by the read below and
-        // the vector is cut to what was read.
-        unsafe { buf.set_len((upto - from) as usize) };
-        use std::os::fd::AsRawFd;
-        // SAFETY: advice on a valid open descriptor; failure only loses the hint.
-        unsafe {
-            libc::posix_fadvise(obj.data.as_raw_fd(), from as libc::off_t, (upto - from) as libc::off_t, libc::POSIX_FADV_WILLNEED);
-        }
-        let got = read_full_at(&obj.data, &mut buf, from)
+        let got = pread_uninit(&obj.data, buf.spare_capacity_mut(), from)
             .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
-        buf.truncate(got);
+        // SAFETY: the kernel wrote the first `got` bytes.
+        unsafe { buf.set_len(got) };
         self.verify(&obj, first, &buf).map_err(|b| b.fail())?;
         let start = (offset - from) as usize;
         let stop = ((end - from) as usize).min(buf.len());
@@ -258,8 +252,10 @@ impl DataStore {
             let _ = obj.sums.settle(&obj.data, &obj.path);
             return Err(Fail::io(format_args!("write {}", obj.path.display()), &e));
         }
-        let settled: Vec<Entry> =
-            pending.iter().map(|e| if let Entry::Pending { new, .. } = e { Entry::Settled(*new) } else { *e }).collect();
+        let settled: Vec<Entry> = pending
+            .iter()
+            .map(|e| if let Entry::Pending { new, .. } = e { Entry::Settled(*new) } else { *e })
+            .collect();
         obj.sums.write(first, &settled).map_err(sums_err)?;
         self.mark_dirty(ino, index);
         start_writeback(&obj.data, offset, end);
@@ -512,6 +508,34 @@ impl DataStore {
     }
 }
 
+/// `pread` into uninitialised memory until it is full or the file ends; returns the bytes read.
+fn pread_uninit(f: &File, buf: &mut [std::mem::MaybeUninit<u8>], offset: u64) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the kernel writes at most `len - done` bytes into memory we own.
+        let n = unsafe {
+            libc::pread(
+                f.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(done)
+}
+
 /// The (file, object index) an object file's name stands for (`<16 hex digits>.<index>`);
 /// `None` for anything else (checksum files, temporary files).
 pub fn parse_object_name(name: &str) -> Option<(Ino, u32)> {
@@ -612,16 +636,17 @@ mod tests {
         let ino = Ino(0x51);
         let b = BLOCK as usize;
         let mut model = Vec::new();
-        let pat = |n: usize, seed: u8| -> Vec<u8> { (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect() };
+        let pat =
+            |n: usize, seed: u8| -> Vec<u8> { (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect() };
         let steps: Vec<(usize, Vec<u8>)> = vec![
-            (100, pat(1000, 1)),           // partial first block, after zeros
-            (1100, pat(500, 2)),           // append within the block
-            (50, pat(100, 3)),             // overwrite across existing bytes
-            (b - 10, pat(30, 4)),          // across a block boundary
-            (5 * b + 7, pat(3 * b, 5)),    // far: leaves holes, spans blocks
-            (2 * b + 100, pat(10, 6)),     // into a hole below the end
-            (0, pat(b, 7)),                // a whole block
-            (8 * b, pat(1, 8)),            // extend by one byte at a block start
+            (100, pat(1000, 1)),        // partial first block, after zeros
+            (1100, pat(500, 2)),        // append within the block
+            (50, pat(100, 3)),          // overwrite across existing bytes
+            (b - 10, pat(30, 4)),       // across a block boundary
+            (5 * b + 7, pat(3 * b, 5)), // far: leaves holes, spans blocks
+            (2 * b + 100, pat(10, 6)),  // into a hole below the end
+            (0, pat(b, 7)),             // a whole block
+            (8 * b, pat(1, 8)),         // extend by one byte at a block start
         ];
         for (off, data) in steps {
             d.write(ino, 0, off as u64, &data).unwrap();
