@@ -350,6 +350,9 @@ mod tests {
         assert_eq!(block_crc(b"hello"), crc32c::crc32c(&full));
         assert_eq!(block_crc(&[]), crc32c::crc32c(&vec![0u8; BLOCK as usize]));
         assert_eq!(zero_block_crc(), block_crc(&[]));
+        // The values docs/formats.md gives.
+        assert_eq!(zero_block_crc(), 0x72c0_c4a4);
+        assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
     }
 
     #[test]
