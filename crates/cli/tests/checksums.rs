@@ -4,7 +4,9 @@
 //! readable as its old or new bytes.
 
 mod common;
+mod fuse_common;
 use common::{pattern, Cluster};
+use fuse_common::{skip_without_fuse, Mount};
 use shoal_client::{Client, ClientOptions, Errno, LayoutSpec, OpenFlags};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -111,6 +113,34 @@ async fn a_flipped_byte_reads_as_eio_naming_the_file_and_offset_and_scrub_report
     assert!(f.read_at(0, len).await.unwrap()[..] == body[..]);
     let (code, out, err) = c.shoal(&["scrub"]);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_block_reads_as_eio_through_the_fuse_mount_and_the_others_read_fine() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start(1);
+    let fs = direct_client(&c, Duration::from_secs(20));
+    let body = pattern(11, 0, 3 * BLOCK as usize);
+    write_file(&fs, "/m", &body).await;
+    let (_, file) = object_file(&c, &fs, "/m", 0).await;
+    flip(&file, 2 * BLOCK + 7);
+    // Small kernel read-ahead, so that a read of block 0 does not reach block 2.
+    let m = Mount::new(&c, &["max_readahead=4096"]);
+    let path = m.p("m");
+    let err = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(&path).unwrap();
+        let mut last = vec![0u8; 100];
+        let err = f.read_exact_at(&mut last, 2 * BLOCK).unwrap_err();
+        let mut first = vec![0u8; 4096];
+        f.read_exact_at(&mut first, 0).unwrap();
+        assert!(first[..] == body[..4096]);
+        err
+    })
+    .await
+    .unwrap();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
