@@ -1,7 +1,8 @@
 //! `shoal`: the command line of the Shoal parallel file system.
 //!
 //! Exit codes: 0 success; 1 the operation failed (a one-line message names the path and the
-//! cause); 2 the command line itself was wrong (usage error).
+//! cause); 2 the command line itself was wrong (usage error); `shoal scrub` adds 3 (damage
+//! found) and 4 (a server could not be scrubbed).
 
 mod cmd;
 mod fmt;
@@ -19,7 +20,8 @@ use std::process::ExitCode;
     long_about = "Shoal parallel file system: manage a cluster and work with its files.\n\n\
 Paths that name Shoal files are written shoal://dir/file (commands that only take Shoal \
 paths also accept /dir/file). The cluster is found through --config, else $SHOAL_CONFIG.\n\n\
-Exit status: 0 success, 1 failure (one line on stderr names the path and the cause), 2 usage error.",
+Exit status: 0 success, 1 failure (one line on stderr names the path and the cause), 2 usage error \
+(`shoal scrub` adds 3 and 4, see its --help).",
     after_help = "Start here:\n  shoal cluster up --servers 4 --dir /tmp/shoal\n  export SHOAL_CONFIG=/tmp/shoal/cluster.toml\n  shoal cp -r ./data shoal://data && shoal ls -l shoal://data"
 )]
 struct Cli {
@@ -73,6 +75,8 @@ enum Command {
     Bench(cmd::bench::BenchCmd),
     /// Make, rotate or retire the cluster key and host key named by the config's [security] table.
     Keygen(cmd::keygen::KeygenArgs),
+    /// Verify every data block and metadata record on the servers, with progress and a report.
+    Scrub(cmd::scrub::ScrubArgs),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -116,6 +120,7 @@ fn main() -> ExitCode {
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,
             Command::Bench(c) => cmd::bench::run(&ctx, c).await,
+            Command::Scrub(a) => cmd::scrub::scrub(&ctx, a).await,
         }
     });
     rt.shutdown_timeout(std::time::Duration::from_millis(100));
@@ -130,6 +135,9 @@ fn main() -> ExitCode {
             if let Some(code) = e.downcast_ref::<cmd::UsageError>() {
                 let _ = code;
                 return ExitCode::from(2);
+            }
+            if let Some(exit) = e.downcast_ref::<cmd::Exit>() {
+                return ExitCode::from(exit.code);
             }
             ExitCode::from(1)
         }

@@ -110,6 +110,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Batch(_) => "Batch",
         Reply::Error { .. } => "Error",
         Reply::Appended { .. } => "Appended",
+        Reply::Scrub(_) => "Scrub",
     }
 }
 

@@ -68,6 +68,7 @@ mod open_files;
 mod options;
 mod path_ops;
 pub mod pathname;
+mod scrub;
 
 pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, StatFs};
@@ -77,8 +78,8 @@ pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::ClusterMap;
 pub use shoal_proto::msg::{
-    Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ServerStatus, SetAttrs,
-    StatFsOut, TimeSet, Timestamp,
+    Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
+    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp,
 };
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 

@@ -477,6 +477,12 @@ pub enum Op {
         ino: Ino,
         session: u64,
     },
+    /// Start verifying every data object block and every metadata record this server
+    /// holds, in the background (`shoal scrub`); answers `Scrub` with the status. A scrub
+    /// already running is left to run (and its status answered).
+    ScrubStart,
+    /// How the current or last scrub is doing: answers `Scrub`.
+    ScrubStatus,
 }
 
 impl Op {
@@ -518,6 +524,8 @@ impl Op {
             Op::PeerTruncateObject { .. } => "peer_truncate_object",
             Op::Append { .. } => "append",
             Op::ReleaseOrphan { .. } => "release_orphan",
+            Op::ScrubStart => "scrub_start",
+            Op::ScrubStatus => "scrub_status",
         }
     }
 
@@ -637,6 +645,47 @@ pub enum Reply {
     Appended {
         offset: u64,
     },
+    /// Answer to `ScrubStart` and `ScrubStatus`.
+    Scrub(ScrubStatus),
+}
+
+/// Progress and findings of a server's scrub (`shoal scrub`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    /// A scrub has been started since the server started.
+    pub started: bool,
+    /// It has finished (every object and record visited, or stopped by an error).
+    pub done: bool,
+    /// Objects and their bytes found when the scrub began (what the progress goes to).
+    pub objects_total: u64,
+    pub bytes_total: u64,
+    /// Verified so far.
+    pub objects: u64,
+    pub bytes: u64,
+    pub records: u64,
+    /// Damaged blocks and records found (at most [`SCRUB_ERRORS_MAX`] listed).
+    pub errors: Vec<ScrubError>,
+    /// Errors found beyond those listed.
+    pub errors_unlisted: u64,
+    /// Milliseconds since it began (until it ended, once done).
+    pub elapsed_ms: u64,
+    /// Why the scrub stopped early, if it did (it could not list or read the store).
+    pub failure: Option<String>,
+}
+
+/// Most errors a scrub status lists.
+pub const SCRUB_ERRORS_MAX: usize = 1000;
+
+/// One damaged thing a scrub found.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubError {
+    /// "object" (a data object's block) or "record" (a metadata record).
+    pub kind: String,
+    /// The object file's path on the server, or the record's key (printable, escaped).
+    pub name: String,
+    /// Offset of the damaged block in the object file.
+    pub offset: Option<u64>,
+    pub message: String,
 }
 
 impl Reply {

@@ -49,6 +49,8 @@ impl Op {
             Op::PeerTruncateObject { .. } => 33,
             Op::Append { .. } => 34,
             Op::ReleaseOrphan { .. } => 35,
+            Op::ScrubStart => 36,
+            Op::ScrubStatus => 37,
         }
     }
 }
@@ -75,6 +77,7 @@ impl Reply {
             Reply::StaleMap { .. } => 16,
             Reply::Error { .. } => 17,
             Reply::Appended { .. } => 18,
+            Reply::Scrub(_) => 19,
         }
     }
 }

@@ -149,6 +149,8 @@ fn ops() -> Vec<Op> {
         Op::PeerTruncateObject { ino: FILE, index: 2, len: 100 },
         Op::Append { ino: FILE },
         Op::ReleaseOrphan { ino: FILE, session: 0xfeed },
+        Op::ScrubStart,
+        Op::ScrubStatus,
     ]
 }
 
@@ -214,6 +216,24 @@ fn replies() -> Vec<Reply> {
         Reply::StaleMap { current: 4 },
         Reply::Error { errno: Errno::ENOENT, message: "no such entry \"a\" in directory 1".into() },
         Reply::Appended { offset: 1 << 32 },
+        Reply::Scrub(shoal_proto::msg::ScrubStatus {
+            started: true,
+            done: false,
+            objects_total: 10,
+            bytes_total: 1 << 20,
+            objects: 4,
+            bytes: 65536,
+            records: 12,
+            errors: vec![shoal_proto::msg::ScrubError {
+                kind: "object".into(),
+                name: "objects/2a/42.0".into(),
+                offset: Some(65536),
+                message: "block at offset 65536 fails its checksum".into(),
+            }],
+            errors_unlisted: 0,
+            elapsed_ms: 1500,
+            failure: None,
+        }),
     ]
 }
 

@@ -76,10 +76,6 @@ impl<W> LazyWriter<W> {
     pub fn new(inner: W) -> LazyWriter<W> {
         LazyWriter { inner, buf: Vec::new(), done: 0 }
     }
-
-    pub fn get_ref(&self) -> &W {
-        &self.inner
-    }
 }
 
 impl<W: AsyncWrite + Unpin> LazyWriter<W> {

@@ -4,7 +4,6 @@
 use crate::error::{fail, Fail, R};
 use crate::ops::{data, inode, namespace, peer};
 use crate::state::State;
-use crate::store::data::Region;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use shoal_proto::msg::{BatchOp, BatchReply, Cred, Op, Reply, Request, BATCH_MAX};
@@ -15,8 +14,6 @@ use std::sync::Arc;
 pub enum Payload {
     /// Bytes in memory.
     Bytes(Bytes),
-    /// A range of a data object, sent straight from the file (`sendfile`).
-    Region(Region),
 }
 
 impl Payload {
@@ -182,6 +179,8 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
         Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
         Op::ReleaseOrphan { ino, session } => crate::orphans::release(st, ino, session).await?,
+        Op::ScrubStart => crate::scrub::start(st).await?,
+        Op::ScrubStatus => crate::scrub::status(st).await?,
         // Never nested: `BatchOp` has no batch.
         Op::Batch { .. } => return fail(Errno::EINVAL, "a batch inside a batch"),
     };

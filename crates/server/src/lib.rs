@@ -32,6 +32,7 @@ mod ops;
 mod orphans;
 mod perm;
 mod replies;
+mod scrub;
 mod state;
 mod store;
 

@@ -1,7 +1,6 @@
 //! How many client connections a server takes, from its descriptor limit.
 //!
-//! Every connection is a descriptor (two while a read reply is being sent with `sendfile`,
-//! which works on a duplicate of the socket). The server needs descriptors of its own that
+//! Every connection is a descriptor. The server needs descriptors of its own that
 //! clients must never be able to take: cached object files, RocksDB's files, connections to
 //! its peers, the listener and the runtime's. A flood of clients used to take all of them,
 //! so that writes failed with EMFILE; the connection limit keeps them back.
@@ -9,7 +8,7 @@
 use std::time::Duration;
 
 /// Object files the data store keeps open at most (its descriptor cache).
-const OBJECT_FILES: u64 = crate::store::data::FD_CACHE as u64;
+const OBJECT_FILES: u64 = 2 * crate::store::data::FD_CACHE as u64; // data and checksums
 /// Files RocksDB keeps open at most (SST tables; see `store::meta`), plus its WAL, manifest
 /// and logs.
 const ROCKSDB_FILES: u64 = crate::store::meta::MAX_OPEN_FILES as u64 + 16;

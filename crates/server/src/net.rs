@@ -27,17 +27,15 @@ use crate::error::Fail;
 use crate::limits::{ConnLimits, REFUSING};
 use crate::state::State;
 use crate::store::commits::{self, Settled, Ticket};
-use crate::store::data::{send_region, Region};
 use bytes::Bytes;
 use parking_lot::Mutex;
-use shoal_proto::frame::{Frame, FrameError, FrameKind, HEADER_LEN};
+use shoal_proto::frame::{Frame, FrameError, FrameKind};
 use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC};
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::Errno;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -226,8 +224,7 @@ enum Outgoing {
     Last(Frame),
 }
 
-/// A reply ready to go: the frame, or the head of one whose data comes from a file; and
-/// what it takes to settle it (`store::commits`).
+/// A reply ready to go, and what it takes to settle it (`store::commits`).
 struct Pending {
     reply: Encoded,
     ticket: Arc<Ticket>,
@@ -238,8 +235,6 @@ struct Pending {
 
 enum Encoded {
     Frame(Frame),
-    /// Header and body, then `region` (sent with `sendfile` off the async threads).
-    Region(Vec<u8>, Region),
 }
 
 struct Redo {
@@ -264,23 +259,10 @@ struct Permits {
 async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, Arc<Ticket>) {
     let ticket = Ticket::new(st.meta.generation());
     let handle = dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.from_peer);
-    let (mut reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
+    let (reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
         commits::scope(ticket.clone(), st.replies.once(conn.session, redo.request_id, handle)).await
     } else {
         commits::scope(ticket.clone(), handle).await
-    };
-    // With data checksums, the bytes must be read to be summed: from the file into memory,
-    // then sent from there (sendfile gives way; docs/protocol.md has the cost).
-    let payload = match payload {
-        Payload::Region(region) if conn.data_crc => match read_region(region).await {
-            Ok(data) => Payload::Bytes(data),
-            Err(e) => {
-                tracing::warn!("reply to {}: reading file data: {e}", conn.addr);
-                reply = dispatch::refuse(Errno::EIO, format!("server {}: reading file data: {e}", st.id));
-                Payload::none()
-            }
-        },
-        p => p,
     };
     (encode_reply(st, redo.request_id, &reply, payload, conn), ticket)
 }
@@ -288,13 +270,6 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
 fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, conn: ConnInfo) -> Encoded {
     let addr = conn.addr;
     let encoded = match payload {
-        Payload::Region(region) => match Frame::reply_head(request_id, reply, region.len) {
-            Ok(head) => {
-                st.counters.sent(head.len() - HEADER_LEN + region.len);
-                return Encoded::Region(head, region);
-            }
-            Err(e) => Err(e),
-        },
         Payload::Bytes(data) => Frame::reply(request_id, reply, data).map(|mut f| {
             f.data_crc = conn.data_crc;
             f
@@ -506,27 +481,6 @@ async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSende
     }
 }
 
-/// The bytes of `region` in memory (zeros past the end of the file, as `send_region` sends),
-/// read off the async threads.
-async fn read_region(region: Region) -> std::io::Result<Bytes> {
-    tokio::task::spawn_blocking(move || {
-        use std::os::unix::fs::FileExt;
-        let mut buf = vec![0u8; region.len];
-        let mut at = 0;
-        while at < buf.len() {
-            match region.file.read_at(&mut buf[at..], region.offset + at as u64) {
-                Ok(0) => break, // the file ends early: the rest stays zero
-                Ok(n) => at += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(Bytes::from(buf))
-    })
-    .await
-    .map_err(std::io::Error::other)?
-}
-
 /// Write one reply, once what it depends on is settled (`store::commits::settle`): normally
 /// the group commit of `MetaStore` (a no-op when nothing is pending, one WAL write for a
 /// whole burst of replies otherwise), so that nothing is acknowledged before it would
@@ -576,31 +530,6 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: Conn
     }
     match reply {
         Encoded::Frame(f) => f.write_to(wr).await.is_ok(),
-        Encoded::Region(head, region) => {
-            if wr.flush().await.is_err() {
-                return false;
-            }
-            let sock: &tokio::net::TcpStream = wr.get_ref().as_ref();
-            let dup = match sock.as_fd().try_clone_to_owned() {
-                Ok(fd) => fd,
-                Err(e) => {
-                    tracing::warn!("connection from {addr}: cannot duplicate the socket: {e}");
-                    return false;
-                }
-            };
-            let sent = tokio::task::spawn_blocking(move || send_region(dup.as_fd(), &head, &region)).await;
-            match sent {
-                Ok(Ok(())) => true,
-                Ok(Err(e)) => {
-                    tracing::debug!("connection from {addr}: sending file data: {e}");
-                    false
-                }
-                Err(e) => {
-                    tracing::warn!("connection from {addr}: sending file data: {e}");
-                    false
-                }
-            }
-        }
     }
 }
 

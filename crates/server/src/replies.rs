@@ -133,7 +133,10 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerRenameIn { .. }
         | Op::PeerSetParent { .. }
         | Op::PeerDeleteObjects { .. }
-        | Op::PeerTruncateObject { .. } => false,
+        | Op::PeerTruncateObject { .. }
+        // Starting a scrub that runs already reports the running one: no harm in a repeat.
+        | Op::ScrubStart
+        | Op::ScrubStatus => false,
     }
 }
 

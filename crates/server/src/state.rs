@@ -59,6 +59,8 @@ pub struct State {
     keys: parking_lot::RwLock<Option<Arc<shoal_auth::KeyRing>>>,
     /// Replies of state-changing requests by (session, request id): a retry is applied once.
     pub replies: crate::replies::Replies,
+    /// The background verification of this server's objects and records (`scrub.rs`).
+    pub scrub: crate::scrub::Scrub,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -112,6 +114,7 @@ impl State {
             sessions: crate::orphans::Sessions::new(),
             keys: parking_lot::RwLock::new(keys.map(Arc::new)),
             replies: crate::replies::Replies::new(),
+            scrub: Default::default(),
         }
     }
 

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod files;
 pub mod keygen;
 pub mod mount;
+pub mod scrub;
 pub mod status;
 pub mod stripe;
 
@@ -31,6 +32,27 @@ impl std::fmt::Display for UsageError {
     }
 }
 impl std::error::Error for UsageError {}
+
+/// A failure with an exit status of its own (documented by the command), e.g. `shoal scrub`'s
+/// "damage found".
+#[derive(Debug)]
+pub struct Exit {
+    pub code: u8,
+    pub msg: String,
+}
+
+impl Exit {
+    pub fn new(code: u8, msg: impl Into<String>) -> Exit {
+        Exit { code, msg: msg.into() }
+    }
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+impl std::error::Error for Exit {}
 
 pub fn usage(msg: impl Into<String>) -> anyhow::Error {
     anyhow::Error::new(UsageError(msg.into()))

@@ -18,16 +18,14 @@ use std::time::{Duration, Instant};
 /// How long counted contents are reused (counting walks the whole store).
 const CONTENTS_TTL: Duration = Duration::from_secs(5);
 
-/// A read: the part of the range the object holds, as a region of the object file that
-/// the connection sends with `sendfile` (no copy through this process), or nothing.
-/// Looking the region up costs no disk read (the descriptor is cached, the length comes
-/// from `fstat`); the disk reads happen while the reply is sent, off the async threads.
+/// A read: the part of the range the object holds, read into memory and verified against
+/// its block checksums (`store::data`), or nothing. Runs off the async threads (the disk may
+/// have to be read). A damaged block fails the read with `EIO` naming the object file and
+/// the block's offset; the dispatcher logs it.
 pub async fn read(st: &Arc<State>, ino: Ino, index: u32, offset: u64, len: u32) -> R<(Reply, Payload)> {
     let len = (len as usize).min(MAX_DATA);
-    Ok(match st.data.region(ino, index, offset, len)? {
-        Some(r) => (Reply::Data, Payload::Region(r)),
-        None => (Reply::Data, Payload::Bytes(Bytes::new())),
-    })
+    let bytes = st.blocking(move |st| st.data.read(ino, index, offset, len)).await?;
+    Ok((Reply::Data, Payload::Bytes(bytes)))
 }
 
 pub async fn write(

@@ -1,15 +1,26 @@
 //! Data objects: one local file per (file, object index) held by this server, at
-//! `<data_dir>/objects/<ino & 0xff, 2 hex digits>/<ino, 16 hex digits>.<index>`.
+//! `<data_dir>/objects/<ino & 0xff, 2 hex digits>/<ino, 16 hex digits>.<index>`, with the
+//! CRC32C of each of its 64 KiB blocks in `<…>.<index>.crc` beside it (`checksums.rs`
+//! describes that file and the crash invariant it keeps).
 //!
 //! Objects are written with `pwrite` at their object offset, so holes stay sparse and
 //! objects beyond 4 GiB need nothing special; a missing object or a read beyond its end
-//! reads as nothing (the client zero-fills up to the file size). Open descriptors are
-//! cached (up to [`FD_CACHE`]) because reopening per request would dominate small reads and
-//! writes. Objects written since their last sync are remembered so that `Fsync` knows what
-//! to `fdatasync` without scanning directories. All functions block.
+//! reads as nothing (the client zero-fills up to the file size). Every read verifies the
+//! checksums of the blocks it touches and fails with `EIO` naming the object file and the
+//! block's offset when one does not match, so damaged bytes are never served. Open
+//! descriptors are cached (up to [`FD_CACHE`] objects) because reopening per request would
+//! dominate small reads and writes. Objects written since their last sync are remembered so
+//! that `Fsync` knows what to `fdatasync` without scanning directories. All functions block.
+//!
+//! Reads, writes, truncations and deletions of one object are serialised by a lock striped
+//! over objects ([`LOCK_STRIPES`]): a reader must never see a block between its data write
+//! and its checksum write. Objects written before checksums existed have no `.crc` file; it
+//! is computed from their bytes the first time the object is opened (see [`DataStore::open_object`]).
 
 use crate::error::{Fail, R};
-use parking_lot::Mutex;
+use crate::store::checksums::{self, block_crc, read_full_at, Entry, Sidecar, BLOCK};
+use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 use shoal_proto::Errno;
 use shoal_proto::Ino;
 use std::collections::{HashMap, HashSet};
@@ -19,8 +30,10 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Most open object files kept.
-pub const FD_CACHE: usize = 1024;
+/// Most objects kept open (each holds two descriptors: the data and its checksums).
+pub const FD_CACHE: usize = 512;
+/// Locks serialising the operations on one object (striped: objects share them).
+pub const LOCK_STRIPES: usize = 1024;
 /// Files remembered as written-but-not-synced before the store syncs the whole file system
 /// instead (bounds the memory a client that never calls fsync can make us hold).
 const DIRTY_MAX: usize = 100_000;
@@ -28,8 +41,15 @@ const DIRTY_MAX: usize = 100_000;
 /// [`start_writeback`]).
 const WRITEBACK_CHUNK: u64 = 8 << 20;
 
+/// An open object: its data file and its checksums.
+pub struct Object {
+    pub data: File,
+    pub sums: Sidecar,
+    pub path: PathBuf,
+}
+
 struct FdCache {
-    map: HashMap<(u64, u32), (Arc<File>, u64)>,
+    map: HashMap<(u64, u32), (Arc<Object>, u64)>,
     tick: u64,
 }
 
@@ -37,6 +57,21 @@ pub struct DataStore {
     root: PathBuf,
     fds: Mutex<FdCache>,
     dirty: Mutex<HashMap<u64, Vec<u32>>>,
+    locks: Box<[RwLock<()>]>,
+}
+
+/// A block whose bytes do not match its checksum.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadBlock {
+    pub path: PathBuf,
+    pub offset: u64,
+    pub reason: String,
+}
+
+impl BadBlock {
+    fn fail(&self) -> Fail {
+        Fail::new(Errno::EIO, format!("{}: block at offset {} {}", self.path.display(), self.offset, self.reason))
+    }
 }
 
 impl DataStore {
@@ -49,6 +84,7 @@ impl DataStore {
             root: root.to_path_buf(),
             fds: Mutex::new(FdCache { map: HashMap::new(), tick: 0 }),
             dirty: Mutex::new(HashMap::new()),
+            locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
         })
     }
 
@@ -60,24 +96,68 @@ impl DataStore {
         self.bucket(ino).join(format!("{:016x}.{index}", ino.0))
     }
 
-    /// An open descriptor for the object, from the cache or freshly opened. `None` if it does
-    /// not exist and `create` is false.
-    fn fd(&self, ino: Ino, index: u32, create: bool) -> R<Option<Arc<File>>> {
-        let mut c = self.fds.lock();
-        c.tick += 1;
-        let tick = c.tick;
-        if let Some((f, t)) = c.map.get_mut(&(ino.0, index)) {
-            *t = tick;
-            return Ok(Some(f.clone()));
+    /// The checksum file of an object.
+    pub fn sums_path(&self, ino: Ino, index: u32) -> PathBuf {
+        self.bucket(ino).join(format!("{:016x}.{index}.crc", ino.0))
+    }
+
+    fn lock(&self, ino: Ino, index: u32) -> &RwLock<()> {
+        let h = (ino.0 ^ (index as u64).rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        &self.locks[(h >> 32) as usize % LOCK_STRIPES]
+    }
+
+    /// The open object, from the cache or freshly opened; `None` if it does not exist and
+    /// `create` is false. The caller holds the object's lock (shared or exclusive), so no
+    /// write or delete of it runs meanwhile.
+    ///
+    /// Opening settles the checksums a killed server left pending, and gives an object
+    /// without checksums (written before they existed) its checksum file, computed from its
+    /// bytes: the upgrade of old stores happens lazily, object by object, at the first
+    /// access (or `shoal scrub`), not at start-up, so a large store starts at once.
+    fn open_object(&self, ino: Ino, index: u32, create: bool) -> R<Option<Arc<Object>>> {
+        {
+            let mut c = self.fds.lock();
+            c.tick += 1;
+            let tick = c.tick;
+            if let Some((f, t)) = c.map.get_mut(&(ino.0, index)) {
+                *t = tick;
+                return Ok(Some(f.clone()));
+            }
         }
-        // Opened under the lock so that a concurrent delete cannot slip between the open and
-        // the insertion and leave a descriptor of an unlinked file in the cache.
         let path = self.path(ino, index);
-        let f = match OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path) {
-            Ok(f) => Arc::new(f),
-            Err(e) if e.kind() == ErrorKind::NotFound && !create => return Ok(None),
+        let sums_path = self.sums_path(ino, index);
+        let open = |create: bool| OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
+        let (data, fresh) = match open(false) {
+            Ok(f) => (f, false),
+            Err(e) if e.kind() == ErrorKind::NotFound && create => {
+                // The checksums first: an object file never exists with bytes but without
+                // them (a crash in between leaves a checksum file alone, replaced here next
+                // time).
+                Sidecar::create(&sums_path)
+                    .map_err(|e| Fail::io(format_args!("create checksums {}", sums_path.display()), &e))?;
+                let f = open(true).map_err(|e| Fail::io(format_args!("create object {}", path.display()), &e))?;
+                (f, true)
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Fail::io(format_args!("open object {}", path.display()), &e)),
         };
+        let sums_err = |e: std::io::Error| Fail::io(format_args!("checksums {}", sums_path.display()), &e);
+        let sums = match Sidecar::open(&sums_path).map_err(sums_err)? {
+            Some(s) => {
+                if !fresh {
+                    s.settle(&data, &path).map_err(sums_err)?;
+                }
+                s
+            }
+            None => {
+                let s = Sidecar::build(&sums_path, &data).map_err(sums_err)?;
+                tracing::info!("{}: written before checksums existed; checksums computed", path.display());
+                s
+            }
+        };
+        let obj = Arc::new(Object { data, sums, path });
+        let mut c = self.fds.lock();
+        let tick = c.tick;
         if c.map.len() >= FD_CACHE {
             // Evict the least recently used eighth in one go.
             let mut ticks: Vec<u64> = c.map.values().map(|(_, t)| *t).collect();
@@ -86,62 +166,146 @@ impl DataStore {
             let cut = *cut;
             c.map.retain(|_, (_, t)| *t > cut);
         }
-        c.map.insert((ino.0, index), (f.clone(), tick));
-        Ok(Some(f))
+        c.map.insert((ino.0, index), (obj.clone(), tick));
+        Ok(Some(obj))
     }
 
-    /// Read up to `len` bytes at `offset`; shorter at the end of the object, empty if the
-    /// object does not exist. (Requests are answered from [`DataStore::region`] without
-    /// copying; this is for checking what a test wrote.)
-    #[cfg(test)]
-    pub fn read(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Vec<u8>> {
-        let Some(f) = self.fd(ino, index, false)? else { return Ok(Vec::new()) };
-        let mut buf = vec![0u8; len];
-        let mut done = 0;
-        while done < len {
-            match f.read_at(&mut buf[done..], offset + done as u64) {
-                Ok(0) => break,
-                Ok(n) => done += n,
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Fail::io(format_args!("read object {ino}.{index}"), &e)),
+    /// Read up to `len` bytes at `offset`, verified against their checksums; shorter at the
+    /// end of the object, empty if the object does not exist. The whole blocks the range
+    /// touches are read (a checksum covers a block) and the range is handed out of them
+    /// without another copy. A block that does not match fails the read with `EIO` naming
+    /// the object file and the block's offset (and is logged by the dispatcher).
+    pub fn read(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Bytes> {
+        let _g = self.lock(ino, index).read();
+        let Some(obj) = self.open_object(ino, index, false)? else { return Ok(Bytes::new()) };
+        let size = obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+        if offset >= size || len == 0 {
+            return Ok(Bytes::new());
+        }
+        let end = size.min(offset.saturating_add(len as u64));
+        let first = offset / BLOCK;
+        let last = (end - 1) / BLOCK;
+        let from = first * BLOCK;
+        let upto = size.min((last + 1) * BLOCK);
+        // Read into fresh memory without zeroing it first (up to 8 MiB per read).
+        let mut buf = Vec::with_capacity((upto - from) as usize);
+        let got = pread_uninit(&obj.data, buf.spare_capacity_mut(), from)
+            .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
+        // SAFETY: the kernel wrote the first `got` bytes.
+        unsafe { buf.set_len(got) };
+        self.verify(&obj, first, &buf).map_err(|b| b.fail())?;
+        let start = (offset - from) as usize;
+        let stop = ((end - from) as usize).min(buf.len());
+        Ok(Bytes::from(buf).slice(start.min(stop)..stop))
+    }
+
+    /// Check the blocks `first ..` whose bytes are `buf` (all but the last complete).
+    fn verify(&self, obj: &Object, first: u64, buf: &[u8]) -> Result<(), BadBlock> {
+        let n = buf.len().div_ceil(BLOCK as usize) as u64;
+        let entries = obj.sums.read(first, n).map_err(|e| BadBlock {
+            path: obj.path.clone(),
+            offset: first * BLOCK,
+            reason: format!("has unreadable checksums ({}: {e})", obj.sums.path().display()),
+        })?;
+        for (i, (chunk, entry)) in buf.chunks(BLOCK as usize).zip(entries).enumerate() {
+            let offset = (first + i as u64) * BLOCK;
+            let bad = |reason: String| BadBlock { path: obj.path.clone(), offset, reason };
+            let entry = entry.map_err(|r| bad(format!("cannot be checked: {r} ({})", obj.sums.path().display())))?;
+            let crc = block_crc(chunk);
+            if !entry.accepts(crc) {
+                return Err(bad(format!("fails its checksum (stored {}, computed {crc:08x})", entry.describe())));
             }
         }
-        buf.truncate(done);
-        Ok(buf)
+        Ok(())
     }
 
-    /// The part of `[offset, offset+len)` that object `index` of `ino` holds, to be sent
-    /// from the file itself ([`send_region`]); `None` if the object does not exist or ends
-    /// before `offset`. Asks the kernel to start reading the range from disk now, so that
-    /// several requests' disk reads overlap before they are sent in turn.
-    pub fn region(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Option<Region>> {
-        let Some(f) = self.fd(ino, index, false)? else { return Ok(None) };
-        let size = f.metadata().map_err(|e| Fail::io(format_args!("stat object {ino}.{index}"), &e))?.len();
-        if offset >= size || len == 0 {
-            return Ok(None);
-        }
-        let len = (size - offset).min(len as u64) as usize;
-        use std::os::fd::AsRawFd;
-        // SAFETY: advice on a valid open descriptor; failure only loses the hint.
-        unsafe {
-            libc::posix_fadvise(f.as_raw_fd(), offset as libc::off_t, len as libc::off_t, libc::POSIX_FADV_WILLNEED);
-        }
-        Ok(Some(Region { file: f, offset, len }))
-    }
-
-    /// Write `data` at `offset`, creating the object if needed.
+    /// Write `data` at `offset`, creating the object if needed, and update the checksums
+    /// of the blocks it touches: pending (new and old) before the data, settled after (the
+    /// crash invariant of `checksums.rs`).
     pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8]) -> R<()> {
         let end = offset.saturating_add(data.len() as u64);
         if end > i64::MAX as u64 {
             return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
         }
-        let f = self
-            .fd(ino, index, true)?
+        let _g = self.lock(ino, index).write();
+        let obj = self
+            .open_object(ino, index, true)?
             .ok_or_else(|| Fail::new(Errno::EIO, format!("object {ino}.{index} could not be created")))?;
-        f.write_all_at(data, offset).map_err(|e| Fail::io(format_args!("write object {ino}.{index}"), &e))?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        let sums_err = |e: std::io::Error| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e);
+        let size = obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+        let first = offset / BLOCK;
+        let last = (end - 1) / BLOCK;
+        let stored = obj.sums.read(first, last - first + 1).map_err(sums_err)?;
+        let mut pending = Vec::with_capacity(stored.len());
+        let mut scratch = Vec::new();
+        for (k, entry) in (first..=last).zip(stored) {
+            let (new, old) = self.block_update(&obj, k, entry, size, offset, data, &mut scratch)?;
+            pending.push(Entry::Pending { new, old });
+        }
+        obj.sums.write(first, &pending).map_err(sums_err)?;
+        if let Err(e) = obj.data.write_all_at(data, offset) {
+            // Part of the data may have landed: settle the touched blocks to what they
+            // hold now, so that they do not read as damaged.
+            let _ = obj.sums.settle(&obj.data, &obj.path);
+            return Err(Fail::io(format_args!("write {}", obj.path.display()), &e));
+        }
+        let settled: Vec<Entry> = pending
+            .iter()
+            .map(|e| if let Entry::Pending { new, .. } = e { Entry::Settled(*new) } else { *e })
+            .collect();
+        obj.sums.write(first, &settled).map_err(sums_err)?;
         self.mark_dirty(ino, index);
-        start_writeback(&f, offset, end);
+        start_writeback(&obj.data, offset, end);
         Ok(())
+    }
+
+    /// The (new, old) checksums of block `k` for a write of `data` at `offset` to an object
+    /// of `size` bytes whose entry for `k` is `entry`. Three cases, cheapest first:
+    /// the write covers every byte the block holds (checksum of the new bytes alone); the
+    /// bytes it replaces are zeros (a hole, or past the end: the new checksum follows from
+    /// the stored one, see [`checksums::with_piece`], and the rest of the block is not
+    /// read); otherwise the block is read, checked against its entry (a damaged block is not
+    /// silently blessed by a partial write: `EIO`), and patched.
+    #[allow(clippy::too_many_arguments)]
+    fn block_update(
+        &self,
+        obj: &Object,
+        k: u64,
+        entry: Result<Entry, String>,
+        size: u64,
+        offset: u64,
+        data: &[u8],
+        scratch: &mut Vec<u8>,
+    ) -> R<(u32, u32)> {
+        let bs = k * BLOCK;
+        let ws = offset.max(bs);
+        let we = (offset + data.len() as u64).min(bs + BLOCK);
+        let piece = &data[(ws - offset) as usize..(we - offset) as usize];
+        let held = size.clamp(bs, bs + BLOCK); // the block holds bytes [bs, held)
+        let known = entry.as_ref().ok().and_then(|e| e.known());
+        if ws == bs && we >= held {
+            // Every byte the block holds is replaced; what follows the piece is zeros.
+            let new = block_crc(piece);
+            return Ok((new, known.unwrap_or(new)));
+        }
+        let io = |e: std::io::Error| Fail::io(format_args!("read {}", obj.path.display()), &e);
+        if let Some(old) = known {
+            // The bytes to be replaced, where the object holds any.
+            if range_is_zeros(&obj.data, ws, we.min(held), scratch).map_err(io)? {
+                return Ok((checksums::with_piece(old, ws - bs, piece), old));
+            }
+        }
+        scratch.clear();
+        scratch.resize(BLOCK as usize, 0);
+        let got = read_full_at(&obj.data, &mut scratch[..(held - bs) as usize], bs).map_err(io)?;
+        scratch[got..].fill(0);
+        self.verify(obj, k, &scratch[..got]).map_err(|b| b.fail())?;
+        let old = block_crc(&scratch[..got]);
+        scratch[(ws - bs) as usize..(we - bs) as usize].copy_from_slice(piece);
+        Ok((block_crc(scratch), old))
     }
 
     fn mark_dirty(&self, ino: Ino, index: u32) {
@@ -167,50 +331,88 @@ impl DataStore {
     }
 
     /// Shorten object `index` to `len` bytes if it is longer (a missing object stays missing:
-    /// it reads as zeros anyway).
+    /// it reads as zeros anyway). The checksums follow the crash invariant: the blocks that
+    /// change (the one cut in the middle, those dropped) are pending before the cut, the
+    /// cut block settled and the dropped entries removed after.
     pub fn truncate(&self, ino: Ino, index: u32, len: u64) -> R<()> {
-        let Some(f) = self.fd(ino, index, false)? else { return Ok(()) };
-        let cur = f.metadata().map_err(|e| Fail::io(format_args!("stat object {ino}.{index}"), &e))?.len();
-        if cur > len {
-            f.set_len(len).map_err(|e| Fail::io(format_args!("truncate object {ino}.{index}"), &e))?;
-            self.mark_dirty(ino, index);
+        let _g = self.lock(ino, index).write();
+        let Some(obj) = self.open_object(ino, index, false)? else { return Ok(()) };
+        let cur = obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+        if cur <= len {
+            return Ok(());
+        }
+        let sums_err = |e: std::io::Error| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e);
+        let first = len / BLOCK; // the first block that changes
+        let last = (cur - 1) / BLOCK;
+        let stored = obj.sums.read(first, last - first + 1).map_err(sums_err)?;
+        let mut pending = Vec::with_capacity(stored.len());
+        let mut cut_block = None;
+        for (k, entry) in (first..=last).zip(stored) {
+            let bs = k * BLOCK;
+            let new = if bs < len {
+                // Cut in the middle: keep its first bytes, checked first.
+                let mut buf = vec![0u8; (cur.min(bs + BLOCK) - bs) as usize];
+                let got = read_full_at(&obj.data, &mut buf, bs)
+                    .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
+                buf.truncate(got);
+                self.verify(&obj, k, &buf).map_err(|b| b.fail())?;
+                let new = block_crc(&buf[..((len - bs) as usize).min(got)]);
+                cut_block = Some(new);
+                new
+            } else {
+                checksums::zero_block_crc()
+            };
+            let old = entry.ok().and_then(|e| e.known()).unwrap_or(new);
+            pending.push(Entry::Pending { new, old });
+        }
+        obj.sums.write(first, &pending).map_err(sums_err)?;
+        obj.data.set_len(len).map_err(|e| Fail::io(format_args!("truncate {}", obj.path.display()), &e))?;
+        if let Some(new) = cut_block {
+            obj.sums.write(first, &[Entry::Settled(new)]).map_err(sums_err)?;
+        }
+        obj.sums.cut(len.div_ceil(BLOCK)).map_err(sums_err)?;
+        self.mark_dirty(ino, index);
+        Ok(())
+    }
+
+    /// Delete the given objects (file, object index) held here, with their checksums;
+    /// missing ones are fine (idempotent). Open descriptors and pending syncs of those files
+    /// are dropped.
+    pub fn delete_objects(&self, objects: &[(Ino, u32)]) -> R<()> {
+        let files: HashSet<u64> = objects.iter().map(|(ino, _)| ino.0).collect();
+        self.dirty.lock().retain(|i, _| !files.contains(i));
+        for &(ino, index) in objects {
+            // Under the object's lock: no read or write has it open meanwhile, so the
+            // cache cannot keep (or get back) a descriptor of a deleted file.
+            let _g = self.lock(ino, index).write();
+            self.fds.lock().map.remove(&(ino.0, index));
+            // The data first: a crash in between leaves a checksum file alone, which the
+            // next delete (the gc record is still there) or create replaces.
+            for p in [self.path(ino, index), self.sums_path(ino, index)] {
+                match std::fs::remove_file(&p) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(Fail::io(format_args!("delete object {}", p.display()), &e)),
+                }
+            }
         }
         Ok(())
     }
 
-    /// Delete the given objects (file, object index) held here; missing ones are fine
-    /// (idempotent). Open descriptors and pending syncs of those files are dropped.
-    pub fn delete_objects(&self, objects: &[(Ino, u32)]) -> R<()> {
-        let files: HashSet<u64> = objects.iter().map(|(ino, _)| ino.0).collect();
-        self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
-        self.dirty.lock().retain(|i, _| !files.contains(i));
-        let mut result = Ok(());
-        for &(ino, index) in objects {
-            let p = self.path(ino, index);
-            match std::fs::remove_file(&p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => {
-                    result = Err(Fail::io(format_args!("delete object {}", p.display()), &e));
-                    break;
-                }
-            }
-        }
-        // A read may have opened (and cached) an object between the purge above and its
-        // removal: that descriptor would serve the deleted bytes for as long as it is cached.
-        self.fds.lock().map.retain(|(i, _), _| !files.contains(i));
-        result
-    }
-
-    /// `fdatasync` (or `fsync` when `!data_only`) every object of `ino` written since its last sync.
+    /// `fdatasync` (or `fsync` when `!data_only`) every object of `ino` written since its
+    /// last sync, and its checksums.
     pub fn sync(&self, ino: Ino, data_only: bool) -> R<()> {
         let Some(indices) = self.dirty.lock().remove(&ino.0) else { return Ok(()) };
         for (n, &index) in indices.iter().enumerate() {
-            let res = match self.fd(ino, index, false) {
-                Ok(Some(f)) => if data_only { f.sync_data() } else { f.sync_all() }
-                    .map_err(|e| Fail::io(format_args!("sync object {ino}.{index}"), &e)),
-                Ok(None) => Ok(()),
-                Err(e) => Err(e),
+            let res = {
+                let _g = self.lock(ino, index).read();
+                match self.open_object(ino, index, false) {
+                    Ok(Some(o)) => if data_only { o.data.sync_data() } else { o.data.sync_all() }
+                        .and_then(|()| o.sums.sync(data_only))
+                        .map_err(|e| Fail::io(format_args!("sync {}", o.path.display()), &e)),
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e),
+                }
             };
             if let Err(e) = res {
                 // Still dirty: a retried fsync must try again.
@@ -226,12 +428,69 @@ impl DataStore {
         indices.filter_map(|i| std::fs::metadata(self.path(ino, i)).ok()).map(|m| m.blocks() * 512).sum()
     }
 
+    /// Every object held here (a walk of the 256 buckets; checksum files are not objects).
+    pub fn list(&self) -> Vec<(Ino, u32)> {
+        let mut out = Vec::new();
+        for b in 0..256 {
+            let Ok(rd) = std::fs::read_dir(self.root.join(format!("{b:02x}"))) else { continue };
+            for e in rd.flatten() {
+                if let Some(o) = e.file_name().to_str().and_then(parse_object_name) {
+                    out.push(o);
+                }
+            }
+        }
+        out
+    }
+
     /// Number of object files (an O(n) directory walk: for status reports).
     pub fn count(&self) -> u64 {
-        (0..256)
-            .filter_map(|b| std::fs::read_dir(self.root.join(format!("{b:02x}"))).ok())
-            .map(|rd| rd.count() as u64)
-            .sum()
+        self.list().len() as u64
+    }
+
+    /// Verify every block of one object (for `shoal scrub`), in steps of `step` blocks each
+    /// under the object's lock, calling `progress(bytes)` after each and `pause()` between.
+    /// Opening it settles or computes its checksums as any access does. Returns the object's
+    /// size and the damaged blocks found (each with the object file and offset).
+    pub fn scrub_object(
+        &self,
+        ino: Ino,
+        index: u32,
+        step: u64,
+        mut progress: impl FnMut(u64),
+        mut pause: impl FnMut(),
+    ) -> R<(u64, Vec<BadBlock>)> {
+        let mut bad = Vec::new();
+        let mut k = 0;
+        let mut buf = Vec::new();
+        loop {
+            let (size, done) = {
+                let _g = self.lock(ino, index).read();
+                let Some(obj) = self.open_object(ino, index, false)? else { return Ok((0, bad)) };
+                let size =
+                    obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+                let blocks = size.div_ceil(BLOCK);
+                if k >= blocks {
+                    return Ok((size, bad));
+                }
+                let n = step.min(blocks - k);
+                let from = k * BLOCK;
+                let upto = size.min((k + n) * BLOCK);
+                buf.resize((upto - from) as usize, 0);
+                let got = read_full_at(&obj.data, &mut buf, from)
+                    .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
+                // Block by block, so that one damaged block does not hide the next.
+                for (i, chunk) in buf[..got].chunks(BLOCK as usize).enumerate() {
+                    if let Err(b) = self.verify(&obj, k + i as u64, chunk) {
+                        bad.push(b);
+                    }
+                }
+                k += n;
+                (size, got as u64)
+            };
+            let _ = size;
+            progress(done);
+            pause();
+        }
     }
 
     /// Flush every dirty page of the file system holding the objects.
@@ -246,17 +505,84 @@ impl DataStore {
     }
 }
 
-/// Bytes of an object file to send as the data of a reply (see [`DataStore::region`]).
-pub struct Region {
-    pub file: Arc<File>,
-    pub offset: u64,
-    pub len: usize,
+/// Does the file hold only zeros in `[from, to)`? Holes are found with `SEEK_DATA` /
+/// `SEEK_HOLE` and not read: reading a hole would fill the page cache with zero pages (and
+/// read the file's extent tree), which cost a write into a hole more than the write itself
+/// (measured on io-hard). Only the data inside the range is read and checked.
+fn range_is_zeros(f: &File, from: u64, to: u64, scratch: &mut Vec<u8>) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    let mut at = from;
+    while at < to {
+        // SAFETY: lseek on a valid descriptor.
+        let data = unsafe { libc::lseek(fd, at as libc::off_t, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            // ENXIO: no data at or after `at`.
+            return if e.raw_os_error() == Some(libc::ENXIO) { Ok(true) } else { Err(e) };
+        }
+        let data = data as u64;
+        if data >= to {
+            return Ok(true);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data as libc::off_t, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let end = (hole as u64).min(to).max(data + 1);
+        scratch.resize((end - data) as usize, 0);
+        let got = read_full_at(f, scratch, data)?;
+        // OR of every byte (no early exit, so it vectorises): zero iff all are zeros.
+        if scratch[..got].iter().fold(0u8, |a, &b| a | b) != 0 {
+            return Ok(false);
+        }
+        if got < scratch.len() {
+            return Ok(true); // the file ends here
+        }
+        at = end;
+    }
+    Ok(true)
 }
 
-/// How long a blocked send may make no progress before the connection is given up.
-const SEND_STALL: std::time::Duration = std::time::Duration::from_secs(60);
+/// `pread` into uninitialised memory until it is full or the file ends; returns the bytes read.
+fn pread_uninit(f: &File, buf: &mut [std::mem::MaybeUninit<u8>], offset: u64) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0;
+    while done < buf.len() {
+        // SAFETY: the kernel writes at most `len - done` bytes into memory we own.
+        let n = unsafe {
+            libc::pread(
+                f.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast(),
+                buf.len() - done,
+                (offset + done as u64) as libc::off_t,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => done += n as usize,
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(done)
+}
 
-/// Wait until `fd` takes more bytes (it is non-blocking), for at most [`SEND_STALL`].
+/// The (file, object index) an object file's name stands for (`<16 hex digits>.<index>`);
+/// `None` for anything else (checksum files, temporary files).
+pub fn parse_object_name(name: &str) -> Option<(Ino, u32)> {
+    let (ino, index) = name.split_once('.')?;
+    if ino.len() != 16 || !index.bytes().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    Some((Ino(u64::from_str_radix(ino, 16).ok()?), index.parse().ok()?))
+}
+
 /// When a write `[offset, end)` completes an aligned [`WRITEBACK_CHUNK`] of the object, ask
 /// the kernel to start writing the completed chunks to disk now, without waiting
 /// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`).
@@ -290,155 +616,170 @@ fn start_writeback(f: &File, offset: u64, end: u64) {
     }
 }
 
-fn wait_writable(fd: std::os::fd::RawFd) -> std::io::Result<()> {
-    let start = std::time::Instant::now();
-    loop {
-        let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, 1000) };
-        if r > 0 {
-            if p.revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 && p.revents & libc::POLLOUT == 0 {
-                return Err(std::io::ErrorKind::BrokenPipe.into());
-            }
-            return Ok(());
-        }
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-        if start.elapsed() > SEND_STALL {
-            return Err(ErrorKind::TimedOut.into());
-        }
-    }
-}
-
-/// Run `call`, a system call on the non-blocking socket `fd` that returns a count or -1,
-/// until it succeeds: wait in `poll` while the socket is full, retry when interrupted.
-fn on_nonblocking(fd: std::os::fd::RawFd, mut call: impl FnMut() -> isize) -> std::io::Result<usize> {
-    loop {
-        let n = call();
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = std::io::Error::last_os_error();
-        match e.kind() {
-            ErrorKind::WouldBlock => wait_writable(fd)?,
-            ErrorKind::Interrupted => {}
-            _ => return Err(e),
-        }
-    }
-}
-
-/// Write all of `buf` to the non-blocking socket `fd`.
-fn write_all_fd(fd: std::os::fd::RawFd, mut buf: &[u8]) -> std::io::Result<()> {
-    while !buf.is_empty() {
-        // SAFETY: writing from a valid slice to a descriptor we hold.
-        let n = on_nonblocking(fd, || unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) })?;
-        buf = &buf[n..];
-    }
-    Ok(())
-}
-
-/// Send `head` and then the `region` of an object file over the non-blocking socket
-/// `sock` (blocks: run it off the async threads). The file's pages go to the socket
-/// without being copied through this process (`sendfile`). If the file got shorter since
-/// [`DataStore::region`] measured it, the missing bytes are sent as zeros, so the frame
-/// keeps the length its header announced.
-pub fn send_region(sock: std::os::fd::BorrowedFd<'_>, head: &[u8], region: &Region) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let fd = sock.as_raw_fd();
-    write_all_fd(fd, head)?;
-    let mut off = region.offset as libc::off_t;
-    let mut left = region.len;
-    while left > 0 {
-        // SAFETY: both descriptors are valid for the call; `off` is ours.
-        let n = on_nonblocking(fd, || unsafe { libc::sendfile(fd, region.file.as_raw_fd(), &mut off, left) })?;
-        if n == 0 {
-            // The file ends early: zeros for the rest.
-            static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
-            while left > 0 {
-                let k = left.min(ZEROS.len());
-                write_all_fd(fd, &ZEROS[..k])?;
-                left -= k;
-            }
-            break;
-        }
-        left -= n;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn rd(d: &DataStore, ino: Ino, index: u32, offset: u64, len: usize) -> Vec<u8> {
+        d.read(ino, index, offset, len).unwrap().to_vec()
+    }
 
     #[test]
     fn objects_read_write_truncate_delete() {
         let dir = tempfile::tempdir().unwrap();
         let d = DataStore::open(dir.path()).unwrap();
         let ino = Ino(0xabcd_0012);
-        assert!(d.read(ino, 0, 0, 10).unwrap().is_empty());
+        assert!(rd(&d, ino, 0, 0, 10).is_empty());
         d.write(ino, 1, 5, b"hello").unwrap();
         assert!(d.path(ino, 1).ends_with("12/00000000abcd0012.1"));
-        assert_eq!(d.read(ino, 1, 0, 100).unwrap(), b"\0\0\0\0\0hello");
+        assert!(d.sums_path(ino, 1).ends_with("12/00000000abcd0012.1.crc"));
+        assert_eq!(rd(&d, ino, 1, 0, 100), b"\0\0\0\0\0hello");
         // beyond 4 GiB, sparse
         d.write(ino, 1, 5 << 30, b"far").unwrap();
-        assert_eq!(d.read(ino, 1, (5 << 30) - 1, 10).unwrap(), b"\0far");
+        assert_eq!(rd(&d, ino, 1, (5 << 30) - 1, 10), b"\0far");
         d.sync(ino, true).unwrap();
         d.truncate(ino, 1, 7).unwrap();
-        assert_eq!(d.read(ino, 1, 0, 100).unwrap(), b"\0\0\0\0\0he");
+        assert_eq!(rd(&d, ino, 1, 0, 100), b"\0\0\0\0\0he");
         d.truncate(ino, 3, 0).unwrap(); // missing: fine
         assert_eq!(d.count(), 1);
+        assert_eq!(d.list(), vec![(ino, 1)]);
         d.delete_objects(&[(ino, 0), (ino, 1), (ino, 2)]).unwrap();
-        assert!(d.read(ino, 1, 0, 100).unwrap().is_empty());
+        assert!(rd(&d, ino, 1, 0, 100).is_empty());
+        assert!(!d.sums_path(ino, 1).exists());
         assert_eq!(d.count(), 0);
         d.delete_objects(&[(ino, 1)]).unwrap();
     }
 
+    /// A model of the object (a plain vector) checked against the store, block checksums
+    /// included (scrub finds nothing), after each kind of change.
+    fn check_clean(d: &DataStore, ino: Ino, model: &[u8]) {
+        assert_eq!(rd(d, ino, 0, 0, model.len() + 10), model);
+        let (size, bad) = d.scrub_object(ino, 0, 3, |_| {}, || {}).unwrap();
+        assert_eq!(size, model.len() as u64);
+        assert!(bad.is_empty(), "{bad:?}");
+    }
+
+    fn put(model: &mut Vec<u8>, offset: usize, data: &[u8]) {
+        if model.len() < offset + data.len() {
+            model.resize(offset + data.len(), 0);
+        }
+        model[offset..offset + data.len()].copy_from_slice(data);
+    }
+
     #[test]
-    fn regions_are_sent_from_the_file_and_padded_if_it_shrank() {
+    fn checksums_follow_partial_writes_holes_extension_and_truncation() {
         let dir = tempfile::tempdir().unwrap();
         let d = DataStore::open(dir.path()).unwrap();
-        let ino = Ino(0x77);
-        assert!(d.region(ino, 0, 0, 10).unwrap().is_none(), "missing object");
-        let body: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let ino = Ino(0x51);
+        let b = BLOCK as usize;
+        let mut model = Vec::new();
+        let pat =
+            |n: usize, seed: u8| -> Vec<u8> { (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect() };
+        let steps: Vec<(usize, Vec<u8>)> = vec![
+            (100, pat(1000, 1)),        // partial first block, after zeros
+            (1100, pat(500, 2)),        // append within the block
+            (50, pat(100, 3)),          // overwrite across existing bytes
+            (b - 10, pat(30, 4)),       // across a block boundary
+            (5 * b + 7, pat(3 * b, 5)), // far: leaves holes, spans blocks
+            (2 * b + 100, pat(10, 6)),  // into a hole below the end
+            (0, pat(b, 7)),             // a whole block
+            (8 * b, pat(1, 8)),         // extend by one byte at a block start
+        ];
+        for (off, data) in steps {
+            d.write(ino, 0, off as u64, &data).unwrap();
+            put(&mut model, off, &data);
+            check_clean(&d, ino, &model);
+        }
+        // Unaligned reads return exactly their range.
+        assert_eq!(rd(&d, ino, 0, (b - 20) as u64, 50), model[b - 20..b + 30]);
+        // Truncate to mid-block, then extend over the cut: the bytes after the cut are zeros.
+        for len in [5 * b + 1000, 3 * b, 3 * b - 1, 10] {
+            d.truncate(ino, 0, len as u64).unwrap();
+            model.truncate(len);
+            check_clean(&d, ino, &model);
+        }
+        d.write(ino, 0, 20, b"xy").unwrap();
+        put(&mut model, 20, b"xy");
+        check_clean(&d, ino, &model);
+        d.write(ino, 0, (2 * b) as u64, b"z").unwrap();
+        put(&mut model, 2 * b, b"z");
+        check_clean(&d, ino, &model);
+    }
+
+    #[test]
+    fn a_flipped_byte_fails_reads_of_its_block_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
+        let ino = Ino(0x52);
+        let b = BLOCK as usize;
+        let body: Vec<u8> = (0..3 * b + 500).map(|i| (i % 251) as u8).collect();
         d.write(ino, 0, 0, &body).unwrap();
-        assert!(d.region(ino, 0, 200_000, 10).unwrap().is_none(), "beyond the end");
-        let r = d.region(ino, 0, 1000, 1 << 20).unwrap().unwrap();
-        assert_eq!((r.offset, r.len), (1000, 199_000));
-        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        a.set_nonblocking(true).unwrap();
-        // The receiver takes exactly `n` bytes when asked: sent pages are shared with the
-        // file until then (a truncation would zero them in the socket buffer too).
-        let (ask, asked) = std::sync::mpsc::channel::<usize>();
-        let (give, given) = std::sync::mpsc::channel::<Vec<u8>>();
-        let reader = std::thread::spawn(move || {
-            use std::io::Read;
-            let mut b = b;
-            for n in asked {
-                let mut got = vec![0u8; n];
-                b.read_exact(&mut got).unwrap();
-                give.send(got).unwrap();
-            }
-        });
-        use std::os::fd::AsFd;
-        ask.send(4 + 199_000).unwrap();
-        send_region(a.as_fd(), b"HEAD", &r).unwrap();
-        let got = given.recv().unwrap();
-        assert_eq!(&got[..4], b"HEAD");
-        assert!(got[4..] == body[1000..]);
-        // The object shrinks under a measured region: the rest is zeros.
-        let r2 = d.region(ino, 0, 0, 300).unwrap().unwrap();
-        d.truncate(ino, 0, 100).unwrap();
-        ask.send(300).unwrap();
-        send_region(a.as_fd(), b"", &r2).unwrap();
-        let tail = given.recv().unwrap();
-        assert!(tail[..100] == body[..100]);
-        assert!(tail[100..].iter().all(|&b| b == 0));
-        drop(ask);
-        reader.join().unwrap();
+        let path = d.path(ino, 0);
+        let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let mut byte = [0u8];
+        f.read_exact_at(&mut byte, (b + 1234) as u64).unwrap();
+        f.write_all_at(&[byte[0] ^ 0x04], (b + 1234) as u64).unwrap();
+        let e = d.read(ino, 0, (b + 10) as u64, 10).unwrap_err();
+        assert_eq!(e.errno, Errno::EIO);
+        assert!(e.message.contains(&path.display().to_string()) && e.message.contains(&format!("offset {b}")), "{e}");
+        assert_eq!(rd(&d, ino, 0, 0, b), body[..b]);
+        assert_eq!(rd(&d, ino, 0, 2 * b as u64, 2 * b), body[2 * b..]);
+        // A partial write does not bless the damaged block; scrub names it, and only it.
+        assert_eq!(d.write(ino, 0, (b + 5) as u64, b"q").unwrap_err().errno, Errno::EIO);
+        let (_, bad) = d.scrub_object(ino, 0, 2, |_| {}, || {}).unwrap();
+        assert_eq!(bad.iter().map(|x| (x.path.clone(), x.offset)).collect::<Vec<_>>(), vec![(path, b as u64)]);
+        // Rewriting the whole block repairs it.
+        d.write(ino, 0, b as u64, &body[b..2 * b]).unwrap();
+        check_clean(&d, ino, &body);
+    }
+
+    #[test]
+    fn objects_without_checksums_get_them_at_first_access() {
+        let dir = tempfile::tempdir().unwrap();
+        let ino = Ino(0x53);
+        let body: Vec<u8> = (0..200_000u32).map(|i| (i % 241) as u8).collect();
+        {
+            let d = DataStore::open(dir.path()).unwrap();
+            std::fs::write(d.path(ino, 0), &body).unwrap();
+            assert!(!d.sums_path(ino, 0).exists());
+        }
+        let d = DataStore::open(dir.path()).unwrap();
+        assert_eq!(rd(&d, ino, 0, 1000, 10), body[1000..1010]);
+        assert!(d.sums_path(ino, 0).exists());
+        check_clean(&d, ino, &body);
+    }
+
+    #[test]
+    fn entries_left_pending_by_a_killed_server_settle_when_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let ino = Ino(0x54);
+        let b = BLOCK as usize;
+        let old: Vec<u8> = vec![3u8; 2 * b];
+        let new: Vec<u8> = vec![9u8; 2 * b];
+        {
+            let d = DataStore::open(dir.path()).unwrap();
+            d.write(ino, 0, 0, &old).unwrap();
+            // What a server killed between steps (1) and (3) of a write leaves: entries pending,
+            // block 0 with the new bytes, block 1 still old.
+            let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
+            let e = Entry::Pending { new: block_crc(&new[..b]), old: block_crc(&old[..b]) };
+            s.write(0, &[e, e]).unwrap();
+            std::fs::OpenOptions::new().write(true).open(d.path(ino, 0)).unwrap().write_all_at(&new[..b], 0).unwrap();
+        }
+        let d = DataStore::open(dir.path()).unwrap();
+        let mut expect = new[..b].to_vec();
+        expect.extend_from_slice(&old[b..]);
+        check_clean(&d, ino, &expect);
+        let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
+        assert!(s.read(0, 2).unwrap().iter().all(|e| matches!(e, Ok(Entry::Settled(_)))));
+    }
+
+    #[test]
+    fn object_names_parse_and_checksum_files_are_not_objects() {
+        assert_eq!(parse_object_name("00000000abcd0012.3"), Some((Ino(0xabcd_0012), 3)));
+        assert_eq!(parse_object_name("00000000abcd0012.3.crc"), None);
+        assert_eq!(parse_object_name("00000000abcd0012.3.crc.tmp1f"), None);
+        assert_eq!(parse_object_name("x.3"), None);
     }
 
     #[test]
@@ -449,7 +790,7 @@ mod tests {
             d.write(Ino(i + 2), 0, 0, &i.to_le_bytes()).unwrap();
         }
         for i in 0..(FD_CACHE as u64 + 300) {
-            assert_eq!(d.read(Ino(i + 2), 0, 0, 8).unwrap(), i.to_le_bytes());
+            assert_eq!(rd(&d, Ino(i + 2), 0, 0, 8), i.to_le_bytes());
         }
         assert!(d.fds.lock().map.len() <= FD_CACHE);
     }

@@ -1,6 +1,7 @@
 //! Local persistence: the metadata store (RocksDB), its stored records and their upgrade,
 //! the data objects (plain files) and the watch on free space.
 
+pub mod checksums;
 pub mod commits;
 pub mod data;
 pub mod meta;

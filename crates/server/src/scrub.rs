@@ -1,0 +1,231 @@
+//! `shoal scrub` on a server: a background task that verifies every block of every data
+//! object held here against its checksum (`store::checksums`) and decodes every metadata
+//! record, while the server keeps serving.
+//!
+//! The task runs on a thread of its own and is throttled by a duty cycle: after each step
+//! (1 MiB of object data, or 1,000 records) it sleeps as long as the step took, so it
+//! takes at most about half of one core and of the disk's time, whatever the hardware. Each
+//! step holds the object's lock only for its own blocks (writes wait at most one step) and
+//! each batch of records its own RocksDB iterator. Objects written before checksums
+//! existed get them as the scrub opens them (as at any first access).
+
+use crate::error::R;
+use crate::state::State;
+use crate::store::data::BadBlock;
+use crate::store::meta::{self, key};
+use parking_lot::Mutex;
+use shoal_proto::msg::{Reply, ScrubError, ScrubStatus, SCRUB_ERRORS_MAX};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Blocks of 64 KiB verified per step.
+const STEP_BLOCKS: u64 = 16;
+/// Records decoded per step.
+const STEP_RECORDS: usize = 1000;
+
+/// The scrub of this server: its status, shared with the task.
+#[derive(Default)]
+pub struct Scrub {
+    status: Mutex<ScrubStatus>,
+    began: Mutex<Option<Instant>>,
+}
+
+impl Scrub {
+    fn snapshot(&self) -> ScrubStatus {
+        let mut s = self.status.lock().clone();
+        if let (Some(t), false) = (*self.began.lock(), s.done) {
+            s.elapsed_ms = t.elapsed().as_millis() as u64;
+        }
+        s
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ScrubStatus)) {
+        f(&mut self.status.lock());
+    }
+
+    fn error(&self, e: ScrubError) {
+        tracing::error!(
+            "scrub: {} {}{}: {}",
+            e.kind,
+            e.name,
+            e.offset.map(|o| format!(" at offset {o}")).unwrap_or_default(),
+            e.message
+        );
+        self.update(|s| {
+            if s.errors.len() < SCRUB_ERRORS_MAX {
+                s.errors.push(e);
+            } else {
+                s.errors_unlisted += 1;
+            }
+        });
+    }
+}
+
+/// `ScrubStart`: start the task unless one is running; answer the status.
+pub async fn start(st: &Arc<State>) -> R<Reply> {
+    let starting = {
+        let mut s = st.scrub.status.lock();
+        if s.started && !s.done {
+            false
+        } else {
+            *s = ScrubStatus { started: true, ..ScrubStatus::default() };
+            *st.scrub.began.lock() = Some(Instant::now());
+            true
+        }
+    };
+    if starting {
+        let st2 = st.clone();
+        let spawned = std::thread::Builder::new().name("scrub".into()).spawn(move || run(&st2));
+        if let Err(e) = spawned {
+            st.scrub.update(|s| {
+                s.done = true;
+                s.failure = Some(format!("cannot start the scrub thread: {e}"));
+            });
+        }
+    }
+    Ok(Reply::Scrub(st.scrub.snapshot()))
+}
+
+/// `ScrubStatus`.
+pub async fn status(st: &Arc<State>) -> R<Reply> {
+    Ok(Reply::Scrub(st.scrub.snapshot()))
+}
+
+/// Sleep as long as the step that began at `t` took (the duty cycle), then start the next.
+fn pause(t: &mut Instant) {
+    std::thread::sleep(t.elapsed().min(Duration::from_millis(500)));
+    *t = Instant::now();
+}
+
+fn run(st: &State) {
+    let sc = &st.scrub;
+    tracing::info!("scrub started");
+    // What there is to do, for the progress bar.
+    let objects = st.data.list();
+    let bytes_total: u64 = objects
+        .iter()
+        .filter_map(|&(ino, index)| std::fs::metadata(st.data.path(ino, index)).ok())
+        .map(|m| m.len())
+        .sum();
+    sc.update(|s| {
+        s.objects_total = objects.len() as u64;
+        s.bytes_total = bytes_total;
+    });
+    if let Err(e) = scrub_records(st) {
+        sc.update(|s| s.failure = Some(format!("metadata store: {e}")));
+    }
+    let mut t = Instant::now();
+    for (ino, index) in objects {
+        let found = st.data.scrub_object(ino, index, STEP_BLOCKS, |n| sc.update(|s| s.bytes += n), || pause(&mut t));
+        match found {
+            Ok((_, bad)) => {
+                for b in bad {
+                    sc.error(object_error(b));
+                }
+            }
+            Err(f) => sc.error(ScrubError {
+                kind: "object".into(),
+                name: st.data.path(ino, index).display().to_string(),
+                offset: None,
+                message: f.to_string(),
+            }),
+        }
+        sc.update(|s| s.objects += 1);
+    }
+    let elapsed = sc.began.lock().map(|t| t.elapsed().as_millis() as u64).unwrap_or(0);
+    sc.update(|s| {
+        s.done = true;
+        s.elapsed_ms = elapsed;
+    });
+    let s = sc.snapshot();
+    tracing::info!(
+        "scrub done: {} objects, {} bytes, {} records, {} errors",
+        s.objects,
+        s.bytes,
+        s.records,
+        s.errors.len() as u64 + s.errors_unlisted
+    );
+}
+
+fn object_error(b: BadBlock) -> ScrubError {
+    ScrubError { kind: "object".into(), name: b.path.display().to_string(), offset: Some(b.offset), message: b.reason }
+}
+
+/// Decode every record of the metadata store, [`STEP_RECORDS`] per iterator.
+fn scrub_records(st: &State) -> R<()> {
+    let mut from: Option<Vec<u8>> = None;
+    let mut t = Instant::now();
+    loop {
+        let mut last = None;
+        let mut n = 0;
+        st.meta.scan(&[], from.as_deref(), |k, v| {
+            if let Err(message) = check_record(k, v) {
+                st.scrub.error(ScrubError { kind: "record".into(), name: printable(k), offset: None, message });
+            }
+            n += 1;
+            last = Some(k.to_vec());
+            Ok(n < STEP_RECORDS)
+        })?;
+        st.scrub.update(|s| s.records += n as u64);
+        let Some(mut k) = last else { return Ok(()) };
+        if n < STEP_RECORDS {
+            return Ok(());
+        }
+        k.push(0); // the next key after `k`
+        from = Some(k);
+        pause(&mut t);
+    }
+}
+
+/// Does this record decode as what its key says it is? The one place the scrub decodes
+/// records: it follows the store's own types and decode function.
+fn check_record(k: &[u8], v: &[u8]) -> Result<(), String> {
+    fn dec<T: crate::store::records::Record>(k: &[u8], v: &[u8]) -> Result<(), String> {
+        crate::store::records::decode::<T>(&printable(k), v).map(|_| ()).map_err(|f| f.message)
+    }
+    let number = |what: &str| key::number(k).map(|_| ()).ok_or_else(|| format!("{what} key of the wrong length"));
+    match k.first() {
+        Some(&key::INODE) => number("inode").and_then(|()| dec::<meta::InodeRecord>(k, v)),
+        Some(&key::ENTRY) if k.len() > 9 => dec::<meta::EntryRecord>(k, v),
+        Some(&key::XATTR) if k.len() > 9 => Ok(()), // raw bytes: any value is valid
+        Some(&key::INTENT) => number("intent").and_then(|()| dec::<meta::IntentRecord>(k, v)),
+        Some(&key::APPLIED) => number("applied marker").and_then(|()| dec::<meta::AppliedRecord>(k, v)),
+        Some(&key::GC) => number("gc").and_then(|()| dec::<meta::GcRecord>(k, v)),
+        Some(&key::ORPHAN) => number("orphan").and_then(|()| dec::<meta::OrphanRecord>(k, v)),
+        _ if k == key::FORMAT || k == key::SERVER => {
+            if v.len() == 4 {
+                Ok(())
+            } else {
+                Err(format!("{} bytes where 4 are expected", v.len()))
+            }
+        }
+        _ => Err("key of no known kind".into()),
+    }
+}
+
+/// A key as text: printable ASCII as is, other bytes as `\xNN`.
+fn printable(k: &[u8]) -> String {
+    k.iter()
+        .flat_map(|&b| if b.is_ascii_graphic() { vec![b as char] } else { format!("\\x{b:02x}").chars().collect() })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::Ino;
+
+    #[test]
+    fn records_are_checked_by_their_key_kind() {
+        let entry = meta::encode(&meta::EntryRecord { ino: Ino(5), kind: shoal_proto::msg::FileKind::File });
+        let mut k = key::entry(Ino(1), "a");
+        assert_eq!(check_record(&k, &entry), Ok(()));
+        // An entry's bytes under an inode key do not decode as an inode.
+        assert!(check_record(&key::inode(Ino(5)), &entry).is_err());
+        assert!(check_record(&k, &[1, 2]).is_err());
+        k[0] = b'?';
+        assert!(check_record(&k, &entry).is_err());
+        assert_eq!(check_record(key::FORMAT, &1u32.to_be_bytes()), Ok(()));
+        assert_eq!(printable(&[b'e', 0, 0x41]), "e\\x00A");
+    }
+}
