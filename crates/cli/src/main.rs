@@ -73,6 +73,8 @@ enum Command {
     Bench(cmd::bench::BenchCmd),
     /// Make, rotate or retire the cluster key and host key named by the config's [security] table.
     Keygen(cmd::keygen::KeygenArgs),
+    /// Run the local identity helper (as root): vouches for the uid of unprivileged local clients.
+    Identityd(cmd::identityd::IdentitydArgs),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -112,6 +114,7 @@ fn main() -> ExitCode {
             Command::Setstripe(a) => cmd::stripe::setstripe(&ctx, a).await,
             Command::Getstripe(a) => cmd::stripe::getstripe(&ctx, a).await,
             Command::Keygen(a) => cmd::keygen::keygen(&ctx, a),
+            Command::Identityd(a) => cmd::identityd::identityd(&ctx, a).await,
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,

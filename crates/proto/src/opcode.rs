@@ -49,6 +49,7 @@ impl Op {
             Op::PeerTruncateObject { .. } => 33,
             Op::Append { .. } => 34,
             Op::ReleaseOrphan { .. } => 35,
+            Op::Authenticate { .. } => 36,
         }
     }
 }
