@@ -88,7 +88,71 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
         start_server(&dir, &config, s.id)?;
     }
     wait_ready(&dir, &map, Duration::from_secs(30))?;
+    start_identityd(&dir, &config, &map)?;
     Ok(config)
+}
+
+/// Pid file of the cluster's identity helper.
+const IDENTITYD_PID: &str = "identityd.pid";
+
+/// Start the identity helper for this cluster's host key (root only: it must read the key
+/// and is what unprivileged clients on this machine prove their uid through), unless one
+/// runs already. Without root, a note says why there is none.
+fn start_identityd(dir: &Path, config: &Path, map: &ClusterMap) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    if map.security.auth == shoal_placement::map::AuthMode::None || pid_file_alive(&dir.join(IDENTITYD_PID)).is_some() {
+        return Ok(());
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "shoal: note: not root, so no identity helper was started: processes that cannot read {} cannot use \
+             this cluster (run `shoal identityd` as root for them)",
+            map.security.host_key.display()
+        );
+        return Ok(());
+    }
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("identityd.log"))?;
+    let exe = std::env::current_exe().context("cannot find the shoal executable")?;
+    let mut cmd = std::process::Command::new(&exe);
+    cmd.arg("--config").arg(config).arg("identityd");
+    cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
+    // Own session, as the servers: a Ctrl-C in the terminal must not stop it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("cannot start {} identityd", exe.display()))?;
+    std::fs::write(dir.join(IDENTITYD_PID), child.id().to_string())?;
+    std::mem::forget(child);
+    let start = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&map.security.identity_socket).is_err() {
+        if pid_file_alive(&dir.join(IDENTITYD_PID)).is_none() || start.elapsed() > Duration::from_secs(10) {
+            let log = std::fs::read_to_string(dir.join("identityd.log")).unwrap_or_default();
+            let last = log.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no log output");
+            bail!("the identity helper did not start: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Stop the cluster's identity helper if it runs.
+fn stop_identityd(dir: &Path, grace: Duration) {
+    let file = dir.join(IDENTITYD_PID);
+    let Some(pid) = pid_file_alive(&file) else { return };
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let start = Instant::now();
+    while pid_file_alive(&file).is_some() {
+        if start.elapsed() > grace {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::fs::remove_file(file);
 }
 
 /// Request threads for each server of a cluster that shares this machine: the CPUs divided
@@ -154,7 +218,12 @@ fn wait_ready(dir: &Path, map: &ClusterMap, limit: Duration) -> Result<()> {
 
 /// The pid of server `id` if its pid file names a live process.
 pub fn pid_alive(dir: &Path, id: u32) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(dir.join(format!("s{id}.pid"))).ok()?.trim().parse().ok()?;
+    pid_file_alive(&dir.join(format!("s{id}.pid")))
+}
+
+/// The pid in `file` if it names a live process.
+fn pid_file_alive(file: &Path) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
     // Zombies count as dead: read the state from /proc.
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let state = stat.rsplit(')').next()?.split_whitespace().next()?;
@@ -185,5 +254,6 @@ pub fn down(dir: &Path, grace: Duration) -> Result<usize> {
         }
         let _ = std::fs::remove_file(dir.join(format!("s{id}.pid")));
     }
+    stop_identityd(dir, grace);
     Ok(running.len())
 }

@@ -77,6 +77,8 @@ enum Command {
     Keygen(cmd::keygen::KeygenArgs),
     /// Verify every data block and metadata record on the servers, with progress and a report.
     Scrub(cmd::scrub::ScrubArgs),
+    /// Run the local identity helper (as root): vouches for the uid of unprivileged local clients.
+    Identityd(cmd::identityd::IdentitydArgs),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -116,6 +118,7 @@ fn main() -> ExitCode {
             Command::Setstripe(a) => cmd::stripe::setstripe(&ctx, a).await,
             Command::Getstripe(a) => cmd::stripe::getstripe(&ctx, a).await,
             Command::Keygen(a) => cmd::keygen::keygen(&ctx, a),
+            Command::Identityd(a) => cmd::identityd::identityd(&ctx, a).await,
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,

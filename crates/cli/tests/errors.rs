@@ -81,6 +81,8 @@ fn a_user_in_100_groups_is_granted_access_through_its_80th_group() {
         client.chmod("/g", 0o770).await.unwrap();
     });
 
+    // The user proves its uid (and groups) through the identity helper.
+    let _helper = c.start_identityd();
     let (uid, gid) = (5000, 5000);
     // The build directory may sit under a home only root can enter (~/.cache): run a copy.
     let shoal = c.path().join("shoal");

@@ -96,7 +96,7 @@ fn garbage_frames_close_only_their_connection() {
         .unwrap();
     runner
         .run(&(any::<u32>(), any::<u32>(), any::<u64>()), |(min_version, max_version, features)| {
-            let op = Op::Hello { client: "fuzz".into(), session: 0, min_version, max_version, features };
+            let op = Op::Hello { client: "fuzz".into(), session: 0, min_version, max_version, features, auth: None };
             let mut msg = Vec::new();
             let req = Request { cred: Cred::root(), map_version: 0, op };
             Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut msg);

@@ -6,7 +6,7 @@
 
 mod common;
 use bytes::Bytes;
-use common::Cluster;
+use common::{Cluster, RawHost};
 use shoal_proto::frame::{Frame, FrameKind, HEADER_LEN};
 use shoal_proto::hello::{FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
 use shoal_proto::msg::{Cred, Op, Reply, Request};
@@ -27,18 +27,26 @@ impl Raw {
         Raw { s }
     }
 
-    /// Connect and say `Hello` with this range and these features; the answer.
-    fn hello(addr: &str, session: u64, min_version: u32, max_version: u32, features: u64) -> (Raw, Reply) {
-        let mut c = Raw::connect(addr);
-        let op = Op::Hello { client: "wire test".into(), session, min_version, max_version, features };
+    /// Connect to server 0 of `cluster` and say `Hello` with this range and these features,
+    /// proving the host key (as root's tools do) when the server accepts the range; the
+    /// answer to the `Hello`.
+    fn hello(cluster: &Cluster, session: u64, min_version: u32, max_version: u32, features: u64) -> (Raw, Reply) {
+        let host = RawHost::new(&cluster.config);
+        let mut c = Raw::connect(&cluster.addr(0));
+        let auth = Some(host.hello());
+        let op = Op::Hello { client: "wire test".into(), session, min_version, max_version, features, auth };
         c.send(0, op, Bytes::new());
         let reply = c.recv().expect("an answer to Hello").reply_body().unwrap();
+        if let Reply::Hello { .. } = reply {
+            let (ok, _) = c.call(0, host.authenticate(&reply), Bytes::new());
+            assert_eq!(ok, Reply::Ok, "authenticated");
+        }
         (c, reply)
     }
 
     /// A connection of client `session` that speaks this build's protocol with `features`.
-    fn open(addr: &str, session: u64, features: u64) -> Raw {
-        let (c, reply) = Raw::hello(addr, session, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, features);
+    fn open(cluster: &Cluster, session: u64, features: u64) -> Raw {
+        let (c, reply) = Raw::hello(cluster, session, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION, features);
         assert!(matches!(reply, Reply::Hello { .. }), "{reply:?}");
         c
     }
@@ -114,7 +122,7 @@ fn ino_of(reply: &Reply) -> Ino {
 fn a_newer_client_is_served_at_this_version_with_the_common_features() {
     let c = Cluster::start(1);
     let unknown_feature = 1u64 << 40;
-    let (mut raw, reply) = Raw::hello(&c.addr(0), 0, MIN_PROTOCOL_VERSION, 9, FEATURE_DATA_CRC | unknown_feature);
+    let (mut raw, reply) = Raw::hello(&c, 0, MIN_PROTOCOL_VERSION, 9, FEATURE_DATA_CRC | unknown_feature);
     match reply {
         Reply::Hello { protocol_version, features, .. } => {
             assert_eq!(protocol_version, PROTOCOL_VERSION);
@@ -129,7 +137,7 @@ fn a_newer_client_is_served_at_this_version_with_the_common_features() {
 #[test]
 fn a_too_old_client_is_refused_naming_both_ranges_and_closed() {
     let c = Cluster::start(1);
-    let (mut raw, reply) = Raw::hello(&c.addr(0), 0, 3, 4, FEATURE_DATA_CRC);
+    let (mut raw, reply) = Raw::hello(&c, 0, 3, 4, FEATURE_DATA_CRC);
     let want = format!("client speaks protocol 3..=4, this server {MIN_PROTOCOL_VERSION}..={PROTOCOL_VERSION}");
     match reply {
         Reply::Error { errno, message } => {
@@ -146,7 +154,7 @@ fn a_too_old_client_is_refused_naming_both_ranges_and_closed() {
 fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
     let c = Cluster::start(1);
     for (what, flip_from_end) in [("header and body", None), ("data", Some(1usize))] {
-        let mut raw = Raw::open(&c.addr(0), 0, FEATURE_DATA_CRC);
+        let mut raw = Raw::open(&c, 0, FEATURE_DATA_CRC);
         let name = format!("never-{}", what.len());
         let mut wire = match flip_from_end {
             // A write's data section, one bit flipped in transit.
@@ -173,7 +181,7 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
             other => panic!("{other:?}"),
         }
         assert!(raw.closed_by_server(), "the connection is closed");
-        let mut check = Raw::open(&c.addr(0), 0, FEATURE_DATA_CRC);
+        let mut check = Raw::open(&c, 0, FEATURE_DATA_CRC);
         let (reply, _) = check.call(1, Op::Lookup { dir: ROOT_INO, name }, Bytes::new());
         assert!(matches!(reply, Reply::Error { errno: Errno::ENOENT, .. }), "nothing was applied: {reply:?}");
     }
@@ -183,14 +191,14 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
 #[test]
 fn read_replies_carry_a_data_checksum_only_where_it_was_negotiated() {
     let c = Cluster::start(1);
-    let mut raw = Raw::open(&c.addr(0), 0, FEATURE_DATA_CRC);
+    let mut raw = Raw::open(&c, 0, FEATURE_DATA_CRC);
     let ino = ino_of(&raw.call(1, create("f"), Bytes::new()).0);
     let bytes: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
     let write = Op::Write { ino, index: 0, offset: 0, file_end: bytes.len() as u64, inode_local: true };
     let (reply, _) = raw.call(2, write, bytes.clone());
     assert!(matches!(reply, Reply::Written { .. }), "{reply:?}");
     for features in [FEATURE_DATA_CRC, 0] {
-        let mut raw = Raw::open(&c.addr(0), 0, features);
+        let mut raw = Raw::open(&c, 0, features);
         let (reply, f) = raw.call(3, Op::Read { ino, index: 0, offset: 0, len: 1 << 20 }, Bytes::new());
         assert_eq!(reply, Reply::Data);
         assert_eq!(f.data, bytes);
@@ -213,15 +221,14 @@ fn read_replies_carry_a_data_checksum_only_where_it_was_negotiated() {
 #[test]
 fn a_request_resent_under_the_same_ids_is_applied_once() {
     let c = Cluster::start(1);
-    let addr = c.addr(0);
     let me = session();
 
     // An exclusive create, sent twice on two connections as a client retrying after a lost
     // connection does: the same answer both times, and one file.
-    let mut first = Raw::open(&addr, me, FEATURE_DATA_CRC);
+    let mut first = Raw::open(&c, me, FEATURE_DATA_CRC);
     let (r1, f1) = first.call(100, create("once"), Bytes::new());
     drop(first);
-    let mut second = Raw::open(&addr, me, FEATURE_DATA_CRC);
+    let mut second = Raw::open(&c, me, FEATURE_DATA_CRC);
     let (r2, f2) = second.call(100, create("once"), Bytes::new());
     assert!(matches!(r1, Reply::Entry(_)), "{r1:?}");
     assert_eq!(r2, r1, "the duplicate gets the first reply");
@@ -230,7 +237,7 @@ fn a_request_resent_under_the_same_ids_is_applied_once() {
     let (r3, _) = second.call(101, create("once"), Bytes::new());
     assert!(matches!(r3, Reply::Error { errno: Errno::EEXIST, .. }), "{r3:?}");
     // The same request id from another client is another request too.
-    let mut other = Raw::open(&addr, me + 2, FEATURE_DATA_CRC);
+    let mut other = Raw::open(&c, me + 2, FEATURE_DATA_CRC);
     let (r4, _) = other.call(100, create("once"), Bytes::new());
     assert!(matches!(r4, Reply::Error { errno: Errno::EEXIST, .. }), "{r4:?}");
 
@@ -238,7 +245,7 @@ fn a_request_resent_under_the_same_ids_is_applied_once() {
     let ino = ino_of(&r1);
     let append = || Op::Append { ino };
     let (a1, _) = second.call(200, append(), Bytes::from_static(b"abc"));
-    let mut third = Raw::open(&addr, me, FEATURE_DATA_CRC);
+    let mut third = Raw::open(&c, me, FEATURE_DATA_CRC);
     let (a2, _) = third.call(200, append(), Bytes::from_static(b"abc"));
     assert_eq!(a1, Reply::Appended { offset: 0 });
     assert_eq!(a2, a1);
@@ -250,7 +257,7 @@ fn a_request_resent_under_the_same_ids_is_applied_once() {
     }
 
     // Duplicates in flight at once (pipelined on one connection) wait for the first.
-    let mut fourth = Raw::open(&addr, me, FEATURE_DATA_CRC);
+    let mut fourth = Raw::open(&c, me, FEATURE_DATA_CRC);
     let frame = Raw::encode(Raw::frame(300, append(), Bytes::from_static(b"xyz")));
     let twice = [frame.clone(), frame].concat();
     fourth.send_bytes(&twice);

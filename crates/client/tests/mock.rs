@@ -326,6 +326,7 @@ async fn serve(mock: Arc<Mock>, me: ServerId, listener: TcpListener) {
                                 server: me,
                                 map_version: 1,
                                 features: 0,
+                                auth: None,
                             },
                             Bytes::new(),
                         ),
@@ -346,6 +347,8 @@ async fn cluster(n: u32) -> (Arc<Mock>, ClusterMap) {
         listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
     }
     let mut map = ClusterMap::local(n, 1, "/tmp".as_ref());
+    // The mock proves no key: clients talk to it as under `auth = "none"`.
+    map.security.auth = shoal_placement::map::AuthMode::None;
     for (s, l) in map.servers.iter_mut().zip(&listeners) {
         s.addr = l.local_addr().unwrap().to_string();
     }

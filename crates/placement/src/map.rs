@@ -172,6 +172,9 @@ fn default_cluster_key() -> PathBuf {
 fn default_host_key() -> PathBuf {
     PathBuf::from("host.key")
 }
+fn default_identity_socket() -> PathBuf {
+    PathBuf::from("identity.sock")
+}
 
 /// The `[security]` table. Relative key paths are resolved against the folder of the
 /// config file when it is loaded, so that a map and its keys can move together.
@@ -186,11 +189,20 @@ pub struct Security {
     /// The host key ring, read by root's processes on client hosts.
     #[serde(default = "default_host_key")]
     pub host_key: PathBuf,
+    /// The local identity helper's socket (`shoal identityd`): where unprivileged clients,
+    /// which cannot read the host key, get a credential for their own uid (docs/security.md).
+    #[serde(default = "default_identity_socket")]
+    pub identity_socket: PathBuf,
 }
 
 impl Default for Security {
     fn default() -> Self {
-        Security { auth: AuthMode::default(), cluster_key: default_cluster_key(), host_key: default_host_key() }
+        Security {
+            auth: AuthMode::default(),
+            cluster_key: default_cluster_key(),
+            host_key: default_host_key(),
+            identity_socket: default_identity_socket(),
+        }
     }
 }
 
@@ -227,7 +239,7 @@ impl ClusterMap {
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
         let mut map = map;
         let base = path.parent().unwrap_or(Path::new("."));
-        for key in [&mut map.security.cluster_key, &mut map.security.host_key] {
+        for key in [&mut map.security.cluster_key, &mut map.security.host_key, &mut map.security.identity_socket] {
             if key.is_relative() {
                 *key = base.join(&*key);
             }

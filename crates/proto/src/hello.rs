@@ -39,6 +39,7 @@ pub fn hello_op(client: impl Into<String>, session: u64) -> crate::msg::Op {
         min_version: MIN_PROTOCOL_VERSION,
         max_version: PROTOCOL_VERSION,
         features: default_features(),
+        auth: None,
     }
 }
 

@@ -274,6 +274,10 @@ pub enum Op {
         max_version: u32,
         /// `FEATURE_*` bits (`hello.rs`) the sender supports; unknown bits are ignored.
         features: u64,
+        /// The role the sender claims and its nonce (`auth.rs`); absent under `auth = "none"`
+        /// and from connectors that prove nothing (they may then do nothing but `Hello`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<crate::auth::HelloAuth>,
     },
 
     // ---- namespace: sent to the home server of `dir` ----
@@ -483,6 +487,16 @@ pub enum Op {
     ScrubStart,
     /// How the current or last scrub is doing: answers `Scrub`.
     ScrubStatus,
+    /// Second frame of a connection whose `Hello` claimed a role: the connector's proof
+    /// (`proof`, a tag under the key of its role at `epoch`, for peers and hosts) or a
+    /// user's `credential`. Answered `Ok`, or an error after which the server closes.
+    Authenticate {
+        epoch: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        proof: Option<Vec<u8>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credential: Option<crate::auth::UserCredential>,
+    },
 }
 
 impl Op {
@@ -526,6 +540,7 @@ impl Op {
             Op::ReleaseOrphan { .. } => "release_orphan",
             Op::ScrubStart => "scrub_start",
             Op::ScrubStatus => "scrub_status",
+            Op::Authenticate { .. } => "authenticate",
         }
     }
 
@@ -609,6 +624,9 @@ pub enum Reply {
         server: ServerId,
         map_version: u64,
         features: u64,
+        /// The server's nonce and proof, when the `Hello` claimed a role (`auth.rs`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        auth: Option<crate::auth::ServerProof>,
     },
     Ok,
     Entry(EntryOut),

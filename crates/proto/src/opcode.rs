@@ -51,6 +51,7 @@ impl Op {
             Op::ReleaseOrphan { .. } => 35,
             Op::ScrubStart => 36,
             Op::ScrubStatus => 37,
+            Op::Authenticate { .. } => 38,
         }
     }
 }

@@ -84,6 +84,7 @@ fn ops() -> Vec<Op> {
             min_version: 5,
             max_version: 5,
             features: FEATURE_DATA_CRC,
+            auth: None,
         },
         Op::Lookup { dir: DIR, name: "a".into() },
         Op::Create { dir: DIR, name: "f".into(), perm: 0o600, exclusive: true, layout: Some(spec()) },
@@ -151,6 +152,18 @@ fn ops() -> Vec<Op> {
         Op::ReleaseOrphan { ino: FILE, session: 0xfeed },
         Op::ScrubStart,
         Op::ScrubStatus,
+        Op::Authenticate {
+            epoch: 2,
+            proof: Some(vec![0xa5; 32]),
+            credential: Some(shoal_proto::auth::UserCredential {
+                uid: 1000,
+                gid: 100,
+                groups: vec![100, 27],
+                expires: 1_700_000_060,
+                epoch: 2,
+                tag: vec![0x5a; 32],
+            }),
+        },
     ]
 }
 
@@ -177,7 +190,13 @@ fn batch_replies() -> Vec<BatchReply> {
 
 fn replies() -> Vec<Reply> {
     vec![
-        Reply::Hello { protocol_version: 5, server: ServerId(1), map_version: 3, features: FEATURE_DATA_CRC },
+        Reply::Hello {
+            protocol_version: 5,
+            server: ServerId(1),
+            map_version: 3,
+            features: FEATURE_DATA_CRC,
+            auth: None,
+        },
         Reply::Ok,
         Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None }),
         Reply::Attr(dir_attr()),
@@ -334,6 +353,20 @@ fn samples() -> Vec<(String, Sample)> {
         min_version: MIN_PROTOCOL_VERSION,
         max_version: PROTOCOL_VERSION,
         features: FEATURE_DATA_CRC,
+        auth: None,
+    };
+    // The same with authentication: a host's claim, the server's proof, the host's proof.
+    let hello_auth = Op::Hello {
+        client: "shoal-client pid 7".into(),
+        session: 0x5e55_10a0,
+        min_version: MIN_PROTOCOL_VERSION,
+        max_version: PROTOCOL_VERSION,
+        features: FEATURE_DATA_CRC,
+        auth: Some(shoal_proto::auth::HelloAuth {
+            role: shoal_proto::auth::Role::Host,
+            nonce: (0..32).collect(),
+            epoch: 2,
+        }),
     };
     let frames = [
         ("Frame.HelloRequest", Frame::request(0, &request(hello), Bytes::new())),
@@ -346,7 +379,35 @@ fn samples() -> Vec<(String, Sample)> {
                     server: ServerId(1),
                     map_version: 3,
                     features: FEATURE_DATA_CRC,
+                    auth: None,
                 },
+                Bytes::new(),
+            ),
+        ),
+        ("Frame.HelloAuthRequest", Frame::request(0, &request(hello_auth), Bytes::new())),
+        (
+            "Frame.HelloAuthReply",
+            Frame::reply(
+                0,
+                &Reply::Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    server: ServerId(1),
+                    map_version: 3,
+                    features: FEATURE_DATA_CRC,
+                    auth: Some(shoal_proto::auth::ServerProof {
+                        nonce: (32..64).collect(),
+                        epoch: 2,
+                        proof: vec![0xc3; 32],
+                    }),
+                },
+                Bytes::new(),
+            ),
+        ),
+        (
+            "Frame.AuthenticateRequest",
+            Frame::request(
+                0,
+                &request(Op::Authenticate { epoch: 2, proof: Some(vec![0x3c; 32]), credential: None }),
                 Bytes::new(),
             ),
         ),
@@ -521,7 +582,7 @@ fn every_variant_has_a_sample_and_a_distinct_op_code() {
 #[derive(Serialize)]
 enum LaterOp {
     Create { dir: Ino, name: String, perm: u32, exclusive: bool, layout: Option<LayoutSpec>, capability: Vec<u8> },
-    Hello { client: String, session: u64, min_version: u32, max_version: u32, features: u64, auth: Option<String> },
+    Hello { client: String, session: u64, min_version: u32, max_version: u32, features: u64, ticket: Option<String> },
 }
 
 /// A request of a later version, with a field this version does not know.
@@ -586,7 +647,7 @@ fn unknown_fields_are_ignored_and_missing_optional_ones_are_none() {
             min_version: 5,
             max_version: 9,
             features: u64::MAX,
-            auth: Some("token".into()),
+            ticket: Some("token".into()),
         },
         trace: 0,
     };

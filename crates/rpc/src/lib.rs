@@ -26,6 +26,8 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
+
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::ClusterMap;
@@ -58,6 +60,9 @@ pub struct PoolOptions {
     /// `FEATURE_*` bits offered in `Hello` (default: all this build knows, less the data
     /// checksum under `SHOAL_DATA_CRC=off`).
     pub features: u64,
+    /// Set by servers: connect as a peer, proving this cluster key ring. Without it the pool
+    /// proves the host key when it can read it, else asks the identity helper (`auth.rs`).
+    pub peer_keys: Option<auth::PeerKeys>,
 }
 
 impl Default for PoolOptions {
@@ -68,6 +73,7 @@ impl Default for PoolOptions {
             client_name: "shoal-client".into(),
             session: 0,
             features: default_features(),
+            peer_keys: None,
         }
     }
 }
@@ -249,7 +255,7 @@ fn fail_all(broken: &AtomicBool, pending: &Pending, err: CallError) {
 /// Why reading the handshake or a reply failed: a connection that broke or closed is
 /// ENOTCONN (the server went away: killed, restarted), a frame that does not decode is a
 /// protocol error.
-fn read_error(e: shoal_proto::frame::FrameError, during: &str) -> CallError {
+pub(crate) fn read_error(e: shoal_proto::frame::FrameError, during: &str) -> CallError {
     match e {
         shoal_proto::frame::FrameError::Io(e) => {
             CallError::transport(Errno::ENOTCONN, format!("connection lost{during}: {e}"))
@@ -267,9 +273,12 @@ impl Conn {
     async fn open(
         addr: &str,
         opts: &PoolOptions,
-        map_version: u64,
+        map: &ClusterMap,
         live: Arc<Liveness>,
     ) -> Result<(Conn, ServerId), CallError> {
+        // Who this side claims to be, decided before connecting (a process that can prove
+        // nothing still connects: the error comes from the helper it cannot reach).
+        let claim = auth::Claim::new(map, opts.peer_keys.as_ref())?;
         let stream = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!("connect {addr}: {e}");
             CallError::transport(Errno::ENOTCONN, format!("cannot connect: {e}"))
@@ -279,13 +288,14 @@ impl Conn {
         // Handshake before anything else.
         let hello = Request {
             cred: Cred::root(),
-            map_version,
+            map_version: map.version(),
             op: Op::Hello {
                 client: opts.client_name.clone(),
                 session: opts.session,
                 min_version: MIN_PROTOCOL_VERSION,
                 max_version: PROTOCOL_VERSION,
                 features: opts.features,
+                auth: claim.as_ref().map(|c| c.hello()),
             },
         };
         let f = Frame::request(0, &hello, Bytes::new())
@@ -298,11 +308,15 @@ impl Conn {
         live.heard_from();
         let body = reply.reply_body().map_err(|e| read_error(e, " in the handshake reply"))?;
         let (server, agreed) = match body {
-            Reply::Hello { protocol_version, server, features, .. } => {
-                match check_answer(protocol_version, features, opts.features) {
-                    Ok(agreed) => (server, agreed),
+            Reply::Hello { protocol_version, server, features, auth, .. } => {
+                let agreed = match check_answer(protocol_version, features, opts.features) {
+                    Ok(agreed) => agreed,
                     Err(m) => return Err(CallError::transport(Errno::EPROTO, m)),
+                };
+                if let Some(claim) = &claim {
+                    claim.finish(&mut rd, &mut wr, server, addr, auth).await?;
                 }
+                (server, agreed)
             }
             Reply::Error { errno, message } => return Err(CallError::Server { errno, message }),
             _ => return Err(CallError::transport(Errno::EPROTO, "unexpected reply to the handshake")),
@@ -469,7 +483,7 @@ impl Pool {
         }
         let entry =
             self.map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
-        let (conn, id) = Conn::open(&entry.addr, &self.opts, self.map.version(), live.clone()).await?;
+        let (conn, id) = Conn::open(&entry.addr, &self.opts, &self.map, live.clone()).await?;
         if id != server {
             tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
             return Err(CallError::transport(Errno::EIO, format!("{} answered as server {id}", entry.addr)));
@@ -595,6 +609,13 @@ mod tests {
     use shoal_proto::msg::StatFsOut;
     use tokio::net::TcpListener;
 
+    /// A one-server map without authentication: the fake servers below prove nothing.
+    fn open_map(port: u16) -> ClusterMap {
+        let mut map = ClusterMap::local(1, port, std::path::Path::new("/tmp"));
+        map.security.auth = shoal_placement::map::AuthMode::None;
+        map
+    }
+
     /// A server that answers the handshake, then (after `stall`, so that the client's
     /// socket fills up) answers every request with `Written { len }` of its data and
     /// checks that the data is the byte pattern the test sends.
@@ -602,7 +623,13 @@ mod tests {
         let (sock, _) = listener.accept().await.unwrap();
         let (mut rd, mut wr) = sock.into_split();
         let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
+        let r = Reply::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            server: ServerId(0),
+            map_version: 1,
+            features: 0,
+            auth: None,
+        };
         Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
         tokio::time::sleep(stall).await;
         while let Some(f) = Frame::read_from(&mut rd).await.unwrap() {
@@ -623,7 +650,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(fake_server(listener, Duration::from_millis(300)));
-        let map = ClusterMap::local(1, port, std::path::Path::new("/tmp"));
+        let map = open_map(port);
         let opts = PoolOptions { connections_per_server: 1, ..PoolOptions::default() };
         let pool = Arc::new(Pool::new(map, opts));
         // Much more than a socket buffer holds, from many callers at once, mixed with
@@ -650,7 +677,13 @@ mod tests {
         let (sock, _) = listener.accept().await.unwrap();
         let (mut rd, mut wr) = sock.into_split();
         let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
+        let r = Reply::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            server: ServerId(0),
+            map_version: 1,
+            features: 0,
+            auth: None,
+        };
         Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
         let mut unanswered = Vec::new();
         let mut thaw = std::pin::pin!(thaw);
@@ -682,7 +715,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let (_thaw, frozen) = oneshot::channel();
         tokio::spawn(frozen_server(listener, frozen));
-        let map = ClusterMap::local(1, port, std::path::Path::new("/tmp"));
+        let map = open_map(port);
         let opts =
             PoolOptions { connections_per_server: 1, timeout: Duration::from_millis(300), ..PoolOptions::default() };
         let pool = Arc::new(Pool::new(map, opts));
@@ -705,7 +738,7 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let (thaw, frozen) = oneshot::channel();
         tokio::spawn(frozen_server(listener, frozen));
-        let map = ClusterMap::local(1, port, std::path::Path::new("/tmp"));
+        let map = open_map(port);
         let timeout = Duration::from_millis(500);
         let pool = Pool::new(map, PoolOptions { connections_per_server: 1, timeout, ..PoolOptions::default() });
         let root = Cred::root();
@@ -757,7 +790,7 @@ mod tests {
             sock.set_linger(Some(Duration::ZERO)).unwrap();
             drop(sock);
         });
-        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let pool = Pool::new(open_map(port), PoolOptions::default());
         let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
         assert_eq!(e.errno(), Errno::ENOTCONN, "{e}");
         assert!(e.to_string().contains("connection lost during the handshake"), "{e}");
@@ -771,14 +804,19 @@ mod tests {
             let (sock, _) = listener.accept().await.unwrap();
             let (mut rd, mut wr) = sock.into_split();
             let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-            let r =
-                Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 0 };
+            let r = Reply::Hello {
+                protocol_version: PROTOCOL_VERSION,
+                server: ServerId(0),
+                map_version: 1,
+                features: 0,
+                auth: None,
+            };
             Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
             let f = Frame::read_from(&mut rd).await.unwrap().unwrap();
             let r = Reply::Error { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() };
             Frame::reply(f.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
         });
-        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let pool = Pool::new(open_map(port), PoolOptions::default());
         let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
         assert_eq!(e, CallError::Server { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() });
     }
@@ -787,7 +825,13 @@ mod tests {
     async fn accept_hello(sock: &mut TcpStream) -> u64 {
         let hello = Frame::read_from(sock).await.unwrap().unwrap();
         let Op::Hello { session, .. } = hello.request_body().unwrap().op else { panic!("not a Hello") };
-        let r = Reply::Hello { protocol_version: PROTOCOL_VERSION, server: ServerId(0), map_version: 1, features: 1 };
+        let r = Reply::Hello {
+            protocol_version: PROTOCOL_VERSION,
+            server: ServerId(0),
+            map_version: 1,
+            features: 1,
+            auth: None,
+        };
         Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(sock).await.unwrap();
         session
     }
@@ -814,7 +858,7 @@ mod tests {
             (s1, s2, first, again)
         });
         let opts = PoolOptions { connections_per_server: 1, session: 77, ..PoolOptions::default() };
-        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), opts);
+        let pool = Pool::new(open_map(port), opts);
         let op = Op::Append { ino: shoal_proto::ROOT_INO };
         let (reply, _) = pool.request(ServerId(0), &Cred::root(), op, Bytes::from_static(b"abc")).await.unwrap();
         assert_eq!(reply, Reply::Appended { offset: 0 });
@@ -840,7 +884,7 @@ mod tests {
             };
             Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut sock).await.unwrap();
         });
-        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let pool = Pool::new(open_map(port), PoolOptions::default());
         let e = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
         assert_eq!(e.errno(), Errno::EPROTO);
         let line = e.to_string();
@@ -857,7 +901,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         drop(listener);
-        let pool = Pool::new(ClusterMap::local(1, port, std::path::Path::new("/tmp")), PoolOptions::default());
+        let pool = Pool::new(open_map(port), PoolOptions::default());
         let r = pool.call(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await;
         assert_eq!(r.unwrap_err(), Errno::ENOTCONN);
     }

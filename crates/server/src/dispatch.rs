@@ -129,7 +129,12 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
                 server: st.id,
                 map_version: st.map.version(),
                 features: agreed.features,
+                // A repeated Hello proves nothing: the connection keeps the role it has.
+                auth: None,
             }
+        }
+        Op::Authenticate { .. } => {
+            return fail(Errno::EINVAL, "Authenticate comes once, right after a Hello that claims a role")
         }
         Op::Lookup { dir, name } => namespace::lookup(st, cred, dir, name).await?,
         Op::Create { dir, name, perm, exclusive, layout } => {

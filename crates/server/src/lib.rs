@@ -20,6 +20,7 @@
 //! # }
 //! ```
 
+mod auth;
 mod conn_io;
 mod counters;
 mod dispatch;
@@ -156,6 +157,7 @@ impl Server {
             .await
             .map_err(|e| anyhow!("start-up task failed: {e}"))??;
 
+        let state_cell: Arc<std::sync::OnceLock<std::sync::Weak<State>>> = Arc::default();
         let pool = Pool::new(
             map.clone(),
             PoolOptions {
@@ -163,10 +165,17 @@ impl Server {
                 connections_per_server: 2,
                 client_name: format!("shoald {id}"),
                 session: 0,
+                // Prove the cluster key to peers: the ring the state holds now (reloaded on
+                // SIGHUP), read at each new connection.
+                peer_keys: Some(shoal_rpc::auth::PeerKeys(Arc::new({
+                    let state = state_cell.clone();
+                    move || state.get().and_then(std::sync::Weak::upgrade).and_then(|st: Arc<State>| st.key_ring())
+                }))),
                 ..PoolOptions::default()
             },
         );
         let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool, keys));
+        let _ = state_cell.set(Arc::downgrade(&state));
 
         let st = state.clone();
         let pending = state

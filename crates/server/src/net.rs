@@ -75,16 +75,16 @@ enum Slot {
 
 /// A warning that may recur thousands of times a second: logged at most once per
 /// [`LOG_INTERVAL`], with the count of those left out.
-struct RateLog {
+pub(crate) struct RateLog {
     last: Mutex<(Option<Instant>, u64)>,
 }
 
 impl RateLog {
-    fn new() -> RateLog {
+    pub(crate) fn new() -> RateLog {
         RateLog { last: Mutex::new((None, 0)) }
     }
 
-    fn warn(&self, msg: impl FnOnce() -> String) {
+    pub(crate) fn warn(&self, msg: impl FnOnce() -> String) {
         let mut g = self.last.lock();
         if g.0.is_some_and(|t| t.elapsed() < LOG_INTERVAL) {
             g.1 += 1;
@@ -242,6 +242,8 @@ struct Redo {
     req: Request,
     data: Bytes,
     from_peer: bool,
+    /// Refused by the connection's authentication (`auth.rs`): answered with this, not run.
+    refused: Option<(Errno, String)>,
 }
 
 /// Times a request is run again after failed log writes before its reply says the store is
@@ -258,6 +260,10 @@ struct Permits {
 /// client session runs once per request id (`replies.rs`): a retry gets the first reply.
 async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, Arc<Ticket>) {
     let ticket = Ticket::new(st.meta.generation());
+    if let Some((errno, why)) = &redo.refused {
+        let reply = dispatch::refuse(*errno, format!("server {}: {why}", st.id));
+        return (encode_reply(st, redo.request_id, &reply, Payload::none(), conn), ticket);
+    }
     let handle = dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.from_peer);
     let (reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
         commits::scope(ticket.clone(), st.replies.once(conn.session, redo.request_id, handle)).await
@@ -336,8 +342,8 @@ async fn serve_conn(
         tracing::warn!("connection from {addr}: first frame is a reply, closing");
         return;
     }
-    let (from_peer, client, session, agreed) = match first.request_body() {
-        Ok(Request { op: Op::Hello { client, session, min_version, max_version, features }, .. }) => {
+    let (from_peer, client, session, agreed, claim) = match first.request_body() {
+        Ok(Request { op: Op::Hello { client, session, min_version, max_version, features, auth }, .. }) => {
             let agreed = match negotiate(min_version, max_version, features, default_features()) {
                 Ok(a) => a,
                 Err(msg) => {
@@ -349,7 +355,7 @@ async fn serve_conn(
             };
             // Other servers name themselves "shoald …" (see lib.rs); their requests count
             // as peer traffic.
-            (client.starts_with("shoald"), client, session, agreed)
+            (client.starts_with("shoald"), client, session, agreed, auth)
         }
         Ok(_) => {
             tracing::warn!("connection from {addr}: first request is not Hello, closing");
@@ -388,21 +394,84 @@ async fn serve_conn(
     tracing::debug!("connection from {addr}: {client}");
     st.counters.request("hello", from_peer);
     st.counters.received(first.body.len());
+    let (proof, challenge) = match crate::auth::answer_hello(&st, claim) {
+        Ok(crate::auth::HelloAnswer::Settled(a)) => (None, Err(a)),
+        Ok(crate::auth::HelloAnswer::Challenge(proof, ch)) => (Some(proof), Ok(ch)),
+        Err(msg) => {
+            tracing::warn!("connection from {addr} ({client}): {msg}, closing");
+            send_now(&mut wr, first.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
+            let _ = wr.shutdown().await;
+            return;
+        }
+    };
     let hello = Reply::Hello {
         protocol_version: agreed.version,
         server: st.id,
         map_version: st.map.version(),
         features: agreed.features,
+        auth: proof,
     };
     send_now(&mut wr, first.request_id, &hello).await;
+    let auth = match challenge {
+        Err(settled) => settled,
+        Ok(ch) => {
+            match authenticate(&st, &mut rd, &mut wr, &ch, addr, &client, shared.limits.handshake_timeout).await {
+                Some(a) => a,
+                None => return,
+            }
+        }
+    };
+    // Under authentication only a proven peer is one; without it, the name says so.
+    let from_peer = if auth == crate::auth::ConnAuth::Open { from_peer } else { auth.is_peer() };
     let conn = ConnInfo { addr, from_peer, session, data_crc: agreed.features & FEATURE_DATA_CRC != 0 };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
     let _connected = st.sessions.connected(session);
 
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
-    let reader = read_requests(st.clone(), &mut rd, tx, conn);
+    let reader = read_requests(st.clone(), &mut rd, tx, conn, auth);
     let writer = write_replies(st.clone(), wr, rx, conn);
     tokio::join!(reader, writer);
+}
+
+/// Read and check the `Authenticate` that must follow a `Hello` claiming a role, within
+/// `wait`, and answer it. The connection's role, or `None` when it is refused (logged, told
+/// why, and to be closed).
+async fn authenticate(
+    st: &State,
+    rd: &mut Reader,
+    wr: &mut Writer,
+    ch: &crate::auth::Challenge,
+    addr: SocketAddr,
+    client: &str,
+    wait: Duration,
+) -> Option<crate::auth::ConnAuth> {
+    let role = ch.role().name();
+    let (id, verdict) = match tokio::time::timeout(wait, Frame::read_from(rd)).await {
+        Ok(Ok(Some(f))) if f.kind == FrameKind::Request => match f.request_body() {
+            Ok(req) => (f.request_id, crate::auth::check(st, ch, req.op)),
+            Err(e) => (f.request_id, Err(format!("sent an undecodable Authenticate: {e}"))),
+        },
+        Ok(Ok(Some(f))) => (f.request_id, Err("sent a reply frame where Authenticate was due".into())),
+        Ok(Ok(None)) => (0, Err("closed the connection before authenticating".into())),
+        Ok(Err(e)) => (0, Err(format!("sent a bad frame where Authenticate was due: {e}"))),
+        Err(_) => (0, Err(format!("sent no Authenticate within {wait:?}"))),
+    };
+    match verdict {
+        Ok(a) => {
+            send_now(wr, id, &Reply::Ok).await;
+            tracing::debug!("connection from {addr} ({client}) authenticated as {a:?}");
+            Some(a)
+        }
+        Err(why) => {
+            // Rare and worth seeing (a server with the wrong cluster key, a forged
+            // credential), hence a warning each time; the connection closes after it.
+            tracing::warn!("connection from {addr} ({client}) claiming to be a {role}: {why}; refused");
+            let msg = format!("server {}: authentication as a {role} refused: {why}", st.id);
+            send_now(wr, id, &dispatch::refuse(Errno::EACCES, msg)).await;
+            let _ = wr.shutdown().await;
+            None
+        }
+    }
 }
 
 /// What a connection settled in its `Hello`.
@@ -417,7 +486,13 @@ struct ConnInfo {
     data_crc: bool,
 }
 
-async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSender<Outgoing>, conn: ConnInfo) {
+async fn read_requests(
+    st: Arc<State>,
+    rd: &mut Reader,
+    tx: mpsc::UnboundedSender<Outgoing>,
+    conn: ConnInfo,
+    auth: crate::auth::ConnAuth,
+) {
     let ConnInfo { addr, from_peer, .. } = conn;
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
@@ -449,7 +524,7 @@ async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSende
             tracing::warn!("connection from {addr}: got a reply frame from a client, closing");
             break;
         }
-        let req = match frame.request_body() {
+        let mut req = match frame.request_body() {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("connection from {addr}: malformed request, closing: {e}");
@@ -472,7 +547,10 @@ async fn read_requests(st: Arc<State>, rd: &mut Reader, tx: mpsc::UnboundedSende
         };
         st.counters.received(frame.body.len() + frame.data.len());
         let (st, tx) = (st.clone(), tx.clone());
-        let redo = Redo { request_id: frame.request_id, req, data: frame.data, from_peer };
+        // Before anything runs: peer-only requests from non-peers are refused, a user's
+        // requests take the identity it proved.
+        let refused = auth.admit(&mut req, addr).err();
+        let redo = Redo { request_id: frame.request_id, req, data: frame.data, from_peer, refused };
         tokio::spawn(async move {
             let (reply, ticket) = run_request(&st, &redo, conn).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };

@@ -116,6 +116,7 @@ pub fn changes_state(op: &Op) -> bool {
         Op::Batch { ops } => ops.iter().any(|op| !matches!(op, BatchOp::Lookup { .. } | BatchOp::GetAttr { .. })),
         // Reads, and peer steps (sent by servers, idempotent by their op ids).
         Op::Hello { .. }
+        | Op::Authenticate { .. }
         | Op::Lookup { .. }
         | Op::ReadDir { .. }
         | Op::GetAttr { .. }

@@ -635,7 +635,7 @@ async fn malformed_frames_close_only_their_connection() {
     let hello = Request {
         cred: Cred::root(),
         map_version: 0,
-        op: Op::Hello { client: "new".into(), session: 0, min_version: 999, max_version: 999, features: 0 },
+        op: Op::Hello { client: "new".into(), session: 0, min_version: 999, max_version: 999, features: 0, auth: None },
     };
     let mut buf = Vec::new();
     Frame::request(1, &hello, Bytes::new()).unwrap().encode_into(&mut buf);

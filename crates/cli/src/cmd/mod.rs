@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod cp;
 pub mod demo;
 pub mod files;
+pub mod identityd;
 pub mod keygen;
 pub mod mount;
 pub mod scrub;

@@ -261,3 +261,105 @@ impl Cluster {
         }
     }
 }
+
+/// For tests that speak the protocol over raw connections: prove the host key of the
+/// cluster whose map is at `config` in a raw `Hello` exchange, as root's tools do. The
+/// `HelloAuth` to put in the `Hello`, and (given the server's answer) the `Authenticate`.
+pub struct RawHost {
+    ring: shoal_auth::KeyRing,
+    nonce: Vec<u8>,
+}
+
+impl RawHost {
+    pub fn new(config: &Path) -> RawHost {
+        let map = ClusterMap::load(config).unwrap();
+        let ring = shoal_auth::KeyRing::load(&map.security.host_key, shoal_auth::KeyKind::Host).unwrap();
+        RawHost { ring, nonce: shoal_rpc::auth::nonce() }
+    }
+
+    pub fn hello(&self) -> shoal_proto::auth::HelloAuth {
+        shoal_proto::auth::HelloAuth {
+            role: shoal_proto::auth::Role::Host,
+            nonce: self.nonce.clone(),
+            epoch: self.ring.current().0,
+        }
+    }
+
+    /// The `Authenticate` answering a server's `Hello` reply (which must carry a proof,
+    /// checked here).
+    pub fn authenticate(&self, reply: &shoal_proto::msg::Reply) -> shoal_proto::msg::Op {
+        let shoal_proto::msg::Reply::Hello { server, auth: Some(proof), .. } = reply else {
+            panic!("no proof in the Hello reply: {reply:?}")
+        };
+        let t = shoal_rpc::auth::Transcript {
+            server: *server,
+            role: shoal_proto::auth::Role::Host,
+            connector_nonce: &self.nonce,
+            server_nonce: &proof.nonce,
+            epoch: proof.epoch,
+        };
+        let key = self.ring.get(proof.epoch).expect("the server's epoch");
+        assert!(t.verify_server(key, &proof.proof), "the server proves the host key");
+        shoal_proto::msg::Op::Authenticate {
+            epoch: proof.epoch,
+            proof: Some(t.connector_tag(key).to_vec()),
+            credential: None,
+        }
+    }
+}
+
+/// A running identity helper (`shoal identityd`), stopped (SIGTERM, then killed) on drop.
+pub struct Identityd {
+    child: Child,
+    pub socket: PathBuf,
+}
+
+impl Cluster {
+    /// Start the identity helper of this cluster (at the map's `identity_socket`), for
+    /// tests whose clients run as unprivileged users; waits until it answers.
+    pub fn start_identityd(&self) -> Identityd {
+        let map = ClusterMap::load(&self.config).unwrap();
+        let socket = map.security.identity_socket.clone();
+        let log = std::fs::File::create(self.dir.path().join("identityd.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_shoal"))
+            .env_remove("SHOAL_CONFIG")
+            .arg("--config")
+            .arg(&self.config)
+            .arg("identityd")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start shoal identityd");
+        let mut d = Identityd { child, socket };
+        let start = Instant::now();
+        while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("shoal identityd exited ({status}): {}", self.identityd_log());
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "identityd not ready: {}", self.identityd_log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    pub fn identityd_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("identityd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Identityd {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the pid of a child this harness started and has not reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while matches!(self.child.try_wait(), Ok(None)) {
+            if start.elapsed() > Duration::from_secs(5) {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
