@@ -172,6 +172,18 @@ fn default_cluster_key() -> PathBuf {
 fn default_host_key() -> PathBuf {
     PathBuf::from("host.key")
 }
+fn default_tls_ca() -> PathBuf {
+    PathBuf::from("tls-ca.pem")
+}
+fn default_tls_ca_key() -> PathBuf {
+    PathBuf::from("tls-ca.key")
+}
+fn default_tls_cert() -> PathBuf {
+    PathBuf::from("tls-cert.pem")
+}
+fn default_tls_key() -> PathBuf {
+    PathBuf::from("tls-key.pem")
+}
 
 /// The `[security]` table. Relative key paths are resolved against the folder of the
 /// config file when it is loaded, so that a map and its keys can move together.
@@ -186,11 +198,38 @@ pub struct Security {
     /// The host key ring, read by root's processes on client hosts.
     #[serde(default = "default_host_key")]
     pub host_key: PathBuf,
+    /// Every connection (client to server and server to server) is TLS 1.3; servers and
+    /// clients must agree (docs/security.md, "TLS").
+    #[serde(default)]
+    pub tls: bool,
+    /// The cluster CA's certificate (PEM, public): clients and servers verify servers
+    /// against it.
+    #[serde(default = "default_tls_ca")]
+    pub tls_ca: PathBuf,
+    /// The cluster CA's private key (PEM, root only): only `shoal keygen` reads it, to
+    /// issue the server certificate.
+    #[serde(default = "default_tls_ca_key")]
+    pub tls_ca_key: PathBuf,
+    /// The servers' certificate (PEM), naming every server address of the map.
+    #[serde(default = "default_tls_cert")]
+    pub tls_cert: PathBuf,
+    /// The servers' private key (PEM, root only).
+    #[serde(default = "default_tls_key")]
+    pub tls_key: PathBuf,
 }
 
 impl Default for Security {
     fn default() -> Self {
-        Security { auth: AuthMode::default(), cluster_key: default_cluster_key(), host_key: default_host_key() }
+        Security {
+            auth: AuthMode::default(),
+            cluster_key: default_cluster_key(),
+            host_key: default_host_key(),
+            tls: false,
+            tls_ca: default_tls_ca(),
+            tls_ca_key: default_tls_ca_key(),
+            tls_cert: default_tls_cert(),
+            tls_key: default_tls_key(),
+        }
     }
 }
 
@@ -227,7 +266,15 @@ impl ClusterMap {
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
         let mut map = map;
         let base = path.parent().unwrap_or(Path::new("."));
-        for key in [&mut map.security.cluster_key, &mut map.security.host_key] {
+        let sec = &mut map.security;
+        for key in [
+            &mut sec.cluster_key,
+            &mut sec.host_key,
+            &mut sec.tls_ca,
+            &mut sec.tls_ca_key,
+            &mut sec.tls_cert,
+            &mut sec.tls_key,
+        ] {
             if key.is_relative() {
                 *key = base.join(&*key);
             }
