@@ -11,7 +11,9 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-/// The CA's subject. Fixed, so that the CA can be rebuilt from its key alone (below).
+/// The CA's subject: this, and a fingerprint of its key, so that the CA can be rebuilt from
+/// its key alone (below) and two clusters' CAs have different names (a certificate from
+/// the wrong CA is then reported as from an unknown issuer, not as a bad signature).
 const CA_NAME: &str = "Shoal cluster CA";
 /// Certificates are valid for about this many years from the day they are made.
 const VALID_YEARS: i32 = 10;
@@ -48,10 +50,12 @@ fn validity(p: &mut CertificateParams) {
     p.not_after = rcgen::date_time_ymd(year + VALID_YEARS, 1, 1);
 }
 
-fn ca_params() -> Result<CertificateParams, String> {
+fn ca_params(key: &KeyPair) -> Result<CertificateParams, String> {
     let mut p = CertificateParams::new(Vec::<String>::new()).map_err(|e| format!("TLS CA: {e}"))?;
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    p.distinguished_name.push(DnType::CommonName, CA_NAME);
+    // The public key's first bytes after its format byte: distinct per key, stable.
+    let fp: String = key.public_key_raw().iter().skip(1).take(8).map(|b| format!("{b:02x}")).collect();
+    p.distinguished_name.push(DnType::CommonName, format!("{CA_NAME} {fp}"));
     p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     validity(&mut p);
     Ok(p)
@@ -77,7 +81,7 @@ pub fn make_certs(map: &ClusterMap, new_ca: bool) -> Result<CertReport, String> 
     };
     // Signing needs the issuer as a certificate; rebuilt from the key and the fixed subject,
     // it has the name and key identifier of the one clients hold (what verification checks).
-    let ca = ca_params()?.self_signed(&ca_key).map_err(|e| format!("TLS CA: {e}"))?;
+    let ca = ca_params(&ca_key)?.self_signed(&ca_key).map_err(|e| format!("TLS CA: {e}"))?;
     if made || !sec.tls_ca.exists() {
         write_file(&sec.tls_ca_key, &ca_key.serialize_pem(), 0o600)?;
         write_file(&sec.tls_ca, &ca.pem(), 0o644)?;

@@ -504,7 +504,8 @@ async fn open_stream(
             let (rd, wr) = tls_conn::plain(stream);
             let (mut rd, mut wr) = (LazyReader::new(rd), LazyWriter::new(wr));
             let msg = format!(
-                "server {} requires TLS: set tls = true under [security] in the cluster map, with the cluster's CA                  certificate as tls_ca",
+                "server {}: requires TLS; set tls = true under [security] in the cluster map, with the cluster's CA \
+                 certificate as tls_ca",
                 st.id
             );
             shared.mismatched.warn(|| format!("connection from {addr} without TLS refused"));
