@@ -71,7 +71,8 @@ enum Command {
     /// IOR- and mdtest-style benchmarks on Shoal and on local directories, side by side.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCmd),
-    /// Make, rotate or retire the cluster key and host key named by the config's [security] table.
+    /// Make, rotate or retire the cluster key and host key named by the config's [security] table
+    /// (with tls = true there, also the TLS CA and the servers' certificate).
     Keygen(cmd::keygen::KeygenArgs),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),

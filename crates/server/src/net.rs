@@ -510,10 +510,8 @@ async fn open_stream(
             );
             shared.mismatched.warn(|| format!("connection from {addr} without TLS refused"));
             // Its Hello, to answer it; never longer than a refusal may take.
-            let hello = tokio::time::timeout_at(deadline.min(tokio::time::Instant::now() + REFUSE_WAIT), async {
-                Frame::read_from(&mut rd).await
-            });
-            if let Ok(Ok(Some(f))) = hello.await {
+            let until = deadline.min(tokio::time::Instant::now() + REFUSE_WAIT);
+            if let Ok(Ok(Some(f))) = tokio::time::timeout_at(until, Frame::read_from(&mut rd)).await {
                 send_now(&mut wr, f.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
                 let _ = wr.shutdown().await;
             }
