@@ -271,3 +271,30 @@ fn a_tls_server_without_its_certificate_refuses_to_start_in_one_line() {
     assert!(err.contains("cannot read the TLS server certificate (tls_cert) /nonexistent/cert.pem"), "{err}");
     assert!(err.contains("shoal keygen"), "{err}");
 }
+
+#[test]
+fn keygen_makes_the_tls_files_with_private_keys_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut map = ClusterMap::local(2, 7400, dir.path());
+    map.servers[1].addr = "node1.example:7401".into();
+    map.security.tls = true;
+    let config = dir.path().join("cluster.toml");
+    std::fs::write(&config, map.to_toml()).unwrap();
+    let (code, out, err) = shoal_cmd(Some(&config), &["keygen", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["tls"]["new_ca"], true);
+    assert_eq!(v["tls"]["names"], serde_json::json!(["127.0.0.1", "node1.example"]));
+    let mode = |f: &str| std::fs::metadata(dir.path().join(f)).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode("tls-ca.key"), mode("tls-key.pem")), (0o600, 0o600));
+    assert_eq!((mode("tls-ca.pem"), mode("tls-cert.pem")), (0o644, 0o644));
+    // Again: the CA stays (hosts keep trusting the servers), the server certificate is new.
+    let ca = std::fs::read(dir.path().join("tls-ca.pem")).unwrap();
+    let cert = std::fs::read(dir.path().join("tls-cert.pem")).unwrap();
+    let (code, out, err) = shoal_cmd(Some(&config), &["keygen", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"new_ca\":false"), "{out}");
+    assert_eq!(std::fs::read(dir.path().join("tls-ca.pem")).unwrap(), ca);
+    assert_ne!(std::fs::read(dir.path().join("tls-cert.pem")).unwrap(), cert);
+}
