@@ -43,6 +43,8 @@ pub struct UpOptions {
     pub stripe_size: Option<u64>,
     pub stripe_count: Option<u32>,
     pub policy: Option<shoal_client::PlacementPolicy>,
+    /// A new cluster uses TLS (`[security] tls`).
+    pub tls: bool,
 }
 
 /// Write `DIR/cluster.toml` (unless one exists: then restart that cluster) and start every
@@ -74,12 +76,16 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
         if let Some(p) = opts.policy {
             map.cluster.policy = p;
         }
+        map.security.tls = opts.tls;
         map.validate().map_err(|m| anyhow::anyhow!("invalid cluster settings: {m}"))?;
         std::fs::write(&config, map.to_toml()).with_context(|| format!("cannot write {}", config.display()))?;
         ClusterMap::load(&config)?
     };
     if map.security.auth == shoal_placement::map::AuthMode::Keys && !map.security.cluster_key.exists() {
         crate::cmd::keygen::write_keys(&map, false, false, false)?;
+    }
+    if map.security.tls && !(map.security.tls_cert.exists() && map.security.tls_key.exists()) {
+        shoal_rpc::tls_certs::make_certs(&map, false).map_err(anyhow::Error::msg)?;
     }
     for s in &map.servers {
         if pid_alive(&dir, s.id).is_some() {

@@ -73,7 +73,8 @@ enum Command {
     /// IOR- and mdtest-style benchmarks on Shoal and on local directories, side by side.
     #[command(subcommand)]
     Bench(cmd::bench::BenchCmd),
-    /// Make, rotate or retire the cluster key and host key named by the config's [security] table.
+    /// Make, rotate or retire the cluster key and host key named by the config's [security] table
+    /// (with tls = true there, also the TLS CA and the servers' certificate).
     Keygen(cmd::keygen::KeygenArgs),
     /// Verify every data block and metadata record on the servers, with progress and a report.
     Scrub(cmd::scrub::ScrubArgs),

@@ -175,6 +175,18 @@ fn default_host_key() -> PathBuf {
 fn default_identity_socket() -> PathBuf {
     PathBuf::from("identity.sock")
 }
+fn default_tls_ca() -> PathBuf {
+    PathBuf::from("tls-ca.pem")
+}
+fn default_tls_ca_key() -> PathBuf {
+    PathBuf::from("tls-ca.key")
+}
+fn default_tls_cert() -> PathBuf {
+    PathBuf::from("tls-cert.pem")
+}
+fn default_tls_key() -> PathBuf {
+    PathBuf::from("tls-key.pem")
+}
 
 /// The `[security]` table. Relative key paths are resolved against the folder of the
 /// config file when it is loaded, so that a map and its keys can move together.
@@ -193,6 +205,24 @@ pub struct Security {
     /// which cannot read the host key, get a credential for their own uid (docs/security.md).
     #[serde(default = "default_identity_socket")]
     pub identity_socket: PathBuf,
+    /// Every connection (client to server and server to server) is TLS 1.3; servers and
+    /// clients must agree (docs/security.md, "TLS").
+    #[serde(default)]
+    pub tls: bool,
+    /// The cluster CA's certificate (PEM, public): clients and servers verify servers
+    /// against it.
+    #[serde(default = "default_tls_ca")]
+    pub tls_ca: PathBuf,
+    /// The cluster CA's private key (PEM, root only): only `shoal keygen` reads it, to
+    /// issue the server certificate.
+    #[serde(default = "default_tls_ca_key")]
+    pub tls_ca_key: PathBuf,
+    /// The servers' certificate (PEM), naming every server address of the map.
+    #[serde(default = "default_tls_cert")]
+    pub tls_cert: PathBuf,
+    /// The servers' private key (PEM, root only).
+    #[serde(default = "default_tls_key")]
+    pub tls_key: PathBuf,
 }
 
 impl Default for Security {
@@ -202,6 +232,11 @@ impl Default for Security {
             cluster_key: default_cluster_key(),
             host_key: default_host_key(),
             identity_socket: default_identity_socket(),
+            tls: false,
+            tls_ca: default_tls_ca(),
+            tls_ca_key: default_tls_ca_key(),
+            tls_cert: default_tls_cert(),
+            tls_key: default_tls_key(),
         }
     }
 }
@@ -239,7 +274,16 @@ impl ClusterMap {
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
         let mut map = map;
         let base = path.parent().unwrap_or(Path::new("."));
-        for key in [&mut map.security.cluster_key, &mut map.security.host_key, &mut map.security.identity_socket] {
+        let sec = &mut map.security;
+        for key in [
+            &mut sec.cluster_key,
+            &mut sec.host_key,
+            &mut sec.identity_socket,
+            &mut sec.tls_ca,
+            &mut sec.tls_ca_key,
+            &mut sec.tls_cert,
+            &mut sec.tls_key,
+        ] {
             if key.is_relative() {
                 *key = base.join(&*key);
             }

@@ -27,6 +27,8 @@
 //! ```
 
 pub mod auth;
+pub mod tls;
+pub mod tls_certs;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -39,9 +41,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 /// Settings for a [`Pool`].
 #[derive(Clone, Debug)]
@@ -196,10 +199,20 @@ struct Conn {
 /// The sending side of a connection. The socket is shut down for writing when the last
 /// holder (the connection, or a flusher with work left) lets go of it.
 struct Outbox {
-    wr: OwnedWriteHalf,
+    wr: Sink,
     queue: Mutex<Queue>,
     /// Where flusher tasks run (the runtime the connection was opened on).
     rt: tokio::runtime::Handle,
+}
+
+/// Where a connection's frames go.
+enum Sink {
+    /// Plain TCP: written by the caller itself (see [`Conn`]).
+    Plain(OwnedWriteHalf),
+    /// TLS: the bytes must go through rustls, which needs a stream it can wait on, so
+    /// frames (head and data, together so they never interleave) go to a writer task
+    /// that owns the TLS stream's sending half and flushes when it has nothing more.
+    Tls(mpsc::UnboundedSender<[Bytes; 2]>),
 }
 
 #[derive(Default)]
@@ -275,6 +288,7 @@ impl Conn {
         opts: &PoolOptions,
         map: &ClusterMap,
         live: Arc<Liveness>,
+        tls: Option<&ClientTls>,
     ) -> Result<(Conn, ServerId), CallError> {
         // Who this side claims to be, decided before connecting (a process that can prove
         // nothing still connects: the error comes from the helper it cannot reach).
@@ -284,7 +298,35 @@ impl Conn {
             CallError::transport(Errno::ENOTCONN, format!("cannot connect: {e}"))
         })?;
         let _ = stream.set_nodelay(true);
-        let (mut rd, mut wr) = stream.into_split();
+        let Some(tls) = tls else {
+            let (rd, wr) = stream.into_split();
+            return Conn::start(rd, wr, addr, opts, map, claim, live).await;
+        };
+        let name = tls::server_name(addr).map_err(|m| CallError::transport(Errno::EINVAL, m))?;
+        let stream = tokio_rustls::TlsConnector::from(tls.config.clone()).connect(name, stream).await.map_err(|e| {
+            tracing::debug!("TLS handshake with {addr}: {e}");
+            let errno = if tls::is_tls_error(&e) { Errno::EPROTO } else { Errno::ENOTCONN };
+            CallError::transport(errno, tls::describe_handshake_error(&e, &tls.security))
+        })?;
+        let (rd, wr) = tokio::io::split(stream);
+        Conn::start(rd, wr, addr, opts, map, claim, live).await
+    }
+
+    /// Shake hands on a connected stream (its reading and writing halves), then start its
+    /// reader, and for TLS its writer.
+    async fn start<R, W>(
+        mut rd: R,
+        mut wr: W,
+        addr: &str,
+        opts: &PoolOptions,
+        map: &ClusterMap,
+        claim: Option<auth::Claim>,
+        live: Arc<Liveness>,
+    ) -> Result<(Conn, ServerId), CallError>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static + IntoSink,
+    {
         // Handshake before anything else.
         let hello = Request {
             cred: Cred::root(),
@@ -301,6 +343,7 @@ impl Conn {
         let f = Frame::request(0, &hello, Bytes::new())
             .map_err(|e| CallError::transport(Errno::EPROTO, format!("cannot encode the handshake: {e}")))?;
         f.write_to(&mut wr).await.map_err(|e| read_error(e, " during the handshake"))?;
+        wr.flush().await.map_err(|e| read_error(e.into(), " during the handshake"))?;
         let reply =
             Frame::read_from(&mut rd).await.map_err(|e| read_error(e, " during the handshake"))?.ok_or_else(|| {
                 CallError::transport(Errno::ENOTCONN, "connection closed by the server during the handshake")
@@ -321,9 +364,11 @@ impl Conn {
             Reply::Error { errno, message } => return Err(CallError::Server { errno, message }),
             _ => return Err(CallError::transport(Errno::EPROTO, "unexpected reply to the handshake")),
         };
+        tracing::trace!("connected to {addr}");
 
         let broken = Arc::new(AtomicBool::new(false));
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let wr = wr.into_sink(&pending, &broken);
         let out = Arc::new(Outbox { wr, queue: Mutex::new(Queue::default()), rt: tokio::runtime::Handle::current() });
 
         // Reader: hand each reply to its waiter.
@@ -365,6 +410,15 @@ impl Conn {
             return Err(CallError::transport(Errno::ENOTCONN, "connection closed"));
         }
         let head = Bytes::from(frame.head());
+        let wr = match &self.out.wr {
+            Sink::Plain(wr) => wr,
+            Sink::Tls(tx) => {
+                return tx.send([head, frame.data]).map_err(|_| {
+                    self.pending.lock().remove(&id);
+                    CallError::transport(Errno::ENOTCONN, "connection closed")
+                });
+            }
+        };
         let mut q = self.out.queue.lock();
         q.bufs.push_back(head);
         q.bufs.push_back(frame.data);
@@ -372,7 +426,7 @@ impl Conn {
             // Frames ahead of this one are still queued: the flusher writes it after them.
             return Ok(());
         }
-        match write_now(&self.out.wr, &mut q.bufs) {
+        match write_now(wr, &mut q.bufs) {
             Ok(true) => Ok(()),
             Ok(false) => {
                 q.flushing = true;
@@ -398,12 +452,69 @@ impl Conn {
     }
 }
 
+/// The sending half of a connected stream, made into a [`Sink`] once the handshake is done.
+trait IntoSink {
+    fn into_sink(self, pending: &Pending, broken: &Arc<AtomicBool>) -> Sink;
+}
+
+impl IntoSink for OwnedWriteHalf {
+    fn into_sink(self, _: &Pending, _: &Arc<AtomicBool>) -> Sink {
+        Sink::Plain(self)
+    }
+}
+
+type TlsWriteHalf = tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>;
+
+impl IntoSink for TlsWriteHalf {
+    /// Start the writer task of a TLS connection: it writes frames in the order they were
+    /// sent, coalesced (each `write` into rustls becomes a record and a system call, so the
+    /// small heads are buffered), flushes when nothing more is waiting, and closes the TLS
+    /// session when the connection is dropped.
+    fn into_sink(self, pending: &Pending, broken: &Arc<AtomicBool>) -> Sink {
+        let (tx, mut rx) = mpsc::unbounded_channel::<[Bytes; 2]>();
+        let (p, b) = (pending.clone(), broken.clone());
+        let mut wr = tokio::io::BufWriter::with_capacity(64 << 10, self);
+        tokio::spawn(async move {
+            let r: std::io::Result<()> = async {
+                while let Some(mut frame) = rx.recv().await {
+                    loop {
+                        for part in &frame {
+                            wr.write_all(part).await?;
+                        }
+                        match rx.try_recv() {
+                            Ok(next) => frame = next,
+                            Err(_) => break,
+                        }
+                    }
+                    wr.flush().await?;
+                }
+                wr.shutdown().await
+            }
+            .await;
+            if let Err(e) = r {
+                tracing::debug!("writing to a server: {e}");
+                fail_all(&b, &p, CallError::transport(Errno::ENOTCONN, format!("connection lost: {e}")));
+            }
+        });
+        Sink::Tls(tx)
+    }
+}
+
+/// A pool's TLS settings (`[security] tls = true`).
+struct ClientTls {
+    config: Arc<rustls::ClientConfig>,
+    security: shoal_placement::map::Security,
+}
+
 /// Write the queue of `out` until it is empty, waiting for the socket to drain.
 async fn flush(out: &Outbox) -> std::io::Result<()> {
+    let Sink::Plain(wr) = &out.wr else {
+        return Err(std::io::Error::other("a TLS connection has its own writer"));
+    };
     loop {
-        out.wr.writable().await?;
+        wr.writable().await?;
         let mut q = out.queue.lock();
-        match write_now(&out.wr, &mut q.bufs) {
+        match write_now(wr, &mut q.bufs) {
             Ok(true) => {
                 q.flushing = false;
                 return Ok(());
@@ -437,6 +548,9 @@ pub struct Pool {
     stats: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
     /// Per server of the map: what was heard from it (fixed at creation, so no lock).
     liveness: HashMap<ServerId, Arc<Liveness>>,
+    /// Under `[security] tls`: the client configuration, read from the CA file at the first
+    /// connection (a missing file fails every call with a message naming it).
+    tls: std::sync::OnceLock<Result<ClientTls, String>>,
 }
 
 impl Pool {
@@ -450,7 +564,20 @@ impl Pool {
             conns: Mutex::new(HashMap::new()),
             connecting: Mutex::new(HashMap::new()),
             stats: Mutex::new(HashMap::new()),
+            tls: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The TLS settings connections use, `None` without `[security] tls`.
+    fn tls(&self) -> Result<Option<&ClientTls>, CallError> {
+        if !self.map.security.tls {
+            return Ok(None);
+        }
+        let t = self.tls.get_or_init(|| {
+            let security = self.map.security.clone();
+            tls::client_config(&security).map(|config| ClientTls { config, security })
+        });
+        t.as_ref().map(Some).map_err(|m| CallError::transport(Errno::EINVAL, m.clone()))
     }
 
     pub fn map(&self) -> &ClusterMap {
@@ -483,7 +610,8 @@ impl Pool {
         }
         let entry =
             self.map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
-        let (conn, id) = Conn::open(&entry.addr, &self.opts, &self.map, live.clone()).await?;
+        let tls = self.tls()?;
+        let (conn, id) = Conn::open(&entry.addr, &self.opts, &self.map, live.clone(), tls).await?;
         if id != server {
             tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
             return Err(CallError::transport(Errno::EIO, format!("{} answered as server {id}", entry.addr)));

@@ -36,6 +36,7 @@ mod replies;
 mod scrub;
 mod state;
 mod store;
+mod tls_conn;
 
 pub use store::records::FORMAT_VERSION;
 pub use store::upgrade::stored_format;
@@ -84,6 +85,17 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(10);
 /// Interval of the background WAL sync (the power-loss window for metadata).
 const WAL_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Under `[security] tls`: the acceptor of TLS connections, from the server certificate
+/// and key the map names (a missing or unreadable file is a one-line start-up error).
+fn load_tls(map: &ClusterMap, config: &std::path::Path) -> anyhow::Result<Option<tokio_rustls::TlsAcceptor>> {
+    if !map.security.tls {
+        return Ok(None);
+    }
+    let cfg = shoal_rpc::tls::server_config(&map.security)
+        .map_err(|m| anyhow!("{m} (make the TLS files with `shoal keygen --config {}`)", config.display()))?;
+    Ok(Some(tokio_rustls::TlsAcceptor::from(cfg)))
+}
+
 /// The cluster key ring the map's `[security]` table names, or `None` under `auth = "none"`
 /// (said once in the log, since such a server trusts whoever reaches its port).
 fn load_cluster_key(map: &ClusterMap, config: &std::path::Path) -> anyhow::Result<Option<shoal_auth::KeyRing>> {
@@ -112,6 +124,8 @@ pub struct Server {
     listen: String,
     limits: limits::ConnLimits,
     orphan_grace: Duration,
+    /// Under `[security] tls`: the TLS configuration of accepted connections.
+    tls: Option<tokio_rustls::TlsAcceptor>,
 }
 
 impl Server {
@@ -133,6 +147,7 @@ impl Server {
         let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
         let id = ServerId(opts.id);
         let keys = load_cluster_key(&map, &opts.config)?;
+        let tls = load_tls(&map, &opts.config)?;
         let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
         let (meta, data, space) =
@@ -214,7 +229,7 @@ impl Server {
             tracing::info!("{} intents to replay", pending.len());
         }
         intents::pin_pending(&st, &pending);
-        Ok(Server { state, listen, limits, orphan_grace: opts.orphan_grace })
+        Ok(Server { state, listen, limits, orphan_grace: opts.orphan_grace, tls })
     }
 
     /// The address this server listens on unless told otherwise.
@@ -248,7 +263,10 @@ impl Server {
         let gc = tokio::spawn(intents::gc_loop(st.clone()));
         let reclaim = tokio::spawn(orphans::reclaim_loop(st.clone(), self.orphan_grace));
         let reload = tokio::spawn(reload_keys_on_sighup(st.clone()));
-        net::accept_loop(st.clone(), listener, self.limits, shutdown).await;
+        if self.tls.is_some() {
+            tracing::info!("every connection is TLS 1.3");
+        }
+        net::accept_loop(st.clone(), listener, self.limits, self.tls, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
         wal.abort();
         recovery.abort();

@@ -27,6 +27,7 @@ use crate::error::Fail;
 use crate::limits::{ConnLimits, REFUSING};
 use crate::state::State;
 use crate::store::commits::{self, Settled, Ticket};
+use crate::tls_conn::{self, ConnRead, ConnWrite};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind};
@@ -40,7 +41,6 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{AbortHandle, JoinSet};
@@ -61,8 +61,8 @@ const ESTABLISHED: u8 = 1;
 /// Closed by the accept loop to make room (set only from `HANDSHAKING`).
 const EVICTED: u8 = 2;
 
-type Reader = LazyReader<OwnedReadHalf>;
-type Writer = LazyWriter<OwnedWriteHalf>;
+type Reader = LazyReader<ConnRead>;
+type Writer = LazyWriter<ConnWrite>;
 
 /// What a connection was admitted with.
 enum Slot {
@@ -109,6 +109,10 @@ struct Shared {
     refusals: RateLog,
     silent: RateLog,
     evictions: RateLog,
+    /// Under `[security] tls`: every connection must be TLS.
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    /// Connections refused for speaking plain TCP to a TLS server, or the reverse.
+    mismatched: RateLog,
 }
 
 /// Accept connections until `shutdown` completes; then close them all.
@@ -116,6 +120,7 @@ pub async fn accept_loop(
     st: Arc<State>,
     listener: TcpListener,
     limits: ConnLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()>,
 ) {
     let shared = Arc::new(Shared {
@@ -124,6 +129,8 @@ pub async fn accept_loop(
         refusals: RateLog::new(),
         silent: RateLog::new(),
         evictions: RateLog::new(),
+        tls,
+        mismatched: RateLog::new(),
     });
     let places = Arc::new(Semaphore::new(limits.max_connections));
     let refusing = Arc::new(Semaphore::new(REFUSING));
@@ -316,17 +323,18 @@ async fn serve_conn(
     state: Arc<AtomicU8>,
 ) {
     let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
-    let mut rd = LazyReader::new(rd);
-    let mut wr = LazyWriter::new(wr);
 
-    // Handshake, within the timeout: a connection that says nothing holds a place (and a
-    // descriptor) for that long at most.
+    // Handshake (TLS, if on, then Hello), within the timeout: a connection that says
+    // nothing holds a place (and a descriptor) for that long at most.
     let wait = match slot {
         Slot::Conn(_) => shared.limits.handshake_timeout,
         Slot::Refusing(_) => shared.limits.handshake_timeout.min(REFUSE_WAIT),
     };
-    let first = match tokio::time::timeout(wait, Frame::read_from(&mut rd)).await {
+    let deadline = tokio::time::Instant::now() + wait;
+    let Some((rd, wr)) = open_stream(&st, &shared, stream, addr, deadline).await else { return };
+    let mut rd = LazyReader::new(rd);
+    let mut wr = LazyWriter::new(wr);
+    let first = match tokio::time::timeout_at(deadline, Frame::read_from(&mut rd)).await {
         Ok(Ok(Some(f))) => f,
         Ok(Ok(None)) => return,
         Ok(Err(e)) => {
@@ -484,6 +492,73 @@ struct ConnInfo {
     session: u64,
     /// Data sections of replies carry a CRC32C (`FEATURE_DATA_CRC` negotiated).
     data_crc: bool,
+}
+
+/// The connection's halves once its first byte says which protocol it speaks: TLS (a
+/// handshake record) or Shoal frames in the clear. `None` (closed) when that does not match
+/// this server's `[security] tls`, when the TLS handshake fails, or at `deadline`. A plain
+/// client of a TLS server is told so in a plain reply to its `Hello` (a one-line error
+/// instead of a closed connection); a TLS client of a plain server sees the connection
+/// closed during its handshake, which it reports as such (shoal_rpc::tls).
+async fn open_stream(
+    st: &State,
+    shared: &Shared,
+    stream: TcpStream,
+    addr: SocketAddr,
+    deadline: tokio::time::Instant,
+) -> Option<(ConnRead, ConnWrite)> {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout_at(deadline, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        Ok(_) => return None, // closed, or failed, before saying anything
+        Err(_) => {
+            shared.silent.warn(|| format!("connection from {addr}: no Hello within the handshake timeout, closing"));
+            return None;
+        }
+    }
+    let starts_tls = first[0] == shoal_rpc::tls::HANDSHAKE_RECORD;
+    match &shared.tls {
+        None if starts_tls => {
+            shared.mismatched.warn(|| {
+                format!("connection from {addr} starts a TLS handshake, but this server runs without TLS; closing")
+            });
+            None
+        }
+        None => Some(tls_conn::plain(stream)),
+        // Boxed: the handshake's state (rustls's buffers) is large, and inline it would make
+        // every connection's task, plain ones included, that much larger for its whole life
+        // (measured in connections.rs: 77 KiB per idle connection instead of a few).
+        Some(acceptor) if starts_tls => {
+            match tokio::time::timeout_at(deadline, Box::pin(acceptor.accept(stream))).await {
+                Ok(Ok(s)) => Some(tls_conn::tls(s)),
+                Ok(Err(e)) => {
+                    shared.mismatched.warn(|| format!("connection from {addr}: TLS handshake failed: {e}"));
+                    None
+                }
+                Err(_) => {
+                    shared.silent.warn(|| format!("connection from {addr}: TLS handshake not done in time, closing"));
+                    None
+                }
+            }
+        }
+        Some(_) => {
+            let (rd, wr) = tls_conn::plain(stream);
+            let (mut rd, mut wr) = (LazyReader::new(rd), LazyWriter::new(wr));
+            let msg = format!(
+                "server {}: requires TLS; set tls = true under [security] in the cluster map, with the cluster's CA \
+                 certificate as tls_ca",
+                st.id
+            );
+            shared.mismatched.warn(|| format!("connection from {addr} without TLS refused"));
+            // Its Hello, to answer it; never longer than a refusal may take.
+            let until = deadline.min(tokio::time::Instant::now() + REFUSE_WAIT);
+            if let Ok(Ok(Some(f))) = tokio::time::timeout_at(until, Frame::read_from(&mut rd)).await {
+                send_now(&mut wr, f.request_id, &dispatch::refuse(Errno::EPROTO, msg)).await;
+                let _ = wr.shutdown().await;
+            }
+            None
+        }
+    }
 }
 
 async fn read_requests(

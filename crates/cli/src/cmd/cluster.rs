@@ -35,6 +35,10 @@ pub struct UpArgs {
     /// Default placement of data objects: "same" (first object with the inode) or "spread".
     #[arg(long, value_parser = shoal_placement::map::parse_policy)]
     policy: Option<shoal_client::PlacementPolicy>,
+    /// Make every connection TLS 1.3 (`tls = true` under [security]), with a cluster CA
+    /// and a server certificate for 127.0.0.1 made in DIR (docs/security.md, "TLS").
+    #[arg(long)]
+    tls: bool,
 }
 
 #[derive(Args)]
@@ -57,6 +61,7 @@ pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
                 stripe_size: a.stripe_size,
                 stripe_count: a.stripe_count,
                 policy: a.policy,
+                tls: a.tls,
             };
             let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;
             let map = shoal_placement::ClusterMap::load(&config)?;

@@ -6,6 +6,7 @@ use clap::Args;
 use shoal_auth::{KeyKind, KeyRing};
 use shoal_placement::map::AuthMode;
 use shoal_placement::ClusterMap;
+use shoal_rpc::tls_certs::CertReport;
 use std::path::Path;
 
 #[derive(Args)]
@@ -18,7 +19,8 @@ pub struct KeygenArgs {
     #[arg(long, conflicts_with = "force")]
     retire: bool,
     /// Replace an existing cluster key with a new one (servers holding the old key can no
-    /// longer talk to those holding the new one until every server has it).
+    /// longer talk to those holding the new one until every server has it); under
+    /// `[security] tls`, also a new TLS CA (every host needs its certificate).
     #[arg(long)]
     force: bool,
     /// Print what was written as JSON.
@@ -55,18 +57,46 @@ pub fn keygen(ctx: &Ctx, a: KeygenArgs) -> Result<()> {
         );
     }
     let ring = write_keys(&map, a.rotate, a.retire, a.force)?;
-    report(&map.security.cluster_key, &map.security.host_key, &ring, a.json);
+    // Under TLS: the CA (kept unless --force) and a new server certificate naming the
+    // map's hosts as they are now.
+    let tls = if map.security.tls {
+        Some(shoal_rpc::tls_certs::make_certs(&map, a.force).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
+    report(&map.security.cluster_key, &map.security.host_key, &ring, a.json, &map, tls.as_ref());
     Ok(())
 }
 
-fn report(cluster: &Path, host: &Path, ring: &KeyRing, json: bool) {
+fn report(cluster: &Path, host: &Path, ring: &KeyRing, json: bool, map: &ClusterMap, tls: Option<&CertReport>) {
+    let sec = &map.security;
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "cluster_key": cluster, "host_key": host, "epochs": ring.epochs(), "current_epoch": ring.current().0,
         });
+        if let Some(t) = tls {
+            v["tls"] = serde_json::json!({
+                "ca": sec.tls_ca, "ca_key": sec.tls_ca_key, "cert": sec.tls_cert, "key": sec.tls_key,
+                "new_ca": t.new_ca, "names": t.names,
+            });
+        }
         println!("{v}");
     } else {
         println!("cluster key {} (servers only), epochs {:?}", cluster.display(), ring.epochs());
         println!("host key    {} (root on client hosts)", host.display());
+        if let Some(t) = tls {
+            let made = if t.new_ca { "new" } else { "kept" };
+            println!(
+                "TLS CA      {} ({made}; every host), key {} (keep it safe)",
+                sec.tls_ca.display(),
+                sec.tls_ca_key.display()
+            );
+            println!(
+                "TLS server  {} and {} (servers only), for {}",
+                sec.tls_cert.display(),
+                sec.tls_key.display(),
+                t.names.join(", ")
+            );
+        }
     }
 }

@@ -61,6 +61,9 @@ impl Cluster {
         std::fs::write(&config, map.to_toml()).unwrap();
         let loaded = ClusterMap::load(&config).unwrap();
         shoal_auth::make_keys(&loaded.security.cluster_key, &loaded.security.host_key).unwrap();
+        if loaded.security.tls {
+            shoal_rpc::tls_certs::make_certs(&loaded, false).unwrap();
+        }
         let server_args = args.iter().map(|a| a.to_string()).collect();
         let mut c = Cluster { dir, config, map, children: Vec::new(), server_args };
         for id in 0..n {
