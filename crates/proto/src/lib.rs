@@ -18,6 +18,7 @@
 //! assert_eq!(back.request_id, 7);
 //! ```
 
+pub mod cap;
 pub mod errno;
 pub mod frame;
 pub mod hello;

@@ -49,6 +49,7 @@ impl Op {
             Op::PeerTruncateObject { .. } => 33,
             Op::Append { .. } => 34,
             Op::ReleaseOrphan { .. } => 35,
+            Op::Open { .. } => 36,
         }
     }
 }
@@ -75,6 +76,7 @@ impl Reply {
             Reply::StaleMap { .. } => 16,
             Reply::Error { .. } => 17,
             Reply::Appended { .. } => 18,
+            Reply::Opened { .. } => 19,
         }
     }
 }

@@ -20,6 +20,7 @@
 //! # }
 //! ```
 
+mod caps;
 mod conn_io;
 mod counters;
 mod dispatch;
