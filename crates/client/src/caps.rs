@@ -65,8 +65,6 @@ pub(crate) struct Holder {
     /// `cap::RIGHT_*` the handle was opened with.
     rights: u8,
     slot: Mutex<Slot>,
-    /// One `Open` at a time: pieces sent together wait for the same renewal.
-    fetching: tokio::sync::Mutex<()>,
 }
 
 /// Whether a capability that arrived at `got` is still good to send without renewing:
@@ -83,7 +81,7 @@ impl Holder {
             None if client.map().security.auth == AuthMode::None => Slot::Unneeded,
             None => Slot::Unknown,
         };
-        Holder { ino, rights, slot: Mutex::new(slot), fetching: tokio::sync::Mutex::new(()) }
+        Holder { ino, rights, slot: Mutex::new(slot) }
     }
 
     /// The capability to send now (renewed first if due); `None` when none is needed.
@@ -98,8 +96,14 @@ impl Holder {
 
     /// Get a new capability from the inode's home, unless another task already replaced
     /// `stale` (or, with `None`, unless the one held is fresh by now).
+    ///
+    /// No lock is held across the request: the pieces of a read or write run in futures
+    /// that may be polled once and then left until their caller needs them (readahead,
+    /// write-behind), and one of them holding a lock would stall the others. Concurrent
+    /// renewals therefore each send an `Open` (harmless, and rare: the handle's reads and
+    /// writes call [`Holder::get`] before they split into pieces, so the pieces find a
+    /// fresh capability).
     async fn renew(&self, client: &Client, stale: Option<&Capability>) -> Result<Option<Capability>> {
-        let _one = self.fetching.lock().await;
         let old = match self.slot.lock().clone() {
             Slot::Unneeded => return Ok(None),
             Slot::Have(c, at) if stale.map_or(fresh(&c, at), |s| *s != c) => return Ok(Some(c)),

@@ -478,6 +478,9 @@ impl File {
         if !inner.readable {
             return Err(Error::bare(Errno::EBADF));
         }
+        // The capability first, here where the caller waits: the pieces below may run in
+        // futures polled later (readahead, write-behind) and should find it ready.
+        inner.cap.get(&inner.client).await?;
         if len == 0 {
             return Ok(Bytes::new());
         }
@@ -641,6 +644,9 @@ impl File {
         if !inner.writable {
             return Err(Error::bare(Errno::EBADF));
         }
+        // The capability first, here where the caller waits: the pieces below may run in
+        // futures polled later (readahead, write-behind) and should find it ready.
+        inner.cap.get(&inner.client).await?;
         let offset = match offset {
             Some(o) if !inner.append => o,
             _ => {
