@@ -118,6 +118,14 @@ fn ino_of(reply: &Reply) -> Ino {
     }
 }
 
+/// The capability a create reply carries (the cluster runs with keys).
+fn cap_of(reply: &Reply) -> Option<shoal_proto::cap::Capability> {
+    match reply {
+        Reply::Entry(e) => e.cap.clone(),
+        other => panic!("not an entry: {other:?}"),
+    }
+}
+
 #[test]
 fn a_newer_client_is_served_at_this_version_with_the_common_features() {
     let c = Cluster::start(1);
@@ -160,7 +168,7 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
             // A write's data section, one bit flipped in transit.
             Some(_) => Raw::encode(Raw::frame(
                 7,
-                Op::Write { ino: ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false },
+                Op::Write { ino: ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false, cap: None },
                 Bytes::from_static(b"some bytes"),
             )),
             None => Raw::encode(Raw::frame(7, create(&name), Bytes::new())),
@@ -192,14 +200,17 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
 fn read_replies_carry_a_data_checksum_only_where_it_was_negotiated() {
     let c = Cluster::start(1);
     let mut raw = Raw::open(&c, 0, FEATURE_DATA_CRC);
-    let ino = ino_of(&raw.call(1, create("f"), Bytes::new()).0);
+    let made = raw.call(1, create("f"), Bytes::new()).0;
+    let (ino, cap) = (ino_of(&made), cap_of(&made));
     let bytes: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
-    let write = Op::Write { ino, index: 0, offset: 0, file_end: bytes.len() as u64, inode_local: true };
+    let write =
+        Op::Write { ino, index: 0, offset: 0, file_end: bytes.len() as u64, inode_local: true, cap: cap.clone() };
     let (reply, _) = raw.call(2, write, bytes.clone());
     assert!(matches!(reply, Reply::Written { .. }), "{reply:?}");
     for features in [FEATURE_DATA_CRC, 0] {
         let mut raw = Raw::open(&c, 0, features);
-        let (reply, f) = raw.call(3, Op::Read { ino, index: 0, offset: 0, len: 1 << 20 }, Bytes::new());
+        let (reply, f) =
+            raw.call(3, Op::Read { ino, index: 0, offset: 0, len: 1 << 20, cap: cap.clone() }, Bytes::new());
         assert_eq!(reply, Reply::Data);
         assert_eq!(f.data, bytes);
         assert_eq!(f.data_crc, features != 0, "features {features:#x}");
@@ -242,8 +253,8 @@ fn a_request_resent_under_the_same_ids_is_applied_once() {
     assert!(matches!(r4, Reply::Error { errno: Errno::EEXIST, .. }), "{r4:?}");
 
     // An append, twice under the same ids: one append; under a new id: a second one.
-    let ino = ino_of(&r1);
-    let append = || Op::Append { ino };
+    let (ino, cap) = (ino_of(&r1), cap_of(&r1));
+    let append = || Op::Append { ino, cap: cap.clone() };
     let (a1, _) = second.call(200, append(), Bytes::from_static(b"abc"));
     let mut third = Raw::open(&c, me, FEATURE_DATA_CRC);
     let (a2, _) = third.call(200, append(), Bytes::from_static(b"abc"));

@@ -39,6 +39,8 @@ struct Shared {
     /// keep the files it removed while open for as long as it stays connected.
     session: u64,
     open_files: OpenFiles,
+    /// Capabilities from `Create` replies, for the handle opened next (`caps.rs`).
+    cap_stash: crate::caps::Stash,
 }
 
 /// Handle to a Shoal cluster. Cheap to clone (clones share connections and cache),
@@ -111,6 +113,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Error { .. } => "Error",
         Reply::Appended { .. } => "Appended",
         Reply::Scrub(_) => "Scrub",
+        Reply::Opened { .. } => "Opened",
     }
 }
 
@@ -206,6 +209,7 @@ impl Client {
                 cache: Cache::new(opts.cache_ttl),
                 session,
                 open_files: OpenFiles::default(),
+                cap_stash: crate::caps::Stash::default(),
             }),
             opts: Arc::new(opts),
         }
@@ -272,6 +276,10 @@ impl Client {
 
     pub(crate) fn open_files(&self) -> &OpenFiles {
         &self.shared.open_files
+    }
+
+    pub(crate) fn cap_stash(&self) -> &crate::caps::Stash {
+        &self.shared.cap_stash
     }
 
     pub(crate) fn pool(&self) -> Arc<Pool> {
@@ -530,7 +538,10 @@ impl Client {
     ) -> Result<Attr> {
         let now = Instant::now();
         let op = Op::Create { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777, exclusive, layout };
-        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let (mut reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        if let Reply::Entry(EntryOut { cap: cap @ Some(_), .. }) = &mut reply {
+            self.cap_stash().put(cap.take().expect("matched Some"));
+        }
         let a = self.attr_from(reply).await?;
         self.entered(dir, name, &a, now);
         Ok(a)

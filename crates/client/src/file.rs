@@ -40,6 +40,7 @@
 //! starts with none (close-to-open: data written and closed by others is seen by the next
 //! open). Prefetching stops at the size known to the handle.
 
+use crate::caps::Holder;
 use crate::client::{unexpected, Client, To};
 use crate::error::{Error, Result};
 use crate::options::OpenFlags;
@@ -48,6 +49,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use shoal_placement::{pieces, Piece};
+use shoal_proto::cap::{Capability, RIGHT_READ, RIGHT_WRITE};
 use shoal_proto::msg::{Attr, FileKind, Layout, Op, Reply, SetAttrs};
 use shoal_proto::{Errno, Ino, ServerId};
 use std::collections::VecDeque;
@@ -80,6 +82,8 @@ pub struct File {
 struct Inner {
     client: Client,
     ino: Ino,
+    /// The capability sent with every data operation (`caps.rs`).
+    cap: Arc<Holder>,
     kind: FileKind,
     layout: Arc<Layout>,
     readable: bool,
@@ -230,6 +234,11 @@ fn from_chunks(offset: u64, total: usize, parts: Vec<(u64, Bytes)>) -> Bytes {
     buf.freeze()
 }
 
+/// The capability rights a handle opened with `flags` needs.
+pub(crate) fn rights_of(flags: &OpenFlags) -> u8 {
+    (if flags.reads() { RIGHT_READ } else { 0 }) | (if flags.writes() { RIGHT_WRITE } else { 0 })
+}
+
 /// Say which object an error is about (and which server, unless the error already does).
 fn on_object(e: Error, index: u32, server: ServerId) -> Error {
     if e.context.is_empty() {
@@ -241,10 +250,13 @@ fn on_object(e: Error, index: u32, server: ServerId) -> Error {
 
 /// Read one object piece: its bytes (fewer at the end of the object, none for an object
 /// nobody wrote yet).
-async fn read_piece(client: &Client, layout: &Layout, ino: Ino, p: Piece) -> Result<Bytes> {
+async fn read_piece(client: &Client, cap: &Holder, layout: &Layout, ino: Ino, p: Piece) -> Result<Bytes> {
     let server = layout.servers[p.index as usize];
-    let op = Op::Read { ino, index: p.index, offset: p.object_offset, len: p.len as u32 };
-    match client.call(To::Server(server), op, Bytes::new()).await {
+    let call = |cap| {
+        let op = Op::Read { ino, index: p.index, offset: p.object_offset, len: p.len as u32, cap };
+        client.call(To::Server(server), op, Bytes::new())
+    };
+    match cap.with(client, call).await {
         Ok((Reply::Data, data)) if data.len() as u64 <= p.len => Ok(data),
         Ok((Reply::Data, _)) => Err(Error::new(Errno::EPROTO, "a server answered more bytes than asked")),
         Ok((other, _)) => Err(unexpected(&other)),
@@ -256,20 +268,30 @@ async fn read_piece(client: &Client, layout: &Layout, ino: Ino, p: Piece) -> Res
 
 /// Send the pieces of a write of `data` at `offset` (ending at `end`) and wait for every
 /// answer.
-async fn write_pieces(client: Client, layout: Arc<Layout>, ino: Ino, offset: u64, data: Bytes) -> Result<()> {
+async fn write_pieces(
+    client: Client,
+    cap: Arc<Holder>,
+    layout: Arc<Layout>,
+    ino: Ino,
+    offset: u64,
+    data: Bytes,
+) -> Result<()> {
     let len = data.len() as u64;
     let end = offset + len;
     let home = client.home_of(ino);
     let parts = split_pieces(&layout, offset, len, MAX_PIECE);
-    let (client, layout, data) = (&client, &layout, &data);
+    let (client, cap, layout, data) = (&client, &*cap, &layout, &data);
     futures::stream::iter(parts)
         .map(|p| async move {
             let server: ServerId = layout.servers[p.index as usize];
             let start = (p.file_offset - offset) as usize;
             let chunk = data.slice(start..start + p.len as usize);
-            let op =
-                Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local: server == home };
-            match client.call(To::Server(server), op, chunk).await {
+            let call = |cap| {
+                let inode_local = server == home;
+                let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local, cap };
+                client.call(To::Server(server), op, chunk.clone())
+            };
+            match cap.with(client, call).await {
                 Ok((Reply::Written { len }, _)) if len as u64 == p.len => Ok(()),
                 Ok((Reply::Written { len }, _)) => Err(Error::new(
                     Errno::EIO,
@@ -286,8 +308,21 @@ async fn write_pieces(client: Client, layout: Arc<Layout>, ino: Ino, offset: u64
 }
 
 impl File {
-    /// A handle on a file with attributes `attr` (already checked by the caller).
+    /// A handle on a file with attributes `attr` (already checked by the caller), with the
+    /// capability a create just brought if there is one.
     pub(crate) fn open(client: Client, attr: Attr, flags: &OpenFlags) -> Result<File> {
+        let cap = client.cap_stash().take(attr.ino, rights_of(flags));
+        File::open_with_cap(client, attr, flags, cap)
+    }
+
+    /// As [`File::open`], with the capability the open brought (`None`: get one at the
+    /// first data operation).
+    pub(crate) fn open_with_cap(
+        client: Client,
+        attr: Attr,
+        flags: &OpenFlags,
+        cap: Option<(Capability, std::time::Instant)>,
+    ) -> Result<File> {
         let layout = match (&attr.kind, &attr.layout) {
             (FileKind::File, Some(l)) => {
                 if l.stripe_size == 0 || l.servers.is_empty() {
@@ -305,10 +340,12 @@ impl File {
         if counted {
             client.open_files().opened(attr.ino);
         }
+        let cap = Arc::new(Holder::new(&client, attr.ino, rights_of(flags), cap));
         Ok(File {
             inner: Arc::new(Inner {
                 client,
                 ino: attr.ino,
+                cap,
                 kind: attr.kind,
                 layout: Arc::new(layout),
                 readable: flags.reads(),
@@ -441,6 +478,9 @@ impl File {
         if !inner.readable {
             return Err(Error::bare(Errno::EBADF));
         }
+        // The capability first, here where the caller waits: the pieces below may run in
+        // futures polled later (readahead, write-behind) and should find it ready.
+        inner.cap.get(&inner.client).await?;
         if len == 0 {
             return Ok(Bytes::new());
         }
@@ -543,7 +583,8 @@ impl File {
                         break;
                     }
                     let (client, layout, ino) = (self.inner.client.clone(), self.inner.layout.clone(), self.inner.ino);
-                    let data = async move { read_piece(&client, &layout, ino, p).await }.boxed().shared();
+                    let cap = self.inner.cap.clone();
+                    let data = async move { read_piece(&client, &cap, &layout, ino, p).await }.boxed().shared();
                     fresh.push(data.clone());
                     added.push(Chunk { start: p.file_offset, end: p.file_offset + p.len, data });
                 }
@@ -570,9 +611,9 @@ impl File {
     async fn read_direct(&self, offset: u64, total: u64) -> Result<Bytes> {
         let inner = &*self.inner;
         let parts = split_pieces(&inner.layout, offset, total, MAX_PIECE);
-        let (client, layout, ino) = (&inner.client, &*inner.layout, inner.ino);
+        let (client, cap, layout, ino) = (&inner.client, &*inner.cap, &*inner.layout, inner.ino);
         let got: Vec<(Piece, Bytes)> = futures::stream::iter(parts)
-            .map(|p| async move { read_piece(client, layout, ino, p).await.map(|d| (p, d)) })
+            .map(|p| async move { read_piece(client, cap, layout, ino, p).await.map(|d| (p, d)) })
             .buffer_unordered(client.max_in_flight())
             .try_collect()
             .await?;
@@ -603,6 +644,9 @@ impl File {
         if !inner.writable {
             return Err(Error::bare(Errno::EBADF));
         }
+        // The capability first, here where the caller waits: the pieces below may run in
+        // futures polled later (readahead, write-behind) and should find it ready.
+        inner.cap.get(&inner.client).await?;
         let offset = match offset {
             Some(o) if !inner.append => o,
             _ => {
@@ -639,6 +683,7 @@ impl File {
                     None => {
                         let fut = write_pieces(
                             inner.client.clone(),
+                            inner.cap.clone(),
                             inner.layout.clone(),
                             inner.ino,
                             offset,
@@ -739,7 +784,8 @@ impl File {
             let take = (data.len() - done).min(MAX_APPEND as usize);
             let piece = data.slice(done..done + take);
             let ino = inner.ino;
-            let r = inner.client.call(To::Home(ino), Op::Append { ino }, piece).await;
+            let call = |cap| inner.client.call(To::Home(ino), Op::Append { ino, cap }, piece.clone());
+            let r = inner.cap.with(&inner.client, call).await;
             inner.client.cache().forget_attr(ino);
             let r = r.map_err(|e| {
                 // The home server answers for the servers it stores pieces on (EIO when one
@@ -863,7 +909,7 @@ impl File {
     async fn sync(&self, data_only: bool) -> Result<()> {
         self.flush_inner().await?;
         let inner = &*self.inner;
-        let client = &inner.client;
+        let (client, cap) = (&inner.client, &*inner.cap);
         let ino = inner.ino;
         let home = client.home_of(ino);
         let mut servers = inner.layout.servers.clone();
@@ -872,7 +918,8 @@ impl File {
         servers.dedup();
         futures::stream::iter(servers)
             .map(|s| async move {
-                match client.call(To::Server(s), Op::Fsync { ino, data_only }, Bytes::new()).await {
+                let call = |cap| client.call(To::Server(s), Op::Fsync { ino, data_only, cap }, Bytes::new());
+                match cap.with(client, call).await {
                     Ok((Reply::Ok, _)) => Ok(()),
                     Ok((other, _)) => Err(unexpected(&other)),
                     Err(e) => Err(e.within(format_args!("server {s}"))),

@@ -61,6 +61,7 @@
 
 mod blocking;
 mod cache;
+mod caps;
 mod client;
 mod error;
 mod file;

@@ -18,10 +18,13 @@ use crate::file::File;
 use crate::options::OpenFlags;
 use crate::pathname::{components, has_trailing_slash, join, normalize, split_last};
 use futures::StreamExt;
+use shoal_placement::map::AuthMode;
+use shoal_proto::cap::Capability;
 use shoal_proto::msg::{Attr, DirEntry, FileKind, LayoutSpec, RenameFlags, SetAttrs, TimeSet};
 use shoal_proto::{Errno, Ino, ROOT_INO};
 use std::collections::VecDeque;
 use std::future::Future;
+use std::time::Instant;
 
 /// Most symlinks one path resolution follows (as Linux's MAXSYMLINKS).
 pub const MAX_SYMLINKS: u32 = 40;
@@ -607,18 +610,40 @@ impl Client {
                 })
                 .await?;
             if let Some(attr) = made.filter(|a| a.kind != FileKind::Symlink) {
-                return self.finish_open(attr, flags, true).await;
+                return self.finish_open(attr, flags, true, None).await;
             }
         }
-        let attr = self.on_target(path, true, true, |f, _| self.attr_of(f, true)).await?;
-        self.finish_open(attr, &flags, false).await
+        let flags = &flags;
+        let (attr, cap) = self
+            .on_target(path, true, true, |f, _| async move {
+                match f.attr {
+                    // The entry's server holds the inode: attributes are fresh already; the
+                    // capability comes at the first read or write.
+                    Some(a) => Ok((a, None)),
+                    None => self.open_fresh(f.ino, flags).await,
+                }
+            })
+            .await?;
+        self.finish_open(attr, flags, false, cap).await
+    }
+
+    /// Fresh attributes of `ino` from its home server, with a capability for `flags` when
+    /// the cluster makes them: one `Open` (which checks the permissions), else one `GetAttr`.
+    async fn open_fresh(&self, ino: Ino, flags: &OpenFlags) -> Result<(Attr, Option<(Capability, Instant)>)> {
+        if self.map().security.auth != AuthMode::None {
+            let at = Instant::now();
+            if let Some((attr, cap)) = self.open_rpc(ino, crate::file::rights_of(flags), None).await? {
+                return Ok((attr, cap.map(|c| (c, at))));
+            }
+        }
+        Ok((self.getattr_fresh_inner(ino).await?, None))
     }
 
     /// Open the inode `ino` (attributes fetched afresh; no create).
     pub async fn open_ino(&self, ino: Ino, flags: OpenFlags) -> Result<File> {
         let r = async {
-            let attr = self.getattr_fresh_inner(ino).await?;
-            self.finish_open(attr, &flags, false).await
+            let (attr, cap) = self.open_fresh(ino, &flags).await?;
+            self.finish_open(attr, &flags, false, cap).await
         };
         r.await.map_err(|e: Error| e.within(format_args!("open {ino}")))
     }
@@ -644,7 +669,14 @@ impl Client {
     /// create request, which may have made the file just now; its owner is not checked
     /// (an owner could grant itself the access anyway, and a new file opens whatever its
     /// mode, as with open(2)).
-    async fn finish_open(&self, mut attr: Attr, flags: &OpenFlags, created: bool) -> Result<File> {
+    /// `cap`: the capability an `Open` brought, after the server's permission check.
+    async fn finish_open(
+        &self,
+        mut attr: Attr,
+        flags: &OpenFlags,
+        created: bool,
+        cap: Option<(Capability, Instant)>,
+    ) -> Result<File> {
         match attr.kind {
             FileKind::Dir if flags.writes() || flags.truncate => return Err(Error::bare(Errno::EISDIR)),
             FileKind::Dir => return File::open(self.clone(), attr, flags),
@@ -653,14 +685,17 @@ impl Client {
         }
         let cred = &self.options().cred;
         let mask = flags.access_mask();
-        let skip = created && attr.uid == cred.uid;
+        let skip = (created && attr.uid == cred.uid) || cap.is_some();
         if !skip && mask != 0 && !crate::client::may_access(&attr, cred, mask) {
             self.access_inner(attr.ino, mask).await?;
         }
         if flags.truncate && attr.size > 0 {
             attr = self.setattr_inner(attr.ino, SetAttrs { size: Some(0), ..Default::default() }).await?;
         }
-        File::open(self.clone(), attr, flags)
+        match cap {
+            Some(cap) => File::open_with_cap(self.clone(), attr, flags, Some(cap)),
+            None => File::open(self.clone(), attr, flags),
+        }
     }
 }
 

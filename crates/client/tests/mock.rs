@@ -104,7 +104,7 @@ impl Mock {
                 route(dir)?;
                 let &(ino, kind) = fs.entries.get(&dir).ok_or(Errno::ENOENT)?.get(&name).ok_or(Errno::ENOENT)?;
                 let attr = (map.home_of(ino) == me).then(|| fs.inodes[&ino].clone());
-                ok(Reply::Entry(EntryOut { ino, kind, attr }))
+                ok(Reply::Entry(EntryOut { ino, kind, attr, cap: None }))
             }
             Op::Create { dir, name, perm, exclusive, layout } => {
                 route(dir)?;
@@ -272,7 +272,7 @@ impl Mock {
                 fs.xattrs.remove(&(ino, name)).ok_or(Errno::ENODATA)?;
                 ok(Reply::Ok)
             }
-            Op::Read { ino, index, offset, len } => {
+            Op::Read { ino, index, offset, len, .. } => {
                 let layout = fs.inodes.get(&ino).and_then(|a| a.layout.clone()).ok_or(Errno::ENOENT)?;
                 if layout.servers.get(index as usize) != Some(&me) {
                     return Err(Errno::EXDEV);
@@ -282,7 +282,7 @@ impl Mock {
                 let end = (offset as usize + len as usize).min(o.len());
                 Ok((Reply::Data, Bytes::copy_from_slice(&o[start..end])))
             }
-            Op::Write { ino, index, offset, file_end, inode_local } => {
+            Op::Write { ino, index, offset, file_end, inode_local, .. } => {
                 let layout = fs.inodes.get(&ino).and_then(|a| a.layout.clone()).ok_or(Errno::ENOENT)?;
                 if layout.servers.get(index as usize) != Some(&me) || inode_local != (map.home_of(ino) == me) {
                     return Err(Errno::EXDEV);

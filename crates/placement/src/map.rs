@@ -169,6 +169,11 @@ pub enum AuthMode {
 fn default_cluster_key() -> PathBuf {
     PathBuf::from("cluster.key")
 }
+/// Ten minutes: long next to an `Open` round trip, short enough that a retired key or a
+/// stolen capability stops working soon.
+fn default_capability_lifetime() -> u64 {
+    600
+}
 fn default_host_key() -> PathBuf {
     PathBuf::from("host.key")
 }
@@ -223,6 +228,11 @@ pub struct Security {
     /// The servers' private key (PEM, root only).
     #[serde(default = "default_tls_key")]
     pub tls_key: PathBuf,
+    /// How long a per-open capability lives, in seconds (clients renew theirs before it
+    /// runs out; a shorter life makes a revoked permission or a retired key take effect
+    /// sooner, at the cost of one `Open` per handle per lifetime).
+    #[serde(default = "default_capability_lifetime")]
+    pub capability_lifetime_secs: u64,
 }
 
 impl Default for Security {
@@ -237,6 +247,7 @@ impl Default for Security {
             tls_ca_key: default_tls_ca_key(),
             tls_cert: default_tls_cert(),
             tls_key: default_tls_key(),
+            capability_lifetime_secs: default_capability_lifetime(),
         }
     }
 }
@@ -325,6 +336,9 @@ impl ClusterMap {
     pub fn validate(&self) -> Result<(), String> {
         if self.cluster.version == 0 {
             return Err("cluster.version must be ≥ 1 (it is 0)".into());
+        }
+        if self.security.capability_lifetime_secs == 0 {
+            return Err("security.capability_lifetime_secs must be ≥ 1 (it is 0)".into());
         }
         if self.servers.is_empty() {
             return Err("no [[server]] entries; a cluster needs at least one".into());

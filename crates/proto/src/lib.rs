@@ -19,6 +19,7 @@
 //! ```
 
 pub mod auth;
+pub mod cap;
 pub mod errno;
 pub mod frame;
 pub mod hello;

@@ -4,6 +4,7 @@
 //! Bulk data (the payload of [`Op::Write`], the bytes answering [`Op::Read`]) is not part of
 //! these messages: it travels as the raw data section of the frame.
 
+use crate::cap::Capability;
 use crate::{Errno, Ino, ServerId};
 use serde::{Deserialize, Serialize};
 
@@ -156,6 +157,10 @@ pub struct EntryOut {
     /// Present when the inode lives on the same server as the entry (the common case for
     /// files under the `same` policy); otherwise the client asks the inode's home server.
     pub attr: Option<Attr>,
+    /// In a `Create` reply from the inode's home server (cluster with keys): a read-write
+    /// capability of the file (`cap.rs`), so that a create-and-write needs no `Open`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cap: Option<Capability>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,6 +393,10 @@ pub enum Op {
         index: u32,
         offset: u64,
         len: u32,
+        /// The capability the inode's home server gave at open (`cap.rs`); checked by the
+        /// server holding the object when the cluster runs with keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
     },
     /// The bytes are the frame's data section. If `inode_local` the server also holds the
     /// inode and raises its size to `file_end` (so a small-file write is one request).
@@ -397,11 +406,19 @@ pub enum Op {
         offset: u64,
         file_end: u64,
         inode_local: bool,
+        /// The capability the inode's home server gave at open (`cap.rs`); checked by the
+        /// server holding the object when the cluster runs with keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
     },
     /// Make the objects of `ino` on this server, and this server's metadata log, durable.
     Fsync {
         ino: Ino,
         data_only: bool,
+        /// The capability the inode's home server gave at open (`cap.rs`); checked by the
+        /// server holding the object when the cluster runs with keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
     },
 
     /// Several namespace operations in one request (many creates, stats or unlinks), each
@@ -473,6 +490,10 @@ pub enum Op {
     /// complete. At most `MAX_DATA` bytes.
     Append {
         ino: Ino,
+        /// The capability the inode's home server gave at open (`cap.rs`); checked by the
+        /// server holding the object when the cluster runs with keys.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
     },
     /// Sent to the home server of `ino` at the last close of a file this client session
     /// kept open after removing its last name: delete the orphan inode and its objects.
@@ -496,6 +517,18 @@ pub enum Op {
         proof: Option<Vec<u8>>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         credential: Option<crate::auth::UserCredential>,
+    },
+    /// Sent to the home server of `ino` to open it (or renew the capability of a handle):
+    /// checks that the sender may have `rights` (`cap::RIGHT_*`) as access(2) would and
+    /// answers `Opened` with fresh attributes and a capability. With `renew`, a capability
+    /// of this inode with those rights that this server's keys still verify (expired or
+    /// not, within one lifetime past its expiry), the permission check is skipped: an open
+    /// handle keeps the access it was opened with, as with open(2).
+    Open {
+        ino: Ino,
+        rights: u8,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        renew: Option<Capability>,
     },
 }
 
@@ -541,6 +574,7 @@ impl Op {
             Op::ScrubStart => "scrub_start",
             Op::ScrubStatus => "scrub_status",
             Op::Authenticate { .. } => "authenticate",
+            Op::Open { .. } => "open",
         }
     }
 
@@ -665,6 +699,12 @@ pub enum Reply {
     },
     /// Answer to `ScrubStart` and `ScrubStatus`.
     Scrub(ScrubStatus),
+    /// Answer to `Open`: the inode's attributes and, when the cluster runs with keys and
+    /// the inode is a regular file, its capability.
+    Opened {
+        attr: Attr,
+        cap: Option<Capability>,
+    },
 }
 
 /// Progress and findings of a server's scrub (`shoal scrub`).

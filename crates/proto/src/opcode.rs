@@ -52,6 +52,7 @@ impl Op {
             Op::ScrubStart => 36,
             Op::ScrubStatus => 37,
             Op::Authenticate { .. } => 38,
+            Op::Open { .. } => 39,
         }
     }
 }
@@ -79,6 +80,7 @@ impl Reply {
             Reply::Error { .. } => 17,
             Reply::Appended { .. } => 18,
             Reply::Scrub(_) => 19,
+            Reply::Opened { .. } => 20,
         }
     }
 }

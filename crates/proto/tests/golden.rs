@@ -12,6 +12,7 @@
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, Visitor};
 use serde::Serialize;
+use shoal_proto::cap::{Capability, RIGHT_READ, RIGHT_WRITE};
 use shoal_proto::frame::{decode_body, encode_body, Frame, FrameKind};
 use shoal_proto::hello::{FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
 use shoal_proto::msg::*;
@@ -53,6 +54,17 @@ fn attr() -> Attr {
     }
 }
 
+fn capability() -> Capability {
+    Capability {
+        ino: Ino(0x0001_0000_0000_002a),
+        rights: RIGHT_READ,
+        issued: 1_700_000_000,
+        expires: 1_700_000_600,
+        epoch: 2,
+        tag: (0..32).collect(),
+    }
+}
+
 fn dir_attr() -> Attr {
     Attr {
         kind: FileKind::Dir,
@@ -65,7 +77,7 @@ fn dir_attr() -> Attr {
 }
 
 fn entry() -> EntryOut {
-    EntryOut { ino: Ino(42), kind: FileKind::File, attr: Some(attr()) }
+    EntryOut { ino: Ino(42), kind: FileKind::File, attr: Some(attr()), cap: None }
 }
 
 fn dirent() -> DirEntry {
@@ -128,9 +140,9 @@ fn ops() -> Vec<Op> {
         Op::GetXattr { ino: FILE, name: "user.k".into() },
         Op::ListXattr { ino: FILE },
         Op::RemoveXattr { ino: FILE, name: "user.k".into() },
-        Op::Read { ino: FILE, index: 1, offset: 1 << 20, len: 65536 },
-        Op::Write { ino: FILE, index: 0, offset: 4096, file_end: 8192, inode_local: true },
-        Op::Fsync { ino: FILE, data_only: true },
+        Op::Read { ino: FILE, index: 1, offset: 1 << 20, len: 65536, cap: None },
+        Op::Write { ino: FILE, index: 0, offset: 4096, file_end: 8192, inode_local: true, cap: None },
+        Op::Fsync { ino: FILE, data_only: true, cap: None },
         Op::Batch { ops: batch_ops() },
         Op::StatFs,
         Op::Status,
@@ -148,7 +160,7 @@ fn ops() -> Vec<Op> {
         Op::PeerSetParent { ino: Ino(9), parent: Ino(2) },
         Op::PeerDeleteObjects { objects: vec![(FILE, 0), (Ino(43), 3)] },
         Op::PeerTruncateObject { ino: FILE, index: 2, len: 100 },
-        Op::Append { ino: FILE },
+        Op::Append { ino: FILE, cap: None },
         Op::ReleaseOrphan { ino: FILE, session: 0xfeed },
         Op::ScrubStart,
         Op::ScrubStatus,
@@ -164,6 +176,7 @@ fn ops() -> Vec<Op> {
                 tag: vec![0x5a; 32],
             }),
         },
+        Op::Open { ino: FILE, rights: RIGHT_READ | RIGHT_WRITE, renew: Some(capability()) },
     ]
 }
 
@@ -198,7 +211,7 @@ fn replies() -> Vec<Reply> {
             auth: None,
         },
         Reply::Ok,
-        Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None }),
+        Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None, cap: None }),
         Reply::Attr(dir_attr()),
         Reply::DirEntries { entries: vec![dirent()], more: true },
         Reply::Link("../t".into()),
@@ -253,6 +266,7 @@ fn replies() -> Vec<Reply> {
             elapsed_ms: 1500,
             failure: None,
         }),
+        Reply::Opened { attr: attr(), cap: Some(capability()) },
     ]
 }
 
@@ -415,7 +429,7 @@ fn samples() -> Vec<(String, Sample)> {
             "Frame.WriteRequest",
             Frame::request(
                 0x0102_0304_0506_0708,
-                &request(Op::Write { ino: FILE, index: 0, offset: 0, file_end: 11, inode_local: true }),
+                &request(Op::Write { ino: FILE, index: 0, offset: 0, file_end: 11, inode_local: true, cap: None }),
                 Bytes::from_static(b"hello world"),
             ),
         ),

@@ -987,7 +987,7 @@ mod tests {
         });
         let opts = PoolOptions { connections_per_server: 1, session: 77, ..PoolOptions::default() };
         let pool = Pool::new(open_map(port), opts);
-        let op = Op::Append { ino: shoal_proto::ROOT_INO };
+        let op = Op::Append { ino: shoal_proto::ROOT_INO, cap: None };
         let (reply, _) = pool.request(ServerId(0), &Cred::root(), op, Bytes::from_static(b"abc")).await.unwrap();
         assert_eq!(reply, Reply::Appended { offset: 0 });
         let (s1, s2, first, again) = server.await.unwrap();

@@ -1,11 +1,13 @@
 //! From a decoded request to its reply: the map-version check, routing each `Op` to its
 //! handler, counting, and turning failures into `Reply::Error`.
 
+use crate::caps;
 use crate::error::{fail, Fail, R};
 use crate::ops::{data, inode, namespace, peer};
 use crate::state::State;
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use shoal_proto::cap::{RIGHT_READ, RIGHT_WRITE};
 use shoal_proto::msg::{BatchOp, BatchReply, Cred, Op, Reply, Request, BATCH_MAX};
 use shoal_proto::Errno;
 use std::sync::Arc;
@@ -163,12 +165,23 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         Op::ListXattr { ino } => inode::list_xattr(st, cred, ino).await?,
         Op::RemoveXattr { ino, name } => inode::remove_xattr(st, cred, ino, name).await?,
 
-        Op::Read { ino, index, offset, len } => return data::read(st, ino, index, offset, len).await,
-        Op::Write { ino, index, offset, file_end, inode_local } => {
+        Op::Read { ino, index, offset, len, cap } => {
+            caps::check(st, cap.as_ref(), ino, RIGHT_READ)?;
+            return data::read(st, ino, index, offset, len).await;
+        }
+        Op::Write { ino, index, offset, file_end, inode_local, cap } => {
+            caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
             data::write(st, ino, index, offset, file_end, inode_local, data).await?
         }
-        Op::Append { ino } => data::append(st, ino, data).await?,
-        Op::Fsync { ino, data_only } => data::fsync(st, ino, data_only).await?,
+        Op::Append { ino, cap } => {
+            caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
+            data::append(st, ino, data).await?
+        }
+        Op::Fsync { ino, data_only, cap } => {
+            caps::check(st, cap.as_ref(), ino, 0)?;
+            data::fsync(st, ino, data_only).await?
+        }
+        Op::Open { ino, rights, renew } => caps::open(st, cred, ino, rights, renew).await?,
         Op::StatFs => data::statfs(st).await?,
         Op::Status => data::status(st).await?,
 

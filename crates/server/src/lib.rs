@@ -21,6 +21,7 @@
 //! ```
 
 mod auth;
+mod caps;
 mod conn_io;
 mod counters;
 mod dispatch;

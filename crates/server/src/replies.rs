@@ -126,6 +126,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::ListXattr { .. }
         | Op::Read { .. }
         | Op::Fsync { .. }
+        | Op::Open { .. }
         | Op::StatFs
         | Op::Status
         | Op::PeerMkdirObject { .. }

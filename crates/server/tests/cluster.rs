@@ -532,19 +532,21 @@ async fn write_read_truncate_objects() {
     assert_eq!(layout.servers.len(), 2);
     assert_eq!(layout.servers[0], c.home(e.ino));
     // object 0 on the inode's home (raises the size), object 1 elsewhere (then ExtendSize)
-    let w0 = Op::Write { ino: e.ino, index: 0, offset: 0, file_end: 4096, inode_local: true };
+    let w0 = Op::Write { ino: e.ino, index: 0, offset: 0, file_end: 4096, inode_local: true, cap: e.cap.clone() };
     let data0 = Bytes::from(vec![7u8; 4096]);
     let (r, _) = c.call_as(layout.servers[0], &Cred::root(), w0, data0.clone()).await.unwrap();
     assert_eq!(r, Reply::Written { len: 4096 });
     assert_eq!(c.getattr(e.ino).await.size, 4096);
-    let w1 = Op::Write { ino: e.ino, index: 1, offset: 10, file_end: 4096 + 15, inode_local: false };
+    let w1 =
+        Op::Write { ino: e.ino, index: 1, offset: 10, file_end: 4096 + 15, inode_local: false, cap: e.cap.clone() };
     c.call_as(layout.servers[1], &Cred::root(), w1, Bytes::from_static(b"hello")).await.unwrap();
     c.op(Op::ExtendSize { ino: e.ino, size: 4096 + 15 }).await.unwrap();
     assert_eq!(c.getattr(e.ino).await.size, 4111);
     let read = |server: ServerId, index: u32, offset: u64, len: u32| {
-        let c = &c;
+        let (c, cap) = (&c, e.cap.clone());
         async move {
-            c.call_as(server, &Cred::root(), Op::Read { ino: e.ino, index, offset, len }, Bytes::new()).await.unwrap()
+            let op = Op::Read { ino: e.ino, index, offset, len, cap };
+            c.call_as(server, &Cred::root(), op, Bytes::new()).await.unwrap()
         }
     };
     let (r, d) = read(layout.servers[1], 1, 0, 100).await;
@@ -554,7 +556,9 @@ async fn write_read_truncate_objects() {
     assert_eq!(d.len(), 96);
     // fsync on both servers
     for s in &layout.servers {
-        c.call_as(*s, &Cred::root(), Op::Fsync { ino: e.ino, data_only: true }, Bytes::new()).await.unwrap();
+        c.call_as(*s, &Cred::root(), Op::Fsync { ino: e.ino, data_only: true, cap: e.cap.clone() }, Bytes::new())
+            .await
+            .unwrap();
     }
     // Truncate to 4096 + 12 cuts object 1 to 12 bytes.
     c.op(Op::SetAttr { ino: e.ino, set: SetAttrs { size: Some(4108), ..Default::default() } }).await.unwrap();
@@ -657,7 +661,7 @@ async fn restart_keeps_data_and_recovery_rolls_back_unfinished_mkdir() {
     c.call_as(
         root_home,
         &Cred::root(),
-        Op::Write { ino: f.ino, index: 0, offset: 0, file_end: 3, inode_local: true },
+        Op::Write { ino: f.ino, index: 0, offset: 0, file_end: 3, inode_local: true, cap: f.cap.clone() },
         Bytes::from_static(b"abc"),
     )
     .await
@@ -696,7 +700,12 @@ async fn restart_keeps_data_and_recovery_rolls_back_unfinished_mkdir() {
     assert_eq!(left, 0);
     assert_eq!(c.getattr(f.ino).await.size, 3);
     let (_, d) = c
-        .call_as(root_home, &Cred::root(), Op::Read { ino: f.ino, index: 0, offset: 0, len: 10 }, Bytes::new())
+        .call_as(
+            root_home,
+            &Cred::root(),
+            Op::Read { ino: f.ino, index: 0, offset: 0, len: 10, cap: f.cap.clone() },
+            Bytes::new(),
+        )
         .await
         .unwrap();
     assert_eq!(&d[..], b"abc");

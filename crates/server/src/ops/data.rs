@@ -114,7 +114,11 @@ pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
     if len == 0 {
         return Ok(Reply::Appended { offset });
     }
-    let (data, layout) = (&data, &layout);
+    // The pieces stored on other servers are `Write`s like a client's, checked there like
+    // a client's: this server, which holds the cluster key, vouches for them with a
+    // capability of its own (the client's was checked on arrival).
+    let cap = crate::caps::issue(st, ino, shoal_proto::cap::RIGHT_WRITE);
+    let (data, layout, cap) = (&data, &layout, &cap);
     futures::stream::iter(pieces(layout, offset, len))
         .map(|p| async move {
             let server = layout.servers[p.index as usize];
@@ -123,7 +127,14 @@ pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
             if server == st.id {
                 return st.blocking(move |st| st.data.write(ino, p.index, p.object_offset, &chunk)).await;
             }
-            let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local: false };
+            let op = Op::Write {
+                ino,
+                index: p.index,
+                offset: p.object_offset,
+                file_end: end,
+                inode_local: false,
+                cap: cap.clone(),
+            };
             match st.peer_write(server, op, chunk).await {
                 Ok(Reply::Written { len }) if len as u64 == p.len => Ok(()),
                 Ok(other) => fail(Errno::EIO, format!("server {server} answered an append's piece with {other:?}")),

@@ -12,6 +12,7 @@ use crate::locks::Locks;
 use crate::perm::{self, R_OK, S_ISGID, W_OK, X_OK};
 use crate::state::{derive_op, State};
 use crate::store::meta::{EntryRecord, InodeRecord, Intent, Txn};
+use shoal_proto::cap::{RIGHT_READ, RIGHT_WRITE};
 use shoal_proto::msg::{
     Cred, DirEntry, EntryOut, FileKind, KeepOpen, LayoutSpec, Op, RenameFlags, Reply, PATH_MAX, READDIR_MAX,
 };
@@ -26,7 +27,7 @@ const ATTEMPTS: usize = 16;
 const RENAME_IN_PIN_WAIT: Duration = Duration::from_millis(20);
 
 fn entry_reply(ino: Ino, rec: &InodeRecord) -> Reply {
-    Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)) })
+    Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None })
 }
 
 fn no_entry(dir: Ino, name: &str) -> Fail {
@@ -95,7 +96,7 @@ pub async fn lookup(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Re
         let e = txn.entry(dir, &name)?.ok_or_else(|| no_entry(dir, &name))?;
         let attr =
             if st.is_home(e.ino) { txn.inode(e.ino)?.cloned().map(|r| st.attr_of(e.ino, &r, true)) } else { None };
-        Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr }))
+        Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None }))
     })
     .await
 }
@@ -177,15 +178,25 @@ pub async fn create(
         .await?
     };
     match made {
-        Made::New(ino, rec) => Ok(entry_reply(ino, &rec)),
-        Made::Existing(e, Some(rec)) => {
-            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr: Some(st.attr_of(e.ino, &rec, false)) }))
-        }
+        // The creator may read and write what it just made, whatever its mode (open(2)):
+        // the reply carries the capability, so a create-and-write needs no `Open`.
+        Made::New(ino, rec) => Ok(Reply::Entry(EntryOut {
+            ino,
+            kind: rec.kind,
+            attr: Some(rec.to_attr(ino, 0)),
+            cap: crate::caps::issue(st, ino, RIGHT_READ | RIGHT_WRITE),
+        })),
+        Made::Existing(e, Some(rec)) => Ok(Reply::Entry(EntryOut {
+            ino: e.ino,
+            kind: e.kind,
+            attr: Some(st.attr_of(e.ino, &rec, false)),
+            cap: None,
+        })),
         Made::Existing(e, None) => {
             // The inode lives elsewhere (a hard link or a renamed file): ask its home, and
             // if that fails let the client ask.
             let attr = st.getattr(e.ino).await.ok();
-            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr }))
+            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None }))
         }
     }
 }
@@ -358,7 +369,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: rec.kind });
                 txn.inode_mut(dir)?.touch(now);
                 txn.commit()?;
-                Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)) }))
+                Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None }))
             })
             .await;
     }
@@ -400,7 +411,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 attr.nlink = n;
             }
             attr.ctime = now();
-            Ok(Reply::Entry(EntryOut { ino, kind, attr: Some(attr) }))
+            Ok(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None }))
         }
         Err(e) if is_transport(e) => Err(Fail::peer(home, e)), // intent and pin stay: rolled forward
         Err(e) => {
