@@ -282,6 +282,20 @@ impl DataStore {
         if end > i64::MAX as u64 {
             return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
         }
+        // The CRC32C of the piece of `data` in each block it touches, before taking the lock:
+        // the one pass over the bytes. Under the lock only constant-time combinations remain
+        // (but for a block that must be read and patched), so writes to one object wait less
+        // for each other.
+        let piece_crcs: Vec<u32> = if data.is_empty() {
+            Vec::new()
+        } else {
+            (offset / BLOCK..=(end - 1) / BLOCK)
+                .map(|k| {
+                    let (ws, we) = (offset.max(k * BLOCK), end.min((k + 1) * BLOCK));
+                    crc32c::crc32c(&data[(ws - offset) as usize..(we - offset) as usize])
+                })
+                .collect()
+        };
         let _g = self.lock(ino, index).write();
         let obj = self
             .open_object(ino, index, true)?
@@ -297,8 +311,8 @@ impl DataStore {
         let stored = mem.entries(&obj.sums, first, last - first + 1).map_err(sums_err)?;
         let mut pending = Vec::with_capacity(stored.len());
         let mut scratch = Vec::new();
-        for (k, entry) in (first..=last).zip(stored) {
-            let (new, old) = self.block_update(&obj, &mem, k, entry, size, offset, data, &mut scratch)?;
+        for ((k, entry), piece_crc) in (first..=last).zip(stored).zip(piece_crcs) {
+            let (new, old) = self.block_update(&obj, &mem, k, entry, size, offset, data, piece_crc, &mut scratch)?;
             pending.push(Entry::Pending { new, old });
         }
         obj.sums.write(first, &pending).map_err(sums_err)?;
@@ -343,6 +357,7 @@ impl DataStore {
         size: u64,
         offset: u64,
         data: &[u8],
+        piece_crc: u32,
         scratch: &mut Vec<u8>,
     ) -> R<(u32, u32)> {
         let bs = k * BLOCK;
@@ -353,7 +368,7 @@ impl DataStore {
         let known = entry.as_ref().ok().and_then(|e| e.known());
         if ws == bs && we >= held {
             // Every byte the block holds is replaced; what follows the piece is zeros.
-            let new = block_crc(piece);
+            let new = checksums::padded_crc(piece_crc, piece.len() as u64);
             return Ok((new, known.unwrap_or(new)));
         }
         let io = |e: std::io::Error| Fail::io(format_args!("read {}", obj.path.display()), &e);
@@ -364,7 +379,7 @@ impl DataStore {
                 || !mem.may_hold_data(k, ws - bs, to - bs)
                 || range_is_zeros(&obj.data, ws, to, scratch).map_err(io)?
             {
-                return Ok((checksums::with_piece(old, ws - bs, piece), old));
+                return Ok((checksums::with_piece(old, ws - bs, piece_crc, piece.len() as u64), old));
             }
         }
         scratch.clear();

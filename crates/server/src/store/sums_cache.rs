@@ -209,11 +209,6 @@ impl Sums {
         self.cached.clear();
         self.stored = stored;
     }
-
-    /// Are there entries settled only here?
-    pub fn has_unsettled(&self) -> bool {
-        !self.unsettled.is_empty()
-    }
 }
 
 #[cfg(test)]
@@ -255,9 +250,9 @@ mod tests {
         assert!(!m.may_hold_data(2, 20, 100) && m.may_hold_data(2, 15, 16) && m.may_hold_data(3, 30, 40));
         assert_eq!(m.entries(&side, 2, 2).unwrap(), vec![Ok(Entry::Settled(20)), Ok(Entry::Settled(30))]);
         assert_eq!(side.read(5, 1).unwrap(), vec![Ok(Entry::Pending { new: 50, old: 1 })]);
-        assert!(m.has_unsettled());
+        assert!(!m.unsettled.is_empty());
         m.flush(&side).unwrap();
-        assert!(!m.has_unsettled());
+        assert!(m.unsettled.is_empty());
         assert_eq!(
             side.read(2, 4).unwrap(),
             vec![Ok(Entry::Settled(20)), Ok(Entry::Settled(30)), Ok(Entry::Hole), Ok(Entry::Settled(50))]
