@@ -325,16 +325,24 @@ impl DataStore {
             self.uncache(ino, index);
             return Err(Fail::io(format_args!("write {}", obj.path.display()), &e));
         }
+        let mut recorded = Ok(());
         for (k, e) in (first..=last).zip(&pending) {
             let Entry::Pending { new, .. } = *e else { unreachable!("built pending above") };
             let bs = k * BLOCK;
             let (ws, we) = (offset.max(bs), end.min(bs + BLOCK));
             let replaced_all = ws == bs && we >= size.clamp(bs, bs + BLOCK);
-            mem.wrote(&obj.sums, k, new, ws - bs, we - bs, replaced_all).map_err(sums_err)?;
+            recorded = recorded.and_then(|()| mem.wrote(&obj.sums, k, new, ws - bs, we - bs, replaced_all));
         }
         mem.size = mem.size.max(end);
         drop(mem);
-        self.mark_dirty(ino, index);
+        self.mark_dirty(ino, index); // the bytes landed, whatever follows
+        if let Err(e) = recorded {
+            // Memory could not take the new entries (a flush to make room failed): it no
+            // longer describes the object, whose sidecar says pending (valid for the new
+            // bytes); the next open settles them from the bytes.
+            self.uncache(ino, index);
+            return Err(sums_err(e));
+        }
         start_writeback(&obj.data, offset, end);
         Ok(())
     }
@@ -345,8 +353,9 @@ impl DataStore {
     /// bytes it replaces are zeros (a hole, or past the end: the new checksum follows from
     /// the stored one, see [`checksums::with_piece`], and the rest of the block is not
     /// read; memory says so for the blocks it has seen written, see [`Sums::may_hold_data`],
-    /// else the file system is asked where its holes are); otherwise the block is read, checked against its entry (a damaged block is not
-    /// silently blessed by a partial write: `EIO`), and patched.
+    /// else the file system is asked where its holes are); otherwise the block is read,
+    /// checked against its entry (a damaged block is not silently blessed by a partial
+    /// write: `EIO`), and patched.
     #[allow(clippy::too_many_arguments)]
     fn block_update(
         &self,
