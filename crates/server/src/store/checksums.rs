@@ -23,18 +23,20 @@
 //! `pending` → `crc` (the new contents) **or** `prev` (the contents before); hole → the
 //! checksum of 64 KiB of zeros. A write keeps it across `kill -9` at any instant by writing,
 //! under the object's lock, (1) the touched entries as `pending { crc: new, prev: old }`,
-//! (2) the data, (3) the entries as `settled { crc: new }`. Killed before (2) completes, a
-//! block holds the old bytes (accepted through `prev`) or the new ones (accepted through
-//! `crc`); killed after, the new ones. `pwrite` of an entry never tears: 16-byte entries at
-//! 16-byte offsets never straddle a page, and the kernel copies a page at a time. One case
-//! remains: a data `pwrite` interrupted by the kill *inside* a block leaves that block part
-//! old and part new (page by page), matching neither; the write was never acknowledged, so
-//! any mix is a legal outcome (as on a local file system). A live server never leaves an
-//! entry pending (readers wait for the lock), so a pending entry met when an object is first
-//! opened is such a leftover: it is settled then ([`Sidecar::settle`]) to the checksum the
-//! block's bytes have, with a warning if they matched neither. Power loss without `fsync` may
-//! lose either file's pages independently, as it may lose the data itself; `Fsync` syncs
-//! both.
+//! (2) the data, (3) later (lazily, see `sums_cache.rs`), the entries as
+//! `settled { crc: new }`. Killed before (2) completes, a block holds the old bytes (accepted
+//! through `prev`) or the new ones (accepted through `crc`); killed after, the new ones.
+//! `pwrite` of an entry never tears: 16-byte entries at 16-byte offsets never straddle a
+//! page, and the kernel copies a page at a time. One case remains: a data `pwrite`
+//! interrupted by the kill *inside* a block leaves that block part old and part new (page by
+//! page), matching neither; the write was never acknowledged, so any mix is a legal outcome
+//! (as on a local file system). A running server settles an object's pending entries at
+//! `Fsync`, eviction from its cache, truncation and scrub, so a pending entry met when an
+//! object is first opened is a leftover of a server that stopped with entries unsettled (a
+//! kill, or a stop between those points): it is settled then ([`Sidecar::settle`]) to the
+//! checksum the block's bytes have, with a warning if they matched neither. Power loss
+//! without `fsync` may lose either file's pages independently, as it may lose the data
+//! itself; `Fsync` syncs both (the data first).
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -112,11 +114,14 @@ fn extend_with_zeros(crc: u32, n: u64) -> u32 {
 /// Checksum of a block whose first bytes are `bytes` (at most [`BLOCK`]) and the rest zeros.
 pub fn block_crc(bytes: &[u8]) -> u32 {
     debug_assert!(bytes.len() as u64 <= BLOCK);
-    let crc = crc32c::crc32c(bytes);
-    if bytes.len() as u64 == BLOCK {
-        return crc;
-    }
-    extend_with_zeros(crc, BLOCK - bytes.len() as u64)
+    padded_crc(crc32c::crc32c(bytes), bytes.len() as u64)
+}
+
+/// Checksum of a block whose first `len` bytes have the CRC32C `crc` and the rest are zeros,
+/// in constant time.
+pub fn padded_crc(crc: u32, len: u64) -> u32 {
+    debug_assert!(len <= BLOCK);
+    extend_with_zeros(crc, BLOCK - len)
 }
 
 /// Checksum of a block of zeros (what a hole holds).
@@ -128,11 +133,14 @@ pub fn zero_block_crc() -> u32 {
 /// `old` of the block before, where the block held zeros at `[pos, pos + piece.len())`
 /// (a hole, or past the end of the object). CRC32C is affine over GF(2): for blocks of equal
 /// length, `crc(a ^ b) = crc(a) ^ crc(b) ^ crc(zeros)`, and the new block is the old one XOR
-/// the piece placed at `pos` in zeros. Costs a pass over the piece only, not the block.
-pub fn with_piece(old: u32, pos: u64, piece: &[u8]) -> u32 {
-    debug_assert!(pos + piece.len() as u64 <= BLOCK);
-    let tail = BLOCK - pos - piece.len() as u64;
-    let placed = extend_with_zeros(crc32c::crc32c_append(zeros_crc(pos), piece), tail);
+/// the piece placed at `pos` in zeros. Constant time, from the piece's own CRC32C
+/// (`piece_crc`, of its `len` bytes), which the caller computes without holding any lock.
+pub fn with_piece(old: u32, pos: u64, piece_crc: u32, len: u64) -> u32 {
+    debug_assert!(pos + len <= BLOCK);
+    let t = tables();
+    // CRC32C of `pos` zeros followed by the piece (zlib's `crc32_combine`).
+    let head = multmodp(t.shift[len as usize], zeros_crc(pos)) ^ piece_crc;
+    let placed = extend_with_zeros(head, BLOCK - pos - len);
     old ^ placed ^ zero_block_crc()
 }
 
@@ -408,11 +416,13 @@ mod tests {
         let old = block_crc(&block);
         let piece: Vec<u8> = (0..3000u32).map(|i| (i * 13) as u8).collect();
         block[5000..8000].copy_from_slice(&piece);
-        assert_eq!(with_piece(old, 5000, &piece), block_crc(&block));
+        assert_eq!(with_piece(old, 5000, crc32c::crc32c(&piece), 3000), block_crc(&block));
         // At the very end of the block, and from an empty (hole) block.
         let mut b2 = vec![0u8; BLOCK as usize];
         b2[BLOCK as usize - 3..].copy_from_slice(b"end");
-        assert_eq!(with_piece(zero_block_crc(), BLOCK - 3, b"end"), block_crc(&b2));
+        assert_eq!(with_piece(zero_block_crc(), BLOCK - 3, crc32c::crc32c(b"end"), 3), block_crc(&b2));
+        assert_eq!(with_piece(zero_block_crc(), 0, crc32c::crc32c(&piece), 3000), block_crc(&piece));
+        assert_eq!(padded_crc(crc32c::crc32c(&piece), 3000), block_crc(&piece));
     }
 
     #[test]

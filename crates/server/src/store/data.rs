@@ -19,6 +19,7 @@
 
 use crate::error::{Fail, R};
 use crate::store::checksums::{self, block_crc, read_full_at, Entry, Sidecar, BLOCK};
+use crate::store::sums_cache::Sums;
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use shoal_proto::Errno;
@@ -41,11 +42,13 @@ const DIRTY_MAX: usize = 100_000;
 /// [`start_writeback`]).
 const WRITEBACK_CHUNK: u64 = 8 << 20;
 
-/// An open object: its data file and its checksums.
+/// An open object: its data file, its checksums, and what is kept in memory about them
+/// (`sums_cache.rs`: cached entries, the length, entries settled lazily).
 pub struct Object {
     pub data: File,
     pub sums: Sidecar,
     pub path: PathBuf,
+    mem: Mutex<Sums>,
 }
 
 struct FdCache {
@@ -155,19 +158,56 @@ impl DataStore {
                 s
             }
         };
-        let obj = Arc::new(Object { data, sums, path });
-        let mut c = self.fds.lock();
-        let tick = c.tick;
-        if c.map.len() >= FD_CACHE {
-            // Evict the least recently used eighth in one go.
-            let mut ticks: Vec<u64> = c.map.values().map(|(_, t)| *t).collect();
-            let k = FD_CACHE / 8;
-            let (_, cut, _) = ticks.select_nth_unstable(k);
-            let cut = *cut;
-            c.map.retain(|_, (_, t)| *t > cut);
+        let (size, stored) = if fresh {
+            (0, 0)
+        } else {
+            let size = data.metadata().map_err(|e| Fail::io(format_args!("stat {}", path.display()), &e))?.len();
+            (size, sums.blocks().map_err(sums_err)?)
+        };
+        let obj = Arc::new(Object { data, sums, path, mem: Mutex::new(Sums::new(size, stored)) });
+        let victims = {
+            let mut c = self.fds.lock();
+            let tick = c.tick;
+            c.map.insert((ino.0, index), (obj.clone(), tick));
+            if c.map.len() > FD_CACHE {
+                // The least recently used eighth, evicted in one go below.
+                let mut ticks: Vec<u64> = c.map.values().map(|(_, t)| *t).collect();
+                let (_, cut, _) = ticks.select_nth_unstable(FD_CACHE / 8);
+                let cut = *cut;
+                c.map.iter().filter(|(_, (_, t))| *t <= cut).map(|(k, (o, _))| (*k, o.clone())).collect()
+            } else {
+                Vec::new()
+            }
+        };
+        for ((i, x), o) in victims {
+            self.evict(Ino(i), x, &o);
         }
-        c.map.insert((ino.0, index), (obj.clone(), tick));
         Ok(Some(obj))
+    }
+
+    /// Drop object `o` (`ino`, `index`) from the descriptor cache, writing the entries it
+    /// settled lazily first. Only under the object's lock, taken without waiting: whoever
+    /// holds an object from the cache holds its lock (the caller holds one of its own, maybe
+    /// the same stripe), and an object in use stays cached (the cache exceeds its bound by
+    /// at most the objects in use).
+    fn evict(&self, ino: Ino, index: u32, o: &Arc<Object>) {
+        let Some(_g) = self.lock(ino, index).try_write() else { return };
+        if let Err(e) = o.mem.lock().flush(&o.sums) {
+            // Left pending on disk: settled from the bytes when the object is next opened.
+            tracing::warn!("settle checksums {}: {e}", o.sums.path().display());
+        }
+        let mut c = self.fds.lock();
+        if c.map.get(&(ino.0, index)).is_some_and(|(x, _)| Arc::ptr_eq(x, o)) {
+            c.map.remove(&(ino.0, index));
+        }
+    }
+
+    /// Drop an object from the descriptor cache without writing anything (after a failed
+    /// write or truncation: what is kept in memory may no longer describe the files, and
+    /// the next open settles the pending entries from the bytes). Under the object's
+    /// exclusive lock.
+    fn uncache(&self, ino: Ino, index: u32) {
+        self.fds.lock().map.remove(&(ino.0, index));
     }
 
     /// Read up to `len` bytes at `offset`, verified against their checksums; shorter at the
@@ -178,7 +218,7 @@ impl DataStore {
     pub fn read(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Bytes> {
         let _g = self.lock(ino, index).read();
         let Some(obj) = self.open_object(ino, index, false)? else { return Ok(Bytes::new()) };
-        let size = obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+        let size = obj.mem.lock().size;
         if offset >= size || len == 0 {
             return Ok(Bytes::new());
         }
@@ -193,16 +233,24 @@ impl DataStore {
             .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
         // SAFETY: the kernel wrote the first `got` bytes.
         unsafe { buf.set_len(got) };
-        self.verify(&obj, first, &buf).map_err(|b| b.fail())?;
+        let n = buf.len().div_ceil(BLOCK as usize) as u64;
+        let entries = obj.mem.lock().entries(&obj.sums, first, n);
+        self.verify(&obj, first, &buf, entries).map_err(|b| b.fail())?;
         let start = (offset - from) as usize;
         let stop = ((end - from) as usize).min(buf.len());
         Ok(Bytes::from(buf).slice(start.min(stop)..stop))
     }
 
-    /// Check the blocks `first ..` whose bytes are `buf` (all but the last complete).
-    fn verify(&self, obj: &Object, first: u64, buf: &[u8]) -> Result<(), BadBlock> {
-        let n = buf.len().div_ceil(BLOCK as usize) as u64;
-        let entries = obj.sums.read(first, n).map_err(|e| BadBlock {
+    /// Check the blocks `first ..` whose bytes are `buf` (all but the last complete)
+    /// against `entries` (theirs, from [`Sums::entries`] or the sidecar).
+    fn verify(
+        &self,
+        obj: &Object,
+        first: u64,
+        buf: &[u8],
+        entries: std::io::Result<Vec<Result<Entry, String>>>,
+    ) -> Result<(), BadBlock> {
+        let entries = entries.map_err(|e| BadBlock {
             path: obj.path.clone(),
             offset: first * BLOCK,
             reason: format!("has unreadable checksums ({}: {e})", obj.sums.path().display()),
@@ -219,14 +267,35 @@ impl DataStore {
         Ok(())
     }
 
+    /// Check the blocks `first ..` whose bytes are `buf` against the entries in the sidecar.
+    fn verify_stored(&self, obj: &Object, first: u64, buf: &[u8]) -> Result<(), BadBlock> {
+        let n = buf.len().div_ceil(BLOCK as usize) as u64;
+        self.verify(obj, first, buf, obj.sums.read(first, n))
+    }
+
     /// Write `data` at `offset`, creating the object if needed, and update the checksums
-    /// of the blocks it touches: pending (new and old) before the data, settled after (the
-    /// crash invariant of `checksums.rs`).
+    /// of the blocks it touches: pending (new and old) in the sidecar before the data,
+    /// settled in memory after, and in the sidecar later (lazily, `sums_cache.rs`; the crash
+    /// invariant of `checksums.rs` holds at every instant).
     pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8]) -> R<()> {
         let end = offset.saturating_add(data.len() as u64);
         if end > i64::MAX as u64 {
             return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
         }
+        // The CRC32C of the piece of `data` in each block it touches, before taking the lock:
+        // the one pass over the bytes. Under the lock only constant-time combinations remain
+        // (but for a block that must be read and patched), so writes to one object wait less
+        // for each other.
+        let piece_crcs: Vec<u32> = if data.is_empty() {
+            Vec::new()
+        } else {
+            (offset / BLOCK..=(end - 1) / BLOCK)
+                .map(|k| {
+                    let (ws, we) = (offset.max(k * BLOCK), end.min((k + 1) * BLOCK));
+                    crc32c::crc32c(&data[(ws - offset) as usize..(we - offset) as usize])
+                })
+                .collect()
+        };
         let _g = self.lock(ino, index).write();
         let obj = self
             .open_object(ino, index, true)?
@@ -235,29 +304,45 @@ impl DataStore {
             return Ok(());
         }
         let sums_err = |e: std::io::Error| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e);
-        let size = obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+        let mut mem = obj.mem.lock();
+        let size = mem.size;
         let first = offset / BLOCK;
         let last = (end - 1) / BLOCK;
-        let stored = obj.sums.read(first, last - first + 1).map_err(sums_err)?;
+        let stored = mem.entries(&obj.sums, first, last - first + 1).map_err(sums_err)?;
         let mut pending = Vec::with_capacity(stored.len());
         let mut scratch = Vec::new();
-        for (k, entry) in (first..=last).zip(stored) {
-            let (new, old) = self.block_update(&obj, k, entry, size, offset, data, &mut scratch)?;
+        for ((k, entry), piece_crc) in (first..=last).zip(stored).zip(piece_crcs) {
+            let (new, old) = self.block_update(&obj, &mem, k, entry, size, offset, data, piece_crc, &mut scratch)?;
             pending.push(Entry::Pending { new, old });
         }
         obj.sums.write(first, &pending).map_err(sums_err)?;
+        mem.stored_up_to(last + 1);
         if let Err(e) = obj.data.write_all_at(data, offset) {
-            // Part of the data may have landed: settle the touched blocks to what they
-            // hold now, so that they do not read as damaged.
+            // Part of the data may have landed: settle every pending entry to what its
+            // block holds now, so that none reads as damaged, and forget what memory says.
             let _ = obj.sums.settle(&obj.data, &obj.path);
+            drop(mem);
+            self.uncache(ino, index);
             return Err(Fail::io(format_args!("write {}", obj.path.display()), &e));
         }
-        let settled: Vec<Entry> = pending
-            .iter()
-            .map(|e| if let Entry::Pending { new, .. } = e { Entry::Settled(*new) } else { *e })
-            .collect();
-        obj.sums.write(first, &settled).map_err(sums_err)?;
-        self.mark_dirty(ino, index);
+        let mut recorded = Ok(());
+        for (k, e) in (first..=last).zip(&pending) {
+            let Entry::Pending { new, .. } = *e else { unreachable!("built pending above") };
+            let bs = k * BLOCK;
+            let (ws, we) = (offset.max(bs), end.min(bs + BLOCK));
+            let replaced_all = ws == bs && we >= size.clamp(bs, bs + BLOCK);
+            recorded = recorded.and_then(|()| mem.wrote(&obj.sums, k, new, ws - bs, we - bs, replaced_all));
+        }
+        mem.size = mem.size.max(end);
+        drop(mem);
+        self.mark_dirty(ino, index); // the bytes landed, whatever follows
+        if let Err(e) = recorded {
+            // Memory could not take the new entries (a flush to make room failed): it no
+            // longer describes the object, whose sidecar says pending (valid for the new
+            // bytes); the next open settles them from the bytes.
+            self.uncache(ino, index);
+            return Err(sums_err(e));
+        }
         start_writeback(&obj.data, offset, end);
         Ok(())
     }
@@ -267,17 +352,21 @@ impl DataStore {
     /// the write covers every byte the block holds (checksum of the new bytes alone); the
     /// bytes it replaces are zeros (a hole, or past the end: the new checksum follows from
     /// the stored one, see [`checksums::with_piece`], and the rest of the block is not
-    /// read); otherwise the block is read, checked against its entry (a damaged block is not
-    /// silently blessed by a partial write: `EIO`), and patched.
+    /// read; memory says so for the blocks it has seen written, see [`Sums::may_hold_data`],
+    /// else the file system is asked where its holes are); otherwise the block is read,
+    /// checked against its entry (a damaged block is not silently blessed by a partial
+    /// write: `EIO`), and patched.
     #[allow(clippy::too_many_arguments)]
     fn block_update(
         &self,
         obj: &Object,
+        mem: &Sums,
         k: u64,
         entry: Result<Entry, String>,
         size: u64,
         offset: u64,
         data: &[u8],
+        piece_crc: u32,
         scratch: &mut Vec<u8>,
     ) -> R<(u32, u32)> {
         let bs = k * BLOCK;
@@ -288,21 +377,25 @@ impl DataStore {
         let known = entry.as_ref().ok().and_then(|e| e.known());
         if ws == bs && we >= held {
             // Every byte the block holds is replaced; what follows the piece is zeros.
-            let new = block_crc(piece);
+            let new = checksums::padded_crc(piece_crc, piece.len() as u64);
             return Ok((new, known.unwrap_or(new)));
         }
         let io = |e: std::io::Error| Fail::io(format_args!("read {}", obj.path.display()), &e);
         if let Some(old) = known {
             // The bytes to be replaced, where the object holds any.
-            if range_is_zeros(&obj.data, ws, we.min(held), scratch).map_err(io)? {
-                return Ok((checksums::with_piece(old, ws - bs, piece), old));
+            let to = we.min(held);
+            if to <= ws
+                || !mem.may_hold_data(k, ws - bs, to - bs)
+                || range_is_zeros(&obj.data, ws, to, scratch).map_err(io)?
+            {
+                return Ok((checksums::with_piece(old, ws - bs, piece_crc, piece.len() as u64), old));
             }
         }
         scratch.clear();
         scratch.resize(BLOCK as usize, 0);
         let got = read_full_at(&obj.data, &mut scratch[..(held - bs) as usize], bs).map_err(io)?;
         scratch[got..].fill(0);
-        self.verify(obj, k, &scratch[..got]).map_err(|b| b.fail())?;
+        self.verify(obj, k, &scratch[..got], Ok(vec![entry])).map_err(|b| b.fail())?;
         let old = block_crc(&scratch[..got]);
         scratch[(ws - bs) as usize..(we - bs) as usize].copy_from_slice(piece);
         Ok((block_crc(scratch), old))
@@ -337,10 +430,36 @@ impl DataStore {
     pub fn truncate(&self, ino: Ino, index: u32, len: u64) -> R<()> {
         let _g = self.lock(ino, index).write();
         let Some(obj) = self.open_object(ino, index, false)? else { return Ok(()) };
-        let cur = obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
-        if cur <= len {
+        let mut mem = obj.mem.lock();
+        if mem.size <= len {
             return Ok(());
         }
+        // The truncation works on the sidecar: bring it up to date and forget the entries
+        // kept in memory (they change below). On failure, memory may not describe the files
+        // any more: the object leaves the cache.
+        let sums_err = |e: std::io::Error| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e);
+        let res = mem.flush(&obj.sums).map_err(sums_err);
+        let res = res.and_then(|()| self.truncate_stored(&obj, mem.size, len));
+        let res = res.and_then(|()| obj.sums.blocks().map_err(sums_err));
+        match res {
+            Ok(stored) => {
+                mem.forget(stored);
+                mem.size = len;
+            }
+            Err(_) => {
+                drop(mem);
+                self.uncache(ino, index);
+            }
+        }
+        let res = res.map(|_| ());
+        if res.is_ok() {
+            self.mark_dirty(ino, index);
+        }
+        res
+    }
+
+    /// The truncation of `obj` from `cur` bytes to `len` (shorter), on the sidecar.
+    fn truncate_stored(&self, obj: &Object, cur: u64, len: u64) -> R<()> {
         let sums_err = |e: std::io::Error| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e);
         let first = len / BLOCK; // the first block that changes
         let last = (cur - 1) / BLOCK;
@@ -355,7 +474,7 @@ impl DataStore {
                 let got = read_full_at(&obj.data, &mut buf, bs)
                     .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
                 buf.truncate(got);
-                self.verify(&obj, k, &buf).map_err(|b| b.fail())?;
+                self.verify_stored(obj, k, &buf).map_err(|b| b.fail())?;
                 let new = block_crc(&buf[..((len - bs) as usize).min(got)]);
                 cut_block = Some(new);
                 new
@@ -371,7 +490,6 @@ impl DataStore {
             obj.sums.write(first, &[Entry::Settled(new)]).map_err(sums_err)?;
         }
         obj.sums.cut(len.div_ceil(BLOCK)).map_err(sums_err)?;
-        self.mark_dirty(ino, index);
         Ok(())
     }
 
@@ -407,7 +525,10 @@ impl DataStore {
             let res = {
                 let _g = self.lock(ino, index).read();
                 match self.open_object(ino, index, false) {
+                    // The data first: an entry settled on disk then describes durable bytes
+                    // (`sums_cache.rs`).
                     Ok(Some(o)) => if data_only { o.data.sync_data() } else { o.data.sync_all() }
+                        .and_then(|()| o.mem.lock().flush(&o.sums))
                         .and_then(|()| o.sums.sync(data_only))
                         .map_err(|e| Fail::io(format_args!("sync {}", o.path.display()), &e)),
                     Ok(None) => Ok(()),
@@ -466,8 +587,13 @@ impl DataStore {
             let (size, done) = {
                 let _g = self.lock(ino, index).read();
                 let Some(obj) = self.open_object(ino, index, false)? else { return Ok((0, bad)) };
-                let size =
-                    obj.data.metadata().map_err(|e| Fail::io(format_args!("stat {}", obj.path.display()), &e))?.len();
+                // The sidecar is what is checked: entries settled only in memory first.
+                let size = {
+                    let mut mem = obj.mem.lock();
+                    mem.flush(&obj.sums)
+                        .map_err(|e| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e))?;
+                    mem.size
+                };
                 let blocks = size.div_ceil(BLOCK);
                 if k >= blocks {
                     return Ok((size, bad));
@@ -480,7 +606,7 @@ impl DataStore {
                     .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
                 // Block by block, so that one damaged block does not hide the next.
                 for (i, chunk) in buf[..got].chunks(BLOCK as usize).enumerate() {
-                    if let Err(b) = self.verify(&obj, k + i as u64, chunk) {
+                    if let Err(b) = self.verify_stored(&obj, k + i as u64, chunk) {
                         bad.push(b);
                     }
                 }
@@ -772,6 +898,72 @@ mod tests {
         check_clean(&d, ino, &expect);
         let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
         assert!(s.read(0, 2).unwrap().iter().all(|e| matches!(e, Ok(Entry::Settled(_)))));
+    }
+
+    /// (read, write) system calls made so far by the calling thread (`/proc/thread-self/io`).
+    fn syscalls() -> (u64, u64) {
+        // One `read` into a buffer large enough, so that what this costs is constant.
+        let mut buf = [0u8; 4096];
+        let n = std::io::Read::read(&mut File::open("/proc/thread-self/io").unwrap(), &mut buf).unwrap();
+        let io = std::str::from_utf8(&buf[..n]).unwrap();
+        let field = |name: &str| io.lines().find_map(|l| l.strip_prefix(name)).unwrap().trim().parse::<u64>().unwrap();
+        (field("syscr:"), field("syscw:"))
+    }
+
+    #[test]
+    fn a_write_costs_one_write_to_the_checksum_file_and_no_reads_once_the_object_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
+        let ino = Ino(0x55);
+        // io-hard's pattern: 47,008-byte pieces side by side, some landing in a hole below
+        // the end (the piece after was written first), most inside blocks written before.
+        let piece = |i: u64| -> Vec<u8> { (0..47_008u64).map(|j| (i * 7 + j % 251) as u8).collect() };
+        let mut model = Vec::new();
+        d.write(ino, 0, 0, &piece(0)).unwrap();
+        put(&mut model, 0, &piece(0));
+        for i in [2u64, 1, 3, 5, 4, 6, 7] {
+            let off = i * 47_008;
+            let (c0, c1) = (syscalls(), syscalls()); // what reading the counters costs
+            let before = syscalls();
+            d.write(ino, 0, off, &piece(i)).unwrap();
+            let after = syscalls();
+            let cost = (c1.0 - c0.0, c1.1 - c0.1);
+            let after = (after.0 - cost.0, after.1 - cost.1);
+            // One `pwrite` of the pending entries, one of the data; no read (the entries, the
+            // length and where the blocks hold bytes are known).
+            assert_eq!((after.0 - before.0, after.1 - before.1), (0, 2), "piece {i}");
+            put(&mut model, off as usize, &piece(i));
+        }
+        check_clean(&d, ino, &model);
+    }
+
+    #[test]
+    fn entries_settled_in_memory_reach_the_checksum_file_at_fsync_and_survive_a_kill_before() {
+        let dir = tempfile::tempdir().unwrap();
+        let ino = Ino(0x56);
+        let b = BLOCK as usize;
+        let body: Vec<u8> = (0..3 * b + 77).map(|i| (i % 239) as u8).collect();
+        {
+            let d = DataStore::open(dir.path()).unwrap();
+            d.write(ino, 0, 0, &body).unwrap();
+            d.write(ino, 0, 100, b"again").unwrap();
+            // Not synced: the checksum file still says pending (new or old), which the block
+            // satisfies; dropping the store here is what `kill -9` leaves.
+            let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
+            assert!(s.read(0, 4).unwrap().iter().all(|e| matches!(e, Ok(Entry::Pending { .. }))));
+        }
+        let mut expect = body.clone();
+        put(&mut expect, 100, b"again");
+        let d = DataStore::open(dir.path()).unwrap();
+        check_clean(&d, ino, &expect);
+        d.write(ino, 0, 5, b"x").unwrap();
+        put(&mut expect, 5, b"x");
+        d.sync(ino, true).unwrap();
+        let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
+        let e = s.read(0, 4).unwrap();
+        assert_eq!(e[0], Ok(Entry::Settled(block_crc(&expect[..b]))));
+        assert!(e.iter().all(|e| matches!(e, Ok(Entry::Settled(_)))), "{e:?}");
+        check_clean(&d, ino, &expect);
     }
 
     #[test]

@@ -7,4 +7,5 @@ pub mod data;
 pub mod meta;
 pub mod records;
 pub mod space;
+pub mod sums_cache;
 pub mod upgrade;
