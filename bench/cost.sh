@@ -9,6 +9,8 @@
 # Usage: bash bench/cost.sh OLD_BIN_DIR NEW_BIN_DIR [REPS] [OUT_DIR]
 #   *_BIN_DIR: folders holding `shoal` and `shoald` (e.g. a target/release of each commit).
 #   Environment: COST_EXTRA_NEW="--flag ..." extra `cluster up` flags for the new cluster;
+#   COST_AUTH_OLD / COST_AUTH_NEW=none|keys: that side's `[security] auth` (same binaries on
+#   both sides with COST_AUTH_NEW=none measure what authentication and capabilities cost);
 #   COST_IO_EASY_BLOCK (default 256M), COST_IO_HARD_SEGMENTS (1000), COST_MD_FILES (2000).
 set -euo pipefail
 OLD=${1:?usage: bench/cost.sh OLD_BIN_DIR NEW_BIN_DIR [REPS] [OUT_DIR]}
@@ -36,6 +38,17 @@ for side in old new; do
     [[ $side == new ]] && extra="${COST_EXTRA_NEW:-}"
     # shellcheck disable=SC2086
     PATH="${BIN[$side]}:$PATH" "${BIN[$side]}/shoal" cluster up --servers 4 --dir "$OUT/$side" $extra >/dev/null
+    auth_var="COST_AUTH_${side^^}"
+    if [[ -n "${!auth_var:-}" ]]; then
+        # Restart the cluster under the asked-for mode (`cluster up` reuses DIR/cluster.toml).
+        PATH="${BIN[$side]}:$PATH" "${BIN[$side]}/shoal" cluster down --dir "$OUT/$side" >/dev/null
+        sed -i "s/^auth = .*/auth = \"${!auth_var}\"/" "$OUT/$side/cluster.toml"
+        grep -q "^auth = \"${!auth_var}\"" "$OUT/$side/cluster.toml" || {
+            echo "bench/cost.sh: $OUT/$side/cluster.toml has no [security] auth line to set" >&2
+            exit 2
+        }
+        PATH="${BIN[$side]}:$PATH" "${BIN[$side]}/shoal" cluster up --servers 4 --dir "$OUT/$side" >/dev/null
+    fi
 done
 
 EASY_B=${COST_IO_EASY_BLOCK:-256M}
