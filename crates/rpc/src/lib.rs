@@ -744,13 +744,10 @@ mod tests {
         map
     }
 
-    /// A server that answers the handshake, then (after `stall`, so that the client's
-    /// socket fills up) answers every request with `Written { len }` of its data and
-    /// checks that the data is the byte pattern the test sends.
-    async fn fake_server(listener: TcpListener, stall: Duration) {
-        let (sock, _) = listener.accept().await.unwrap();
-        let (mut rd, mut wr) = sock.into_split();
-        let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
+    /// The fake servers' side of the handshake: read the `Hello`, answer it as server 0
+    /// with no features and no authentication.
+    async fn answer_hello_plainly(rd: &mut tokio::net::tcp::OwnedReadHalf, wr: &mut tokio::net::tcp::OwnedWriteHalf) {
+        let hello = Frame::read_from(rd).await.unwrap().unwrap();
         let r = Reply::Hello {
             protocol_version: PROTOCOL_VERSION,
             server: ServerId(0),
@@ -758,7 +755,16 @@ mod tests {
             features: 0,
             auth: None,
         };
-        Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+        Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(wr).await.unwrap();
+    }
+
+    /// A server that answers the handshake, then (after `stall`, so that the client's
+    /// socket fills up) answers every request with `Written { len }` of its data and
+    /// checks that the data is the byte pattern the test sends.
+    async fn fake_server(listener: TcpListener, stall: Duration) {
+        let (sock, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr) = sock.into_split();
+        answer_hello_plainly(&mut rd, &mut wr).await;
         tokio::time::sleep(stall).await;
         while let Some(f) = Frame::read_from(&mut rd).await.unwrap() {
             let seed = f.data.first().copied().unwrap_or(0);
@@ -804,15 +810,7 @@ mod tests {
     async fn frozen_server(listener: TcpListener, thaw: oneshot::Receiver<()>) {
         let (sock, _) = listener.accept().await.unwrap();
         let (mut rd, mut wr) = sock.into_split();
-        let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-        let r = Reply::Hello {
-            protocol_version: PROTOCOL_VERSION,
-            server: ServerId(0),
-            map_version: 1,
-            features: 0,
-            auth: None,
-        };
-        Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+        answer_hello_plainly(&mut rd, &mut wr).await;
         let mut unanswered = Vec::new();
         let mut thaw = std::pin::pin!(thaw);
         loop {
@@ -931,15 +929,7 @@ mod tests {
         tokio::spawn(async move {
             let (sock, _) = listener.accept().await.unwrap();
             let (mut rd, mut wr) = sock.into_split();
-            let hello = Frame::read_from(&mut rd).await.unwrap().unwrap();
-            let r = Reply::Hello {
-                protocol_version: PROTOCOL_VERSION,
-                server: ServerId(0),
-                map_version: 1,
-                features: 0,
-                auth: None,
-            };
-            Frame::reply(hello.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();
+            answer_hello_plainly(&mut rd, &mut wr).await;
             let f = Frame::read_from(&mut rd).await.unwrap().unwrap();
             let r = Reply::Error { errno: Errno::ENOTEMPTY, message: "directory 7 is not empty".into() };
             Frame::reply(f.request_id, &r, Bytes::new()).unwrap().write_to(&mut wr).await.unwrap();

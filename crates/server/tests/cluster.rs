@@ -43,6 +43,8 @@ impl Cluster {
         std::fs::write(&config, map.to_toml()).unwrap();
         let loaded = ClusterMap::load(&config).unwrap();
         shoal_auth::make_keys(&loaded.security.cluster_key, &loaded.security.host_key).unwrap();
+        // The loaded map: its key paths are resolved against the config's folder.
+        let map = loaded;
         let pool = Pool::new(
             map.clone(),
             PoolOptions {
@@ -577,6 +579,40 @@ async fn write_read_truncate_objects() {
     panic!("objects not deleted");
 }
 
+/// A raw connection that says `Hello` as root's tools do, proving the host key.
+async fn raw_host_hello(c: &Cluster, addr: &str) -> TcpStream {
+    use shoal_proto::auth::{HelloAuth, Role};
+    let ring = shoal_auth::KeyRing::load(&c.map.security.host_key, shoal_auth::KeyKind::Host).unwrap();
+    let nonce = shoal_rpc::auth::nonce();
+    let claim = HelloAuth { role: Role::Host, nonce: nonce.clone(), epoch: ring.current().0 };
+    let mut op = shoal_proto::hello::hello_op("raw host", 0);
+    if let Op::Hello { auth, .. } = &mut op {
+        *auth = Some(claim);
+    }
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut buf = Vec::new();
+    Frame::request(1, &Request { cred: Cred::root(), map_version: 0, op }, Bytes::new()).unwrap().encode_into(&mut buf);
+    s.write_all(&buf).await.unwrap();
+    let f = Frame::read_from(&mut s).await.unwrap().unwrap();
+    let Reply::Hello { server, auth: Some(proof), .. } = f.reply_body().unwrap() else { panic!("no proof in Hello") };
+    let t = shoal_rpc::auth::Transcript {
+        server,
+        role: Role::Host,
+        connector_nonce: &nonce,
+        server_nonce: &proof.nonce,
+        epoch: proof.epoch,
+    };
+    let key = ring.get(proof.epoch).unwrap();
+    assert!(t.verify_server(key, &proof.proof), "the server proves the host key");
+    let op = Op::Authenticate { epoch: proof.epoch, proof: Some(t.connector_tag(key).to_vec()), credential: None };
+    let mut buf = Vec::new();
+    Frame::request(0, &Request { cred: Cred::root(), map_version: 0, op }, Bytes::new()).unwrap().encode_into(&mut buf);
+    s.write_all(&buf).await.unwrap();
+    let f = Frame::read_from(&mut s).await.unwrap().unwrap();
+    assert_eq!(f.reply_body().unwrap(), Reply::Ok, "authenticated");
+    s
+}
+
 async fn raw_hello(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
     let hello = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("raw", 0) };
@@ -618,8 +654,9 @@ async fn malformed_frames_close_only_their_connection() {
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await.expect("server closes");
 
-    // A request with a wrong map version gets StaleMap, and the connection stays usable.
-    let mut s = raw_hello(&addr).await;
+    // A request with a wrong map version gets StaleMap, and the connection stays usable
+    // (a connection that proved the host key: one that proved nothing gets only EACCES).
+    let mut s = raw_host_hello(&c, &addr).await;
     for (id, version) in [(2u64, 99u64), (3, 0)] {
         let req = Request { cred: Cred::root(), map_version: version, op: Op::GetAttr { ino: ROOT_INO } };
         let mut buf = Vec::new();
