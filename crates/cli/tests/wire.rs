@@ -1,6 +1,7 @@
 //! The wire protocol on real servers, over raw connections: `Hello` negotiates versions and
 //! features (a newer client is served, a too-old one refused naming both ranges), frames
-//! that fail their checksum are refused with EIO and close the connection, read replies
+//! that fail their checksum are refused with EIO and close the connection (a `Write` whose
+//! data fails it changes nothing in the object), read replies
 //! carry a data checksum only where it was negotiated, and a state-changing request resent
 //! under the same (session, request id) is applied once.
 
@@ -194,6 +195,77 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
         assert!(matches!(reply, Reply::Error { errno: Errno::ENOENT, .. }), "nothing was applied: {reply:?}");
     }
     assert!(c.log(0).contains("CRC32C checksum mismatch"), "logged:\n{}", c.log(0));
+}
+
+/// The object file of object 0 of `ino` on server 0, and its checksum file, as the server
+/// names them (docs/formats.md).
+fn object_files(c: &Cluster, ino: Ino) -> [std::path::PathBuf; 2] {
+    let dir = c.map.servers[0].data_dir.clone().unwrap().join("objects").join(format!("{:02x}", ino.0 & 0xff));
+    [dir.join(format!("{:016x}.0", ino.0)), dir.join(format!("{:016x}.0.crc", ino.0))]
+}
+
+#[test]
+fn a_write_whose_data_fails_its_checksum_changes_nothing_in_the_object() {
+    // The server verifies a Write's data checksum from the CRC32C of the pieces its object
+    // checksums need (one pass over the bytes): a damaged piece, wherever it lies, must be
+    // caught before anything is written.
+    let c = Cluster::start(1);
+    let mut raw = Raw::open(&c, 0, FEATURE_DATA_CRC);
+    let made = raw.call(1, create("f"), Bytes::new()).0;
+    let (ino, cap) = (ino_of(&made), cap_of(&made));
+    let old: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+    let write = |offset: u64, len: usize| Op::Write {
+        ino,
+        index: 0,
+        offset,
+        file_end: offset + len as u64,
+        inode_local: true,
+        cap: cap.clone(),
+    };
+    assert!(matches!(raw.call(2, write(0, old.len()), old.clone()).0, Reply::Written { .. }));
+    let fsync = Op::Fsync { ino, data_only: false, cap: cap.clone() };
+    assert_eq!(raw.call(3, fsync, Bytes::new()).0, Reply::Ok);
+    let files = object_files(&c, ino);
+    let before = files.clone().map(|p| std::fs::read(&p).unwrap());
+    assert!(before.iter().all(|b| !b.is_empty()), "{files:?}");
+
+    // 150,000 new bytes at an offset that is not a block boundary: pieces of 100 bytes,
+    // 64 KiB, 64 KiB and 18,928 bytes. One bit is flipped in transit in the first, a middle
+    // and the last piece in turn.
+    let (offset, new) = (65_436u64, Bytes::from(vec![0xa5u8; 150_000]));
+    for (id, at) in [(10u64, 50usize), (11, 100 + 70_000), (12, new.len() - 1)] {
+        let mut raw = Raw::open(&c, 0, FEATURE_DATA_CRC);
+        let mut wire = Raw::encode(Raw::frame(id, write(offset, new.len()), new.clone()));
+        let n = wire.len();
+        wire[n - new.len() + at] ^= 0x08;
+        raw.send_bytes(&wire);
+        let f = raw.recv().expect("an answer naming the checksum");
+        assert_eq!(f.request_id, id);
+        match f.reply_body().unwrap() {
+            Reply::Error { errno, message } => {
+                assert_eq!(errno, Errno::EIO);
+                assert!(message.contains("CRC32C checksum mismatch over the data"), "{message}");
+            }
+            other => panic!("a damaged write at byte {at} was answered {other:?}"),
+        }
+        assert!(raw.closed_by_server(), "the connection is closed");
+        let after = files.clone().map(|p| std::fs::read(&p).unwrap());
+        assert!(after == before, "damaged at byte {at}: the object or its checksums changed");
+        let mut check = Raw::open(&c, 0, FEATURE_DATA_CRC);
+        let read = Op::Read { ino, index: 0, offset: 0, len: 1 << 20, cap: cap.clone() };
+        let (reply, f) = check.call(1, read, Bytes::new());
+        assert_eq!(reply, Reply::Data);
+        assert!(f.data == old, "damaged at byte {at}: the old bytes read back");
+    }
+    assert!(c.log(0).contains("CRC32C checksum mismatch over the data of request 12"), "logged:\n{}", c.log(0));
+
+    // The same write undamaged is applied: the refusals above were the checksum's.
+    assert!(matches!(raw.call(20, write(offset, new.len()), new.clone()).0, Reply::Written { .. }));
+    let read = Op::Read { ino, index: 0, offset: 0, len: 1 << 20, cap: cap.clone() };
+    let (_, f) = raw.call(21, read, Bytes::new());
+    let mut want = old.to_vec();
+    want[offset as usize..offset as usize + new.len()].copy_from_slice(&new);
+    assert!(f.data == want, "the undamaged write reads back");
 }
 
 #[test]

@@ -109,7 +109,8 @@ pub struct Frame {
     pub data: Bytes,
     /// Whether the data section is checksummed: on by default; the sender clears it on a
     /// connection that did not negotiate `FEATURE_DATA_CRC`. A decoded frame says whether
-    /// its sender set it (and then the checksum was verified).
+    /// its sender set it (and then the checksum was verified, or handed to the caller to
+    /// verify: [`Frame::read_deferring_data_crc`]).
     pub data_crc: bool,
 }
 
@@ -192,9 +193,30 @@ fn head_crc(h: &[u8], body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&h[..HEADER_LEN - 4]), body)
 }
 
+impl FrameError {
+    /// The error for a data section whose CRC32C is `actual` where the header announced
+    /// `expected`: what the frame reader reports, and what a caller that checks a deferred
+    /// data checksum itself ([`Frame::read_deferring_data_crc`]) reports too.
+    pub fn data_checksum(request_id: u64, expected: u32, actual: u32) -> FrameError {
+        FrameError::Checksum { what: "data", request_id, expected, actual }
+    }
+}
+
 impl Header {
     /// Check both checksums of a frame whose bytes have all arrived.
     fn verify(&self, raw: &[u8; HEADER_LEN], body: &[u8], data: &[u8]) -> Result<(), FrameError> {
+        self.verify_head(raw, body)?;
+        if let Some(expected) = self.data_crc {
+            let actual = crc32c::crc32c(data);
+            if actual != expected {
+                return Err(FrameError::data_checksum(self.request_id, expected, actual));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check the checksum of the header and the body.
+    fn verify_head(&self, raw: &[u8; HEADER_LEN], body: &[u8]) -> Result<(), FrameError> {
         let actual = head_crc(raw, body);
         if actual != self.head_crc {
             return Err(FrameError::Checksum {
@@ -203,12 +225,6 @@ impl Header {
                 expected: self.head_crc,
                 actual,
             });
-        }
-        if let Some(expected) = self.data_crc {
-            let actual = crc32c::crc32c(data);
-            if actual != expected {
-                return Err(FrameError::Checksum { what: "data", request_id: self.request_id, expected, actual });
-            }
         }
         Ok(())
     }
@@ -286,6 +302,27 @@ impl Frame {
     /// Read one frame and verify its checksums. `Ok(None)` on a clean end of stream before
     /// a header.
     pub async fn read_from<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Frame>, FrameError> {
+        Ok(Frame::read_deferring_data_crc(r, None).await?.map(|(f, deferred)| {
+            debug_assert!(deferred.is_none(), "nothing is deferred without an op code");
+            f
+        }))
+    }
+
+    /// Read one frame as [`Frame::read_from`] does, except for a request frame of operation
+    /// `defer_op` (an op code, `None` for none) that carries a data checksum: its data
+    /// section is NOT checked here, and the CRC32C its header announced comes back with it.
+    /// Every other frame is checked whole, as by `read_from`.
+    ///
+    /// For a receiver that makes its own pass over those bytes anyway (the server computes
+    /// the CRC32C of each block piece of a `Write` for its object checksums, and combines
+    /// them into the section's): one pass instead of two. The caller must compare before it
+    /// uses a byte of the data, and report a mismatch as [`FrameError::data_checksum`]. The
+    /// header and body are checked here in every case, so the op code (which chose to
+    /// defer) is the sender's, and `request_body` checks it against the body.
+    pub async fn read_deferring_data_crc<R: AsyncRead + Unpin>(
+        r: &mut R,
+        defer_op: Option<u16>,
+    ) -> Result<Option<(Frame, Option<u32>)>, FrameError> {
         let mut raw = [0u8; HEADER_LEN];
         match r.read_exact(&mut raw).await {
             Ok(_) => {}
@@ -308,10 +345,19 @@ impl Frame {
                 return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
             }
         }
-        h.verify(&raw, &buf[..h.body_len], &buf[h.body_len..])?;
+        let deferred = match h.data_crc {
+            Some(expected) if h.kind == FrameKind::Request && defer_op == Some(h.op_code) => {
+                h.verify_head(&raw, &buf[..h.body_len])?;
+                Some(expected)
+            }
+            _ => {
+                h.verify(&raw, &buf[..h.body_len], &buf[h.body_len..])?;
+                None
+            }
+        };
         let mut all = buf.freeze();
         let data = all.split_off(h.body_len);
-        Ok(Some(h.frame(all, data)))
+        Ok(Some((h.frame(all, data), deferred)))
     }
 
     /// The header and body of a reply whose `data_len` bytes of data the sender writes
@@ -507,6 +553,33 @@ mod tests {
         let got = Frame::read_from(&mut r).await.unwrap().unwrap();
         assert_eq!(got, f);
         assert!(r.reads <= 3, "{} reads for one frame of 1 MiB", r.reads);
+    }
+
+    #[tokio::test]
+    async fn a_deferred_data_checksum_is_left_to_the_caller_for_that_op_code_only() {
+        let f = write_frame(100_000);
+        let mut wire = Vec::new();
+        f.encode_into(&mut wire);
+        let n = wire.len();
+        wire[n - 1] ^= 0x10; // the data section, damaged in transit
+        let announced = u32::from_le_bytes(wire[24..28].try_into().unwrap());
+        // Deferred: the frame comes back with what its header announced, for the caller to
+        // compare with its own pass over the bytes.
+        let (got, deferred) = Frame::read_deferring_data_crc(&mut &wire[..], Some(f.op_code)).await.unwrap().unwrap();
+        assert_eq!(deferred, Some(announced));
+        assert_eq!(announced, crc32c::crc32c(&f.data));
+        assert_ne!(crc32c::crc32c(&got.data), announced, "the damage is there for the caller to find");
+        // Not deferred (another op code, or none): checked here, as always.
+        for other in [None, Some(f.op_code + 1)] {
+            let e = Frame::read_deferring_data_crc(&mut &wire[..], other).await.unwrap_err();
+            assert!(matches!(e, FrameError::Checksum { what: "data", request_id: 5, .. }), "{e}");
+        }
+        // The header and body are checked even when the data's checksum is deferred.
+        let mut wire = Vec::new();
+        f.encode_into(&mut wire);
+        wire[HEADER_LEN + 2] ^= 1;
+        let e = Frame::read_deferring_data_crc(&mut &wire[..], Some(f.op_code)).await.unwrap_err();
+        assert!(matches!(e, FrameError::Checksum { what: "header and body", .. }), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@ use crate::caps;
 use crate::error::{fail, Fail, R};
 use crate::ops::{data, inode, namespace, peer};
 use crate::state::State;
+use crate::store::write_crcs::PieceCrcs;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use shoal_proto::cap::{RIGHT_READ, RIGHT_WRITE};
@@ -25,7 +26,15 @@ impl Payload {
 }
 
 /// Handle one request that arrived over the network. `from_peer`: sent by another server.
-pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool) -> (Reply, Payload) {
+/// `crcs`: for a `Write` whose data checksum the connection verified, the CRC32C of the
+/// data's block pieces it computed to do so (`net.rs`), which the data store reuses.
+pub async fn handle(
+    st: &Arc<State>,
+    req: Request,
+    data: Bytes,
+    crcs: Option<PieceCrcs>,
+    from_peer: bool,
+) -> (Reply, Payload) {
     let name = req.op.name();
     st.counters.request(name, from_peer || req.op.is_peer());
     // 0 means "any map" (tools that do not route by the map, and local peer steps).
@@ -33,7 +42,7 @@ pub async fn handle(st: &Arc<State>, req: Request, data: Bytes, from_peer: bool)
         return (Reply::StaleMap { current: st.map.version() }, Payload::none());
     }
     let op_desc = if tracing::enabled!(tracing::Level::DEBUG) { format!("{:?}", req.op) } else { String::new() };
-    match route(st, req, data).await {
+    match route(st, req, data, crcs).await {
         Ok(r) => r,
         Err(f) => {
             st.counters.error();
@@ -55,17 +64,17 @@ pub fn handle_boxed(
     data: Bytes,
     from_peer: bool,
 ) -> BoxFuture<'static, (Reply, Payload)> {
-    Box::pin(async move { handle(&st, req, data, from_peer).await })
+    Box::pin(async move { handle(&st, req, data, None, from_peer).await })
 }
 
 fn ok(r: Reply) -> (Reply, Payload) {
     (r, Payload::none())
 }
 
-async fn route(st: &Arc<State>, req: Request, data: Bytes) -> R<(Reply, Payload)> {
+async fn route(st: &Arc<State>, req: Request, data: Bytes, crcs: Option<PieceCrcs>) -> R<(Reply, Payload)> {
     match req.op {
         Op::Batch { ops } => Ok(ok(batch(st, req.cred, ops).await?)),
-        op => route_op(st, req.cred, op, data).await,
+        op => route_op(st, req.cred, op, data, crcs).await,
     }
 }
 
@@ -83,7 +92,7 @@ async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
     for op in ops {
         let op = op.into_op();
         st.counters.batched(op.name());
-        let reply = match route_op(st, cred.clone(), op, Bytes::new()).await {
+        let reply = match route_op(st, cred.clone(), op, Bytes::new(), None).await {
             Ok((reply, _)) => reply,
             Err(f) => {
                 st.counters.error();
@@ -112,7 +121,7 @@ fn space_needed(op: &Op, data: &Bytes) -> Option<u64> {
     }
 }
 
-async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply, Payload)> {
+async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option<PieceCrcs>) -> R<(Reply, Payload)> {
     if let Some(bytes) = space_needed(&op, &data) {
         st.space.check(bytes)?;
     }
@@ -171,7 +180,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes) -> R<(Reply,
         }
         Op::Write { ino, index, offset, file_end, inode_local, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
-            data::write(st, ino, index, offset, file_end, inode_local, data).await?
+            data::write(st, ino, index, offset, file_end, inode_local, data, crcs).await?
         }
         Op::Append { ino, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;

@@ -27,13 +27,14 @@ use crate::error::Fail;
 use crate::limits::{ConnLimits, REFUSING};
 use crate::state::State;
 use crate::store::commits::{self, Settled, Ticket};
+use crate::store::write_crcs::PieceCrcs;
 use crate::tls_conn::{self, ConnRead, ConnWrite};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind};
 use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC};
 use shoal_proto::msg::{Op, Reply, Request};
-use shoal_proto::Errno;
+use shoal_proto::{Errno, Ino};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -248,6 +249,9 @@ struct Redo {
     request_id: u64,
     req: Request,
     data: Bytes,
+    /// For a `Write` that came with a data checksum: the CRC32C of its block pieces, which
+    /// verified it (see `read_requests`) and which the data store reuses.
+    crcs: Option<PieceCrcs>,
     from_peer: bool,
     /// Refused by the connection's authentication (`auth.rs`): answered with this, not run.
     refused: Option<(Errno, String)>,
@@ -271,7 +275,7 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
         let reply = dispatch::refuse(*errno, format!("server {}: {why}", st.id));
         return (encode_reply(st, redo.request_id, &reply, Payload::none(), conn), ticket);
     }
-    let handle = dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.from_peer);
+    let handle = dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.crcs.clone(), redo.from_peer);
     let (reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
         commits::scope(ticket.clone(), st.replies.once(conn.session, redo.request_id, handle)).await
     } else {
@@ -571,8 +575,12 @@ async fn read_requests(
     let ConnInfo { addr, from_peer, .. } = conn;
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
+    let write_code = Op::Write { ino: Ino(0), index: 0, offset: 0, file_end: 0, inode_local: false, cap: None }.code();
     loop {
-        let frame = match Frame::read_from(rd).await {
+        // A `Write`'s data checksum is left to us (`deferred`): checked below, from the
+        // CRC32C of its block pieces, which the data store needs anyway (one pass over the
+        // bytes instead of two). Every other frame is checked whole by the frame reader.
+        let (frame, deferred) = match Frame::read_deferring_data_crc(rd, Some(write_code)).await {
             Ok(Some(f)) => f,
             Ok(None) => break,
             Err(FrameError::Io(e)) => {
@@ -580,14 +588,7 @@ async fn read_requests(
                 break;
             }
             Err(e @ FrameError::Checksum { request_id, .. }) => {
-                // Corrupted in transit (or a broken sender): say so to the request's caller
-                // (the id is the header's, best effort), and close, as the stream cannot be
-                // trusted any more.
-                tracing::warn!("connection from {addr}: {e}; closing the connection");
-                let r = dispatch::refuse(Errno::EIO, format!("server {}: request frame rejected: {e}", st.id));
-                if let Ok(f) = Frame::reply(request_id, &r, Bytes::new()) {
-                    let _ = tx.send(Outgoing::Last(f));
-                }
+                reject_corrupt_frame(&st, addr, request_id, &e, &tx);
                 break;
             }
             Err(e) => {
@@ -604,6 +605,30 @@ async fn read_requests(
             Err(e) => {
                 tracing::warn!("connection from {addr}: malformed request, closing: {e}");
                 break;
+            }
+        };
+        // Invariant: no byte of a data section is written before its wire CRC is verified.
+        // A `Write` whose data fails its checksum is refused here, before it is dispatched
+        // (so before its capability, its space or its object is even looked at), exactly
+        // as the frame reader refuses any other frame: EIO, and the connection closes.
+        let crcs = match deferred {
+            None => None,
+            Some(expected) => {
+                // The header's op code is a Write's and `request_body` checked the body
+                // against it; the offset only decides where the pieces are cut, and any cut
+                // combines into the CRC32C of the whole section.
+                let offset = match req.op {
+                    Op::Write { offset, .. } => offset,
+                    _ => 0,
+                };
+                let crcs = PieceCrcs::compute(offset, &frame.data);
+                let actual = crcs.whole();
+                if actual != expected {
+                    let e = FrameError::data_checksum(frame.request_id, expected, actual);
+                    reject_corrupt_frame(&st, addr, frame.request_id, &e, &tx);
+                    break;
+                }
+                Some(crcs)
             }
         };
         if tx.is_closed() {
@@ -625,12 +650,30 @@ async fn read_requests(
         // Before anything runs: peer-only requests from non-peers are refused, a user's
         // requests take the identity it proved.
         let refused = auth.admit(&mut req, addr).err();
-        let redo = Redo { request_id: frame.request_id, req, data: frame.data, from_peer, refused };
+        let redo = Redo { request_id: frame.request_id, req, data: frame.data, crcs, from_peer, refused };
         tokio::spawn(async move {
             let (reply, ticket) = run_request(&st, &redo, conn).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
             let _ = tx.send(Outgoing::Reply(Box::new(Pending { reply, ticket, redo, permits })));
         });
+    }
+}
+
+/// A request frame that failed a checksum (`e`), corrupted in transit or by a broken sender:
+/// say so to the request's caller (`request_id`, the header's, best effort) with EIO, as
+/// the last reply, and log it; the caller closes the connection, as the stream cannot be
+/// trusted any more.
+fn reject_corrupt_frame(
+    st: &State,
+    addr: SocketAddr,
+    request_id: u64,
+    e: &FrameError,
+    tx: &mpsc::UnboundedSender<Outgoing>,
+) {
+    tracing::warn!("connection from {addr}: {e}; closing the connection");
+    let r = dispatch::refuse(Errno::EIO, format!("server {}: request frame rejected: {e}", st.id));
+    if let Ok(f) = Frame::reply(request_id, &r, Bytes::new()) {
+        let _ = tx.send(Outgoing::Last(f));
     }
 }
 

@@ -5,6 +5,7 @@ use crate::dispatch::Payload;
 use crate::error::{fail, Fail, R};
 use crate::state::{Contents, State};
 use crate::store::meta::key;
+use crate::store::write_crcs::PieceCrcs;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use shoal_placement::pieces;
@@ -28,6 +29,9 @@ pub async fn read(st: &Arc<State>, ino: Ino, index: u32, offset: u64, len: u32) 
     Ok((Reply::Data, Payload::Bytes(bytes)))
 }
 
+/// A write of `data` at `offset` in object `index` of `ino`; `crcs`: the CRC32C of its block
+/// pieces, when the connection computed them already (see `store::write_crcs`).
+#[allow(clippy::too_many_arguments)]
 pub async fn write(
     st: &Arc<State>,
     ino: Ino,
@@ -36,10 +40,11 @@ pub async fn write(
     file_end: u64,
     inode_local: bool,
     data: Bytes,
+    crcs: Option<PieceCrcs>,
 ) -> R<Reply> {
     let len = data.len() as u32;
     if !inode_local {
-        st.blocking(move |st| st.data.write(ino, index, offset, &data)).await?;
+        st.blocking(move |st| st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref())).await?;
         return Ok(Reply::Written { len });
     }
     // The inode is here too: write and raise the size under the inode's lock, checking first
@@ -53,7 +58,7 @@ pub async fn write(
         if rec.kind != FileKind::File {
             return fail(Errno::EISDIR, format!("{ino} is not a regular file"));
         }
-        st.data.write(ino, index, offset, &data)?;
+        st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref())?;
         if file_end > rec.size {
             rec.size = file_end;
         }

@@ -111,6 +111,13 @@ fn extend_with_zeros(crc: u32, n: u64) -> u32 {
     multmodp(t.shift[n as usize], crc) ^ t.zeros[n as usize]
 }
 
+/// CRC32C of `A` followed by `B`, from `a` = CRC32C of `A` and `b` = CRC32C of `B` whose
+/// length is `len_b` (at most [`BLOCK`]), in constant time (zlib's `crc32_combine`, with the
+/// power of x from the table).
+pub fn crc32c_combine(a: u32, b: u32, len_b: u64) -> u32 {
+    multmodp(tables().shift[len_b as usize], a) ^ b
+}
+
 /// Checksum of a block whose first bytes are `bytes` (at most [`BLOCK`]) and the rest zeros.
 pub fn block_crc(bytes: &[u8]) -> u32 {
     debug_assert!(bytes.len() as u64 <= BLOCK);
@@ -137,9 +144,8 @@ pub fn zero_block_crc() -> u32 {
 /// (`piece_crc`, of its `len` bytes), which the caller computes without holding any lock.
 pub fn with_piece(old: u32, pos: u64, piece_crc: u32, len: u64) -> u32 {
     debug_assert!(pos + len <= BLOCK);
-    let t = tables();
-    // CRC32C of `pos` zeros followed by the piece (zlib's `crc32_combine`).
-    let head = multmodp(t.shift[len as usize], zeros_crc(pos)) ^ piece_crc;
+    // CRC32C of `pos` zeros followed by the piece.
+    let head = crc32c_combine(zeros_crc(pos), piece_crc, len);
     let placed = extend_with_zeros(head, BLOCK - pos - len);
     old ^ placed ^ zero_block_crc()
 }

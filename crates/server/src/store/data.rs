@@ -20,6 +20,7 @@
 use crate::error::{Fail, R};
 use crate::store::checksums::{self, block_crc, read_full_at, Entry, Sidecar, BLOCK};
 use crate::store::sums_cache::Sums;
+use crate::store::write_crcs::PieceCrcs;
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
 use shoal_proto::Errno;
@@ -278,23 +279,29 @@ impl DataStore {
     /// settled in memory after, and in the sidecar later (lazily, `sums_cache.rs`; the crash
     /// invariant of `checksums.rs` holds at every instant).
     pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8]) -> R<()> {
+        self.write_with_crcs(ino, index, offset, data, None)
+    }
+
+    /// [`DataStore::write`], with the CRC32C of the write's block pieces when the caller has
+    /// them already (`crcs`, from [`PieceCrcs::compute`] over the same bytes: the connection
+    /// computed them to verify the frame's data checksum, `net.rs`); computed here otherwise.
+    pub fn write_with_crcs(&self, ino: Ino, index: u32, offset: u64, data: &[u8], crcs: Option<&PieceCrcs>) -> R<()> {
         let end = offset.saturating_add(data.len() as u64);
         if end > i64::MAX as u64 {
             return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
         }
         // The CRC32C of the piece of `data` in each block it touches, before taking the lock:
-        // the one pass over the bytes. Under the lock only constant-time combinations remain
-        // (but for a block that must be read and patched), so writes to one object wait less
-        // for each other.
-        let piece_crcs: Vec<u32> = if data.is_empty() {
-            Vec::new()
-        } else {
-            (offset / BLOCK..=(end - 1) / BLOCK)
-                .map(|k| {
-                    let (ws, we) = (offset.max(k * BLOCK), end.min((k + 1) * BLOCK));
-                    crc32c::crc32c(&data[(ws - offset) as usize..(we - offset) as usize])
-                })
-                .collect()
+        // the one pass over the bytes (made by the connection for a `Write` that arrived
+        // with a data checksum). Under the lock only constant-time combinations remain (but
+        // for a block that must be read and patched), so writes to one object wait less for
+        // each other.
+        let computed;
+        let piece_crcs = match crcs {
+            Some(c) if c.cover(offset, data.len()) => c.pieces(),
+            _ => {
+                computed = PieceCrcs::compute(offset, data);
+                computed.pieces()
+            }
         };
         let _g = self.lock(ino, index).write();
         let obj = self
@@ -308,10 +315,12 @@ impl DataStore {
         let size = mem.size;
         let first = offset / BLOCK;
         let last = (end - 1) / BLOCK;
+        // One piece per block touched (`PieceCrcs::compute` cuts at the block boundaries).
+        debug_assert_eq!(piece_crcs.len() as u64, last - first + 1);
         let stored = mem.entries(&obj.sums, first, last - first + 1).map_err(sums_err)?;
         let mut pending = Vec::with_capacity(stored.len());
         let mut scratch = Vec::new();
-        for ((k, entry), piece_crc) in (first..=last).zip(stored).zip(piece_crcs) {
+        for ((k, entry), &piece_crc) in (first..=last).zip(stored).zip(piece_crcs) {
             let (new, old) = self.block_update(&obj, &mem, k, entry, size, offset, data, piece_crc, &mut scratch)?;
             pending.push(Entry::Pending { new, old });
         }

@@ -9,3 +9,4 @@ pub mod records;
 pub mod space;
 pub mod sums_cache;
 pub mod upgrade;
+pub mod write_crcs;
