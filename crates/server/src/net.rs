@@ -708,14 +708,14 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: Conn
                 tracing::warn!("connection from {addr}: {} answered with: {f}", redo.req.op.name());
                 // The cached reply (if any) claimed an effect that was lost: a retry must
                 // run the request again, not be told it succeeded.
-                st.replies.forget(conn.session, redo.request_id).await;
+                st.replies.forget(conn.session, redo.request_id);
                 reply = Encoded::Frame(error_frame(redo.request_id, f));
                 break;
             }
             Settled::Rerun if reruns < MAX_RERUNS => {
                 reruns += 1;
                 tracing::debug!("connection from {addr}: {} run again after a failed log write", redo.req.op.name());
-                st.replies.forget(conn.session, redo.request_id).await;
+                st.replies.forget(conn.session, redo.request_id);
                 // Boxed: inline, the whole dispatch and reply-cache future would sit in every
                 // connection's task for its lifetime (~68 KiB per idle connection, measured).
                 (reply, ticket) = Box::pin(run_request(st, &redo, conn)).await;

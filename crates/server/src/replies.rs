@@ -5,54 +5,156 @@
 //! request's id when it resends it on a new connection). For operations that change
 //! something ([`changes_state`]), the first reply is kept under that name; a duplicate
 //! gets it instead of being applied again, and a duplicate arriving while the first is
-//! still being applied waits for it (moka coalesces the two). Connections of servers
+//! still being applied waits for it. Connections of servers
 //! (session 0) and tools that send no session are not cached: their steps have op ids of
 //! their own (`Peer*`), and a session-less sender cannot retry across connections anyway.
 //!
-//! Bounds: at most [`CAPACITY_BYTES`] of replies by an estimate of their size (LRU, so the
-//! newest survive, which is what a retry needs), each kept at most [`LIFETIME`]; far more
-//! than a client's retry window (one call's timeout, 30 s by default). The cache is in
-//! memory: a request retried across a server restart may be applied again (an exclusive
-//! create then answers EEXIST).
+//! Bounds: at most [`CAPACITY_BYTES`] of replies by an estimate of their size, each kept at
+//! most [`LIFETIME`]; the oldest go first (a retry comes within one call's timeout, 30 s by
+//! default, so the newest are the ones worth keeping). The cache is in memory: a request
+//! retried across a server restart may be applied again (an exclusive create then answers
+//! EEXIST).
+//!
+//! **Why not `moka`.** This was a `moka::future::Cache` (`try_get_with`). Every create,
+//! unlink and write goes through here, and on md-easy creates moka's concurrent table, its
+//! access-order bookkeeping, its crossbeam-epoch reclamation and the SipHash of the key cost
+//! 7 % of a server's CPU (`perf`, 200,000 creates: ~790 of 10,964 samples) for what is an
+//! insert-once, read-almost-never map. Here: 16 shards of a plain map under a mutex, keys
+//! hashed by one multiply, and a FIFO per shard for eviction (replies are written once and
+//! read only by a retry, so insertion order is the access order that matters).
 
 use crate::dispatch::Payload;
-use moka::future::Cache;
-use moka::policy::EvictionPolicy;
+use parking_lot::Mutex;
 use shoal_proto::msg::{BatchOp, Op, Reply};
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::time::Duration;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// Estimated bytes of cached replies kept at most.
 pub const CAPACITY_BYTES: u64 = 64 << 20;
 /// How long a reply is kept at most.
 pub const LIFETIME: Duration = Duration::from_secs(600);
+/// Shards (a power of two): requests of different connections rarely wait for each other.
+const SHARDS: usize = 16;
 
 /// (client session, request id).
 type Key = (u64, u64);
 
+/// Hashes a [`Key`]: the session is random and the request ids count up, so one multiply
+/// of their mix spreads them well (SipHash cost more than the map itself, see above).
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ *b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(29) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+enum Slot {
+    /// The first request with this key is being applied; a duplicate waits on the notify
+    /// (made by the first duplicate: most requests never have one).
+    Applying(Option<Arc<Notify>>),
+    /// Its reply, when it was kept, and its estimated size.
+    Done(Reply, Instant, u32),
+}
+
+#[derive(Default)]
+struct Shard {
+    slots: HashMap<Key, Slot, BuildHasherDefault<KeyHasher>>,
+    /// Keys of `Done` slots, oldest first, with their sizes.
+    order: VecDeque<(Key, u32)>,
+    bytes: u64,
+}
+
+impl Shard {
+    /// Drop the oldest replies while over `capacity` bytes or older than [`LIFETIME`].
+    fn evict(&mut self, capacity: u64, now: Instant) {
+        while let Some(&(key, weight)) = self.order.front() {
+            let expired =
+                matches!(self.slots.get(&key), Some(Slot::Done(_, at, _)) if now.duration_since(*at) > LIFETIME);
+            if self.bytes <= capacity && !expired {
+                break;
+            }
+            self.order.pop_front();
+            self.bytes -= weight as u64;
+            if matches!(self.slots.get(&key), Some(Slot::Done(..))) {
+                self.slots.remove(&key);
+            }
+        }
+    }
+}
+
 pub struct Replies {
-    cache: Cache<Key, Reply>,
+    shards: Vec<Mutex<Shard>>,
 }
 
 /// Estimated memory of a cached reply: small for all but batches, whose results carry
 /// attributes.
-fn weight(_: &Key, reply: &Reply) -> u32 {
+fn weight(reply: &Reply) -> u32 {
     match reply {
         Reply::Batch(results) => 64 + 256 * results.len() as u32,
         _ => 256,
     }
 }
 
+/// What a request found in the cache.
+enum Found {
+    Reply(Reply),
+    Wait(Arc<Notify>),
+    Apply,
+}
+
+/// Held by the request applying a key: if it is dropped before it stored a reply (its
+/// connection closed, or the reply is not kept), the slot goes and duplicates waiting for
+/// it try themselves.
+struct Applying<'a> {
+    replies: &'a Replies,
+    key: Key,
+    done: bool,
+}
+
+impl Drop for Applying<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut shard = self.replies.shard(self.key).lock();
+            if let Some(Slot::Applying(notify)) = shard.slots.remove(&self.key) {
+                drop(shard);
+                if let Some(n) = notify {
+                    n.notify_waiters();
+                }
+            }
+        }
+    }
+}
+
+impl Default for Replies {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Replies {
     pub fn new() -> Replies {
-        Replies {
-            cache: Cache::builder()
-                .max_capacity(CAPACITY_BYTES)
-                .weigher(weight)
-                .time_to_live(LIFETIME)
-                .eviction_policy(EvictionPolicy::lru())
-                .build(),
-        }
+        Replies { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect() }
+    }
+
+    fn shard(&self, key: Key) -> &Mutex<Shard> {
+        let mut h = KeyHasher::default();
+        h.write_u64(key.0);
+        h.write_u64(key.1);
+        &self.shards[(h.finish() >> 7) as usize % SHARDS]
     }
 
     /// Apply `op`'s handler `apply` once per (session, request id): the first call runs it,
@@ -62,35 +164,73 @@ impl Replies {
     where
         F: Future<Output = (Reply, Payload)>,
     {
-        let mut payload = None;
-        let first = async {
-            let (reply, p) = apply.await;
-            payload = Some(p);
-            match reply {
-                Reply::StaleMap { .. } => Err(reply),
-                reply => Ok(reply),
+        let key = (session, request_id);
+        loop {
+            let found = {
+                let mut shard = self.shard(key).lock();
+                match shard.slots.get_mut(&key) {
+                    Some(Slot::Done(reply, at, _)) if at.elapsed() <= LIFETIME => Found::Reply(reply.clone()),
+                    Some(Slot::Applying(notify)) => Found::Wait(notify.get_or_insert_with(Default::default).clone()),
+                    _ => {
+                        shard.slots.insert(key, Slot::Applying(None));
+                        Found::Apply
+                    }
+                }
+            };
+            match found {
+                Found::Reply(reply) => return (reply, Payload::none()),
+                Found::Wait(notify) => {
+                    let woken = notify.notified();
+                    tokio::pin!(woken);
+                    // Registered before the slot is looked at again: a wake-up between the
+                    // two is not lost.
+                    woken.as_mut().enable();
+                    if matches!(self.shard(key).lock().slots.get(&key), Some(Slot::Applying(_))) {
+                        woken.await;
+                    }
+                }
+                Found::Apply => {
+                    let mut guard = Applying { replies: self, key, done: false };
+                    let (reply, payload) = apply.await;
+                    if !matches!(reply, Reply::StaleMap { .. }) {
+                        guard.done = true;
+                        let w = weight(&reply);
+                        let now = Instant::now();
+                        let mut shard = self.shard(key).lock();
+                        let notify = match shard.slots.insert(key, Slot::Done(reply.clone(), now, w)) {
+                            Some(Slot::Applying(n)) => n,
+                            _ => None,
+                        };
+                        shard.order.push_back((key, w));
+                        shard.bytes += w as u64;
+                        shard.evict(CAPACITY_BYTES / SHARDS as u64, now);
+                        drop(shard);
+                        if let Some(n) = notify {
+                            n.notify_waiters();
+                        }
+                    }
+                    return (reply, payload);
+                }
             }
-        };
-        let reply = match self.cache.try_get_with((session, request_id), first).await {
-            Ok(reply) => reply,
-            Err(uncached) => (*uncached).clone(),
-        };
-        (reply, payload.unwrap_or_else(Payload::none))
+        }
     }
 
     /// Drop the cached reply of (session, request id): its effect was lost (a failed metadata
     /// log write), so a retry must apply the request again.
-    pub async fn forget(&self, session: u64, request_id: u64) {
+    pub fn forget(&self, session: u64, request_id: u64) {
         if session != 0 {
-            self.cache.invalidate(&(session, request_id)).await;
+            let key = (session, request_id);
+            let mut shard = self.shard(key).lock();
+            if matches!(shard.slots.get(&key), Some(Slot::Done(..))) {
+                shard.slots.remove(&key);
+            }
         }
     }
 
-    /// Replies cached now (for tests and logs; moka counts lazily).
+    /// Replies cached now (for tests and logs).
     #[cfg(test)]
-    pub async fn len(&self) -> u64 {
-        self.cache.run_pending_tasks().await;
-        self.cache.entry_count()
+    pub fn len(&self) -> u64 {
+        self.shards.iter().map(|s| s.lock().slots.values().filter(|s| matches!(s, Slot::Done(..))).count() as u64).sum()
     }
 }
 
@@ -171,7 +311,52 @@ mod tests {
         // Another request id, or another client, is another request.
         assert_eq!(replies.once(7, 2, apply(runs.clone())).await.0, Reply::Appended { offset: 1 });
         assert_eq!(replies.once(8, 1, apply(runs.clone())).await.0, Reply::Appended { offset: 2 });
-        assert_eq!(replies.len().await, 3);
+        assert_eq!(replies.len(), 3);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_duplicate_applies_itself_when_the_first_is_dropped_unfinished() {
+        let replies = Arc::new(Replies::new());
+        let first = {
+            let replies = replies.clone();
+            tokio::spawn(async move {
+                replies
+                    .once(7, 1, async {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        (Reply::Ok, Payload::none())
+                    })
+                    .await
+                    .0
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let second = {
+            let replies = replies.clone();
+            tokio::spawn(async move {
+                replies.once(7, 1, async { (Reply::Appended { offset: 9 }, Payload::none()) }).await.0
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "the duplicate waits for the first");
+        first.abort();
+        let r = tokio::time::timeout(Duration::from_secs(10), second).await.expect("woken").unwrap();
+        assert_eq!(r, Reply::Appended { offset: 9 });
+    }
+
+    #[test]
+    fn the_oldest_replies_go_first_beyond_the_capacity() {
+        let mut shard = Shard::default();
+        let now = Instant::now();
+        for id in 0..10u64 {
+            shard.slots.insert((1, id), Slot::Done(Reply::Ok, now, 256));
+            shard.order.push_back(((1, id), 256));
+            shard.bytes += 256;
+        }
+        shard.evict(4 * 256, now);
+        let mut kept: Vec<u64> = shard.slots.keys().map(|k| k.1).collect();
+        kept.sort();
+        assert_eq!(kept, vec![6, 7, 8, 9]);
+        assert_eq!(shard.bytes, 4 * 256);
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -10,6 +10,13 @@
 //!   links, extended attributes, size extensions) are refused with ENOSPC while fewer than
 //!   `headroom` bytes would stay free after them ([`Space::check`]). The disk therefore never
 //!   fills through this server, and whatever space is left serves the metadata of deletions.
+//!   The check asks the file system (`statvfs`) only when it may matter: a `statvfs` per
+//!   create was 4 % of a server's CPU on md-easy creates (`perf`). A sample of the free
+//!   space is reused for [`SAMPLE_AGE`] while, after subtracting everything this server
+//!   admitted since, more than [`FAR_FROM_FULL`] bytes beyond the headroom stay free; closer
+//!   to the limit every check asks the file system, as before. What this misses is another
+//!   writer on the same disk consuming more than `FAR_FROM_FULL` within `SAMPLE_AGE`
+//!   (1.3 GB/s), and the reserve below covers that too.
 //! * **Reserve.** A file of `reserve` bytes (`<data_dir>/reserve`) that the server deletes
 //!   when free space falls below half the headroom all the same (other servers or programs
 //!   on the same disk, the metadata of deletions, RocksDB's compactions), when a metadata
@@ -22,6 +29,7 @@ use shoal_proto::Errno;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 /// Room a new namespace record (create, mkdir, link, xattr) is counted as needing: far more
@@ -31,6 +39,12 @@ pub const RECORD_ROOM: u64 = 64 << 10;
 /// Free space below which reopening the metadata store is not tried (it would fail and
 /// leave the store closed, for reads too).
 const OPEN_ROOM: u64 = 2 * MIB;
+
+/// How long a sample of the free space stands in for `statvfs` (see the module comment).
+const SAMPLE_AGE: Duration = Duration::from_millis(50);
+/// Free bytes beyond the headroom (after what was admitted since the sample) above which a
+/// sample may stand in for `statvfs`.
+const FAR_FROM_FULL: u64 = 64 * MIB;
 
 /// (headroom, reserve) for a file system of `capacity` bytes: 1 % and 0.4 % of it, at least
 /// 8 MiB and 4 MiB (a 64 MiB test file system), at most 1 GiB and 64 MiB.
@@ -49,17 +63,44 @@ fn capacity_and_free(path: &Path) -> R<(u64, u64)> {
 pub struct Space {
     dir: PathBuf,
     reserve: PathBuf,
+    sample: parking_lot::Mutex<Option<Sample>>,
+}
+
+/// The file system's free space when last asked, and what was admitted since.
+#[derive(Clone, Copy)]
+struct Sample {
+    at: Instant,
+    headroom: u64,
+    free: u64,
+    admitted: u64,
+}
+
+impl Sample {
+    /// Admit `bytes` without asking the file system, if the sample is fresh and far from
+    /// the limit even after them.
+    fn admit(&mut self, bytes: u64) -> bool {
+        let left = self.free.saturating_sub(self.admitted).saturating_sub(bytes);
+        if self.at.elapsed() < SAMPLE_AGE && left >= self.headroom.saturating_add(FAR_FROM_FULL) {
+            self.admitted += bytes;
+            return true;
+        }
+        false
+    }
 }
 
 impl Space {
     pub fn new(data_dir: &Path) -> Space {
-        Space { dir: data_dir.to_path_buf(), reserve: data_dir.join("reserve") }
+        Space { dir: data_dir.to_path_buf(), reserve: data_dir.join("reserve"), sample: Default::default() }
     }
 
     /// ENOSPC unless `bytes` more can be written with the headroom still free.
     pub fn check(&self, bytes: u64) -> R<()> {
+        if self.sample.lock().as_mut().is_some_and(|s| s.admit(bytes)) {
+            return Ok(());
+        }
         let (capacity, free) = capacity_and_free(&self.dir)?;
         let (headroom, _) = levels(capacity);
+        *self.sample.lock() = Some(Sample { at: Instant::now(), headroom, free, admitted: bytes });
         if free < headroom.saturating_add(bytes) {
             return Err(Fail::new(
                 Errno::ENOSPC,
@@ -149,6 +190,25 @@ impl Space {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sample_admits_only_far_from_the_limit_and_counts_what_it_admits() {
+        let headroom = 8 * MIB;
+        let mut s = Sample { at: Instant::now(), headroom, free: headroom + FAR_FROM_FULL + 10 * MIB, admitted: 0 };
+        let admitted = (0..100).take_while(|_| s.admit(MIB)).count();
+        assert_eq!(admitted, 10, "the sample admits what stays beyond headroom + FAR_FROM_FULL, no more");
+        let mut old = Sample { at: Instant::now() - SAMPLE_AGE, admitted: 0, ..s };
+        assert!(!old.admit(1), "an old sample admits nothing");
+    }
+
+    #[test]
+    fn a_check_beyond_the_free_space_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let space = Space::new(dir.path());
+        let (_, free) = capacity_and_free(dir.path()).unwrap();
+        assert!(space.check(1).is_ok());
+        assert_eq!(space.check(free).unwrap_err().errno, Errno::ENOSPC);
+    }
 
     #[test]
     fn levels_scale_with_capacity_within_bounds() {
