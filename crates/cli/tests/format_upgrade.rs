@@ -118,14 +118,16 @@ fn striped(stripe_size: u64) -> Option<LayoutSpec> {
     Some(LayoutSpec { stripe_size: Some(stripe_size), stripe_count: Some(SERVERS), ..Default::default() })
 }
 
-/// Makes `tests/fixtures/format-1.tar.gz` with the code of the commit it runs on. Run only
-/// to make a fixture for a new format version (see tests/fixtures/README.md):
-/// `cargo test --release -p shoal --test format_upgrade make_format_1_fixture -- --ignored`
+/// Makes `tests/fixtures/format-N.tar.gz`, N = the metadata format of the code of the commit
+/// it runs on. Run only on the last commit before a format change, to keep a store of the
+/// outgoing format (see tests/fixtures/README.md):
+/// `cargo test --release -p shoal --test format_upgrade make_fixture -- --ignored`
 /// (`SHOAL_FIXTURE_OUT` overrides where the archive goes; an existing fixture is never
-/// overwritten otherwise).
+/// overwritten otherwise). `format-1.tar.gz` was made by this test when it was called
+/// `make_format_1_fixture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
-async fn make_format_1_fixture() {
+async fn make_fixture() {
     let mut c = Cluster::start(SERVERS);
     let fs = c.uncached_client();
 
@@ -224,7 +226,7 @@ async fn make_format_1_fixture() {
 
     let manifest = json!({
         "servers": SERVERS,
-        "format": 1,
+        "format": shoal_server::FORMAT_VERSION,
         "paths": paths,
         "orphan": { "ino": orphan_attr.ino.0, "attr": describe_attr(&orphan_attr), "data": fnv(&pattern(6, 0, 4196)) },
         "gc": { "ino": gc.ino.0, "servers": gc.layout.as_ref().unwrap().servers.iter().map(|s| s.0).collect::<Vec<_>>() },
@@ -232,8 +234,9 @@ async fn make_format_1_fixture() {
     });
     std::fs::write(c.path().join("manifest.json"), serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
 
-    let out =
-        std::env::var_os("SHOAL_FIXTURE_OUT").map(PathBuf::from).unwrap_or_else(|| fixtures().join("format-1.tar.gz"));
+    let out = std::env::var_os("SHOAL_FIXTURE_OUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| fixtures().join(format!("format-{}.tar.gz", shoal_server::FORMAT_VERSION)));
     // A committed fixture stands for stores in the field: never overwritten by newer code.
     assert!(
         !out.exists() || std::env::var_os("SHOAL_FIXTURE_OUT").is_some(),
