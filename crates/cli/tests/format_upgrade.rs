@@ -328,24 +328,29 @@ fn unpack(archive: &Path, into: &Path) {
     assert!(status.success(), "tar -xzf {} failed", archive.display());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_format_1_store_is_upgraded_in_place_and_reads_back_as_written() {
-    let archive = fixtures().join("format-1.tar.gz");
+/// The fixture of `format` starts under this code, is upgraded in place, reads back as the
+/// old code served it, and reads the same after a restart without a second upgrade.
+async fn a_store_is_upgraded_in_place_and_reads_back_as_written(format: u32) {
+    let archive = fixtures().join(format!("format-{format}.tar.gz"));
     let mut c = Cluster::start_prepared(SERVERS, |dir| unpack(&archive, dir));
     let manifest: Value = serde_json::from_slice(&std::fs::read(c.path().join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["format"], 1);
+    assert_eq!(manifest["format"], format);
+    let current = shoal_server::FORMAT_VERSION;
     for id in 0..SERVERS {
         let log = c.log(id);
-        assert!(log.contains("metadata store upgraded to format 2"), "server {id} did not log its upgrade:\n{log}");
+        assert!(
+            log.contains(&format!("from format {format} to {current}"))
+                && log.contains(&format!("metadata store upgraded to format {current}")),
+            "server {id} did not log its upgrade:\n{log}"
+        );
     }
     check_against_manifest(&c, &manifest).await;
 
-    // The store now says format 2, and reads the same after a restart (no second upgrade).
+    // The store now says the current format, and reads the same after a restart.
     for id in 0..SERVERS {
         c.stop(id);
         let meta = c.path().join(format!("s{id}/meta"));
-        assert_eq!(shoal_server::stored_format(&meta).unwrap(), Some(shoal_server::FORMAT_VERSION));
-        assert_eq!(shoal_server::FORMAT_VERSION, 2);
+        assert_eq!(shoal_server::stored_format(&meta).unwrap(), Some(current));
     }
     let first_logs: Vec<usize> = (0..SERVERS).map(|id| c.log(id).len()).collect();
     for id in 0..SERVERS {
@@ -358,6 +363,16 @@ async fn a_format_1_store_is_upgraded_in_place_and_reads_back_as_written() {
         assert!(!second.contains("upgrading"), "server {id} upgraded twice:\n{second}");
         assert!(!log.contains("does not decode"), "server {id}:\n{log}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_store_is_upgraded_in_place_and_reads_back_as_written() {
+    a_store_is_upgraded_in_place_and_reads_back_as_written(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_2_store_is_upgraded_in_place_and_reads_back_as_written() {
+    a_store_is_upgraded_in_place_and_reads_back_as_written(2).await;
 }
 
 /// A store written by a newer shoald (a higher format version under `m` "format", see

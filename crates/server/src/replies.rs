@@ -66,8 +66,8 @@ enum Slot {
     /// The first request with this key is being applied; a duplicate waits on the notify
     /// (made by the first duplicate: most requests never have one).
     Applying(Option<Arc<Notify>>),
-    /// Its reply, when it was kept, and its estimated size.
-    Done(Reply, Instant, u32),
+    /// Its reply, and when it was kept.
+    Done(Reply, Instant),
 }
 
 #[derive(Default)]
@@ -82,8 +82,7 @@ impl Shard {
     /// Drop the oldest replies while over `capacity` bytes or older than [`LIFETIME`].
     fn evict(&mut self, capacity: u64, now: Instant) {
         while let Some(&(key, weight)) = self.order.front() {
-            let expired =
-                matches!(self.slots.get(&key), Some(Slot::Done(_, at, _)) if now.duration_since(*at) > LIFETIME);
+            let expired = matches!(self.slots.get(&key), Some(Slot::Done(_, at)) if now.duration_since(*at) > LIFETIME);
             if self.bytes <= capacity && !expired {
                 break;
             }
@@ -169,7 +168,7 @@ impl Replies {
             let found = {
                 let mut shard = self.shard(key).lock();
                 match shard.slots.get_mut(&key) {
-                    Some(Slot::Done(reply, at, _)) if at.elapsed() <= LIFETIME => Found::Reply(reply.clone()),
+                    Some(Slot::Done(reply, at)) if at.elapsed() <= LIFETIME => Found::Reply(reply.clone()),
                     Some(Slot::Applying(notify)) => Found::Wait(notify.get_or_insert_with(Default::default).clone()),
                     _ => {
                         shard.slots.insert(key, Slot::Applying(None));
@@ -197,7 +196,7 @@ impl Replies {
                         let w = weight(&reply);
                         let now = Instant::now();
                         let mut shard = self.shard(key).lock();
-                        let notify = match shard.slots.insert(key, Slot::Done(reply.clone(), now, w)) {
+                        let notify = match shard.slots.insert(key, Slot::Done(reply.clone(), now)) {
                             Some(Slot::Applying(n)) => n,
                             _ => None,
                         };
@@ -348,7 +347,7 @@ mod tests {
         let mut shard = Shard::default();
         let now = Instant::now();
         for id in 0..10u64 {
-            shard.slots.insert((1, id), Slot::Done(Reply::Ok, now, 256));
+            shard.slots.insert((1, id), Slot::Done(Reply::Ok, now));
             shard.order.push_back(((1, id), 256));
             shard.bytes += 256;
         }

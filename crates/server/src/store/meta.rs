@@ -16,7 +16,7 @@
 //! | `m` "format" / `m` "server" | metadata format version / owning server id (big-endian `u32`) |
 //!
 //! The records here hold wire types and are what the server works with; what is stored is
-//! their own types in `records.rs` (one format byte, then MessagePack with named fields),
+//! their own types in `records/` (one format byte, then a Protocol Buffers message),
 //! converted on every read and write. docs/formats.md describes every record byte by byte;
 //! `upgrade.rs` brings a store of an older format up to date when it is opened.
 //!

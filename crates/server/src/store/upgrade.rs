@@ -7,16 +7,17 @@
 //! the server serves anything.
 //!
 //! **Crash safety of the upgrade.** Every record value starts with a byte saying how it is
-//! encoded (1: bincode of format 1, 2: MessagePack of format 2), so each record tells by
-//! itself whether it has been rewritten. The upgrade rewrites the records that still say 1,
-//! in batches (each batch atomic), then syncs the log, and only then writes the new version
-//! under `m` "format". An interrupted upgrade leaves the version at 1, so the server does
-//! not serve; the next open carries on with the records still in format 1. No reader ever
-//! sees a half-upgraded store: records are only read by the server once the version says 2.
+//! encoded (1: bincode of format 1, 2: MessagePack of format 2, 3: Protocol Buffers of
+//! format 3), so each record tells by itself whether it has been rewritten. The upgrade
+//! rewrites the records that still say 1 or 2, in batches (each batch atomic), then syncs
+//! the log, and only then writes the new version under `m` "format". An interrupted upgrade
+//! leaves the old version, so the server does not serve; the next open carries on with the
+//! records not yet rewritten. No reader ever sees a half-upgraded store: records are only
+//! read by the server once the version is the current one.
 
 use crate::error::{Fail, R};
 use crate::store::meta::{key, MetaStore};
-use crate::store::records::{encode, v1, FORMAT_VERSION, VALUE_BINCODE1, VALUE_MSGPACK};
+use crate::store::records::{encode, v1, v2, FORMAT_VERSION, VALUE_BINCODE1, VALUE_MSGPACK, VALUE_PROTOBUF};
 use anyhow::{anyhow, bail};
 use rocksdb::WriteBatch;
 use shoal_proto::ServerId;
@@ -62,7 +63,7 @@ pub fn check_and_upgrade(meta: &MetaStore, id: ServerId, dir: &Path) -> anyhow::
                 }
             }
             if found < FORMAT_VERSION {
-                upgrade_1_to_2(meta, dir).map_err(err)?;
+                upgrade(meta, found, dir).map_err(err)?;
             }
             Ok(())
         }
@@ -81,49 +82,68 @@ pub struct Upgraded {
     pub dropped: u64,
 }
 
-/// The record kinds of format 1 whose values carry a format byte (`x` values are raw bytes
-/// and `m` values big-endian numbers: unchanged between formats 1 and 2).
+/// The record kinds whose values carry a format byte (`x` values are raw bytes and `m`
+/// values big-endian numbers: the same in every format).
 const TAGS: [u8; 6] = [key::INODE, key::ENTRY, key::INTENT, key::APPLIED, key::GC, key::ORPHAN];
 
-/// A format-1 value of kind `tag` in format 2; `None` to drop it.
-fn convert(tag: u8, v: &[u8]) -> Result<Option<Vec<u8>>, String> {
+/// A decoder of one record kind in one older format.
+type Decoder<T> = fn(&[u8]) -> Result<T, String>;
+
+/// A value of kind `tag` in format `from` (1 or 2), in the current format; `None` to drop it.
+fn convert(tag: u8, from: u8, v: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    if from != VALUE_BINCODE1 && from != VALUE_MSGPACK {
+        return Err(format!("no value format {from} to upgrade from"));
+    }
+    // The record decoded by the decoder of its format, encoded in the current one.
+    fn re<T: crate::store::records::Record>(
+        from: u8,
+        v: &[u8],
+        f1: Decoder<T>,
+        f2: Decoder<T>,
+    ) -> Result<Vec<u8>, String> {
+        Ok(encode(&if from == VALUE_BINCODE1 { f1(v)? } else { f2(v)? }))
+    }
     Ok(Some(match tag {
-        key::INODE => encode(&v1::inode(v)?),
-        key::ENTRY => encode(&v1::entry(v)?),
-        key::INTENT => encode(&v1::intent(v)?),
-        key::APPLIED => match v1::applied(v) {
-            Ok(a) => encode(&a),
+        key::INODE => re(from, v, v1::inode, v2::inode)?,
+        key::ENTRY => re(from, v, v1::entry, v2::entry)?,
+        key::INTENT => re(from, v, v1::intent, v2::intent)?,
+        key::APPLIED => match re(from, v, v1::applied, v2::applied) {
+            Ok(a) => a,
             Err(_) => return Ok(None),
         },
-        key::GC => encode(&v1::gc(v)?),
-        key::ORPHAN => encode(&v1::orphan(v)?),
+        key::GC => re(from, v, v1::gc, v2::gc)?,
+        key::ORPHAN => re(from, v, v1::orphan, v2::orphan)?,
         _ => return Err(format!("no record kind {:?}", tag as char)),
     }))
 }
 
-/// Rewrite every format-1 record in format 2, then set the format version to 2 (see the
-/// module comment for why an interruption anywhere is safe). Blocking.
-pub fn upgrade_1_to_2(meta: &MetaStore, dir: &Path) -> R<Upgraded> {
+/// Rewrite every record of an older format (the store says `found`) in the current one,
+/// then set the format version (see the module comment for why an interruption anywhere is
+/// safe). Blocking.
+pub fn upgrade(meta: &MetaStore, found: u32, dir: &Path) -> R<Upgraded> {
     let start = Instant::now();
-    tracing::info!("data directory {}: upgrading the metadata store from format 1 to {FORMAT_VERSION}", dir.display());
+    tracing::info!(
+        "data directory {}: upgrading the metadata store from format {found} to {FORMAT_VERSION}",
+        dir.display()
+    );
     let mut done = Upgraded::default();
     for tag in TAGS {
         let mut batch = WriteBatch::default();
         let mut n = 0u64;
         meta.scan(&[tag], None, |k, v| {
             match v.first() {
-                Some(&VALUE_MSGPACK) => done.already += 1,
-                Some(&VALUE_BINCODE1) => {
+                Some(&VALUE_PROTOBUF) => done.already += 1,
+                Some(&from @ (VALUE_BINCODE1 | VALUE_MSGPACK)) => {
                     let what = || format!("record {:?} {}", tag as char, hex(&k[1..]));
-                    match convert(tag, v)
-                        .map_err(|e| Fail::corrupt(format!("{} does not decode in format 1: {e}", what())))?
+                    match convert(tag, from, v)
+                        .map_err(|e| Fail::corrupt(format!("{} does not decode in format {from}: {e}", what())))?
                     {
                         Some(new) => {
                             batch.put(k, new);
                             n += 1;
                         }
                         None => {
-                            tracing::warn!("dropping {}: it does not decode in format 1", what());
+                            tracing::warn!("dropping {}: it does not decode in format {from}", what());
                             batch.delete(k);
                             done.dropped += 1;
                         }
@@ -194,8 +214,12 @@ mod tests {
     use shoal_proto::Errno;
     use std::path::PathBuf;
 
-    fn fixture_dir() -> tempfile::TempDir {
-        let archive = Path::new(env!("CARGO_MANIFEST_DIR")).join("../cli/tests/fixtures/format-1.tar.gz");
+    /// The fixtures: stores of every older format (`tests/fixtures/README.md`).
+    const OLDER: [u32; 2] = [1, 2];
+
+    fn fixture_dir(format: u32) -> tempfile::TempDir {
+        let archive =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../cli/tests/fixtures/format-{format}.tar.gz"));
         let dir = tempfile::tempdir().unwrap();
         let status =
             std::process::Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(dir.path()).status().unwrap();
@@ -203,7 +227,7 @@ mod tests {
         dir
     }
 
-    /// Every record of every kind under `tag` decodes as format 2; how many there are.
+    /// Every record of every kind decodes in the current format; how many there are.
     fn decode_all(meta: &MetaStore) -> u64 {
         fn check<T: Record>(meta: &MetaStore, tag: u8) -> u64 {
             let mut n = 0;
@@ -248,71 +272,75 @@ mod tests {
     }
 
     #[test]
-    fn format_1_records_are_not_read_before_the_upgrade_and_all_read_after_it() {
-        let dir = fixture_dir();
-        for id in 0..2u32 {
-            let data: PathBuf = dir.path().join(format!("s{id}"));
-            let meta = MetaStore::open(&data.join("meta")).unwrap();
-            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), 1u32.to_be_bytes());
-            let mut first = None;
-            meta.scan(&[key::INODE], None, |_, v| {
-                first = Some(decode::<InodeRecord>(&"inode", v));
-                Ok(false)
-            })
-            .unwrap();
-            let e = first.expect("an inode").unwrap_err();
-            assert_eq!(e.errno, Errno::EIO);
-            assert!(e.message.contains("still in format 1"), "{}", e.message);
-            check_and_upgrade(&meta, ServerId(id), &data).unwrap();
-            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
-            assert!(decode_all(&meta) > 10, "server {id} holds records");
+    fn older_records_are_not_read_before_the_upgrade_and_all_read_after_it() {
+        for format in OLDER {
+            let dir = fixture_dir(format);
+            for id in 0..2u32 {
+                let data: PathBuf = dir.path().join(format!("s{id}"));
+                let meta = MetaStore::open(&data.join("meta")).unwrap();
+                assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), format.to_be_bytes());
+                let mut first = None;
+                meta.scan(&[key::INODE], None, |_, v| {
+                    first = Some(decode::<InodeRecord>(&"inode", v));
+                    Ok(false)
+                })
+                .unwrap();
+                let e = first.expect("an inode").unwrap_err();
+                assert_eq!(e.errno, Errno::EIO);
+                assert!(e.message.contains(&format!("still in format {format}")), "{}", e.message);
+                check_and_upgrade(&meta, ServerId(id), &data).unwrap();
+                assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
+                assert!(decode_all(&meta) > 10, "format {format}: server {id} holds records");
+            }
         }
     }
 
-    /// An upgrade stopped part way (some records rewritten, the version still 1) resumes on
-    /// the next open: the rewritten records are left alone, the rest rewritten, and the
-    /// store reads exactly as an uninterrupted upgrade leaves it.
+    /// An upgrade stopped part way (some records rewritten, the version still the old one)
+    /// resumes on the next open: the rewritten records are left alone, the rest rewritten,
+    /// and the store reads exactly as an uninterrupted upgrade leaves it.
     #[test]
     fn an_interrupted_upgrade_resumes_and_ends_as_an_uninterrupted_one() {
-        let whole = fixture_dir();
-        let cut = fixture_dir();
-        let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
-        upgrade_1_to_2(&whole_meta, whole.path()).unwrap();
+        for format in OLDER {
+            let whole = fixture_dir(format);
+            let cut = fixture_dir(format);
+            let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
+            upgrade(&whole_meta, format, whole.path()).unwrap();
 
-        let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
-        // The first half of the inodes and entries, as the first batches of an upgrade.
-        let mut half = WriteBatch::default();
-        for tag in [key::INODE, key::ENTRY] {
-            let mut all = Vec::new();
-            meta.scan(&[tag], None, |k, v| {
-                all.push((k.to_vec(), v.to_vec()));
-                Ok(true)
-            })
-            .unwrap();
-            for (k, v) in &all[..all.len() / 2] {
-                half.put(k, convert(tag, v).unwrap().unwrap());
+            let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+            // The first half of the inodes and entries, as the first batches of an upgrade.
+            let mut half = WriteBatch::default();
+            for tag in [key::INODE, key::ENTRY] {
+                let mut all = Vec::new();
+                meta.scan(&[tag], None, |k, v| {
+                    all.push((k.to_vec(), v.to_vec()));
+                    Ok(true)
+                })
+                .unwrap();
+                for (k, v) in &all[..all.len() / 2] {
+                    half.put(k, convert(tag, format as u8, v).unwrap().unwrap());
+                }
             }
-        }
-        let rewritten_before = half.len() as u64;
-        assert!(rewritten_before > 4);
-        meta.write(half).unwrap();
-        drop(meta);
+            let rewritten_before = half.len() as u64;
+            assert!(rewritten_before > 4);
+            meta.write(half).unwrap();
+            drop(meta);
 
-        let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
-        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), 1u32.to_be_bytes(), "still format 1");
-        let done = upgrade_1_to_2(&meta, cut.path()).unwrap();
-        assert_eq!(done.already, rewritten_before);
-        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
-        let dump = |m: &MetaStore| {
-            let mut out = Vec::new();
-            m.scan(&[], None, |k, v| {
-                out.push((k.to_vec(), v.to_vec()));
-                Ok(true)
-            })
-            .unwrap();
-            out
-        };
-        assert_eq!(dump(&meta), dump(&whole_meta));
-        assert!(decode_all(&meta) > 10);
+            let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), format.to_be_bytes(), "still the old format");
+            let done = upgrade(&meta, format, cut.path()).unwrap();
+            assert_eq!(done.already, rewritten_before);
+            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
+            let dump = |m: &MetaStore| {
+                let mut out = Vec::new();
+                m.scan(&[], None, |k, v| {
+                    out.push((k.to_vec(), v.to_vec()));
+                    Ok(true)
+                })
+                .unwrap();
+                out
+            };
+            assert_eq!(dump(&meta), dump(&whole_meta), "format {format}");
+            assert!(decode_all(&meta) > 10);
+        }
     }
 }
