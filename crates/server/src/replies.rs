@@ -66,8 +66,8 @@ enum Slot {
     /// The first request with this key is being applied; a duplicate waits on the notify
     /// (made by the first duplicate: most requests never have one).
     Applying(Option<Arc<Notify>>),
-    /// Its reply, and when it was kept.
-    Done(Reply, Instant),
+    /// Its reply (boxed: the map's slots stay small), and when it was kept.
+    Done(Box<Reply>, Instant),
 }
 
 #[derive(Default)]
@@ -110,7 +110,7 @@ fn weight(reply: &Reply) -> u32 {
 
 /// What a request found in the cache.
 enum Found {
-    Reply(Reply),
+    Reply(Box<Reply>),
     Wait(Arc<Notify>),
     Apply,
 }
@@ -177,7 +177,7 @@ impl Replies {
                 }
             };
             match found {
-                Found::Reply(reply) => return (reply, Payload::none()),
+                Found::Reply(reply) => return (*reply, Payload::none()),
                 Found::Wait(notify) => {
                     let woken = notify.notified();
                     tokio::pin!(woken);
@@ -196,7 +196,7 @@ impl Replies {
                         let w = weight(&reply);
                         let now = Instant::now();
                         let mut shard = self.shard(key).lock();
-                        let notify = match shard.slots.insert(key, Slot::Done(reply.clone(), now)) {
+                        let notify = match shard.slots.insert(key, Slot::Done(Box::new(reply.clone()), now)) {
                             Some(Slot::Applying(n)) => n,
                             _ => None,
                         };
@@ -347,7 +347,7 @@ mod tests {
         let mut shard = Shard::default();
         let now = Instant::now();
         for id in 0..10u64 {
-            shard.slots.insert((1, id), Slot::Done(Reply::Ok, now));
+            shard.slots.insert((1, id), Slot::Done(Box::new(Reply::Ok), now));
             shard.order.push_back(((1, id), 256));
             shard.bytes += 256;
         }
