@@ -1057,7 +1057,11 @@ mod tests {
         let map = ClusterMap::local(1, 1, std::path::Path::new("/tmp"));
         let client = Client::new(map, ClientOptions::default());
         let create = client.create_at(Ino(1), "x", 0o644, true, None);
-        assert!(std::mem::size_of_val(&create) <= 3072, "create_at's future is {} bytes", std::mem::size_of_val(&create));
+        assert!(
+            std::mem::size_of_val(&create) <= 3072,
+            "create_at's future is {} bytes",
+            std::mem::size_of_val(&create)
+        );
         let lookup = client.lookup(Ino(1), "x");
         assert!(std::mem::size_of_val(&lookup) <= 3072, "lookup's future is {} bytes", std::mem::size_of_val(&lookup));
     }
