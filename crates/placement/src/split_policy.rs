@@ -45,7 +45,7 @@ pub fn target_depth(servers: u32) -> u32 {
     (0..MAX_DEPTH)
         .find(|&d| {
             let p = 1u64 << d;
-            p >= n && (p % n == 0 || p / n >= MIN_PARTITIONS_PER_SERVER)
+            p >= n && (p.is_multiple_of(n) || p / n >= MIN_PARTITIONS_PER_SERVER)
         })
         .unwrap_or(MAX_DEPTH)
 }

@@ -101,7 +101,9 @@ impl Shape {
         if files > MAX_FILES as u128 {
             return Err(format!("{files} files is more than {MAX_FILES}"));
         }
-        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&self.stripe_size) || self.stripe_size % STRIPE_SIZE_MIN != 0 {
+        if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&self.stripe_size)
+            || !self.stripe_size.is_multiple_of(STRIPE_SIZE_MIN)
+        {
             return Err(format!("stripe size {} must be a multiple of 4096 between 4 KiB and 1 GiB", self.stripe_size));
         }
         if self.stripe_count > servers {
