@@ -80,6 +80,9 @@ enum Command {
     Scrub(cmd::scrub::ScrubArgs),
     /// Run the local identity helper (as root): vouches for the uid of unprivileged local clients.
     Identityd(cmd::identityd::IdentitydArgs),
+    /// Compute, without servers, how placement spreads directories, partitions, inodes and data
+    /// objects over 1 to 100,000 servers, and what a server joining or leaving moves.
+    Sim(cmd::sim::SimArgs),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,
             Command::Bench(c) => cmd::bench::run(&ctx, c).await,
             Command::Scrub(a) => cmd::scrub::scrub(&ctx, a).await,
+            Command::Sim(a) => cmd::sim::sim(a),
         }
     });
     rt.shutdown_timeout(std::time::Duration::from_millis(100));

@@ -252,7 +252,7 @@ impl State {
             return self.id;
         }
         let turn = self.dir_turn.fetch_add(1, Ordering::Relaxed);
-        ring[(mix64(parent.0).wrapping_add(turn) % ring.len() as u64) as usize]
+        ring[shoal_placement::dir_ring_pos(parent, turn, ring.len())]
     }
 
     /// Attributes as replies carry them. For a file whose objects all live here, the

@@ -9,6 +9,7 @@ pub mod identityd;
 pub mod keygen;
 pub mod mount;
 pub mod scrub;
+pub mod sim;
 pub mod status;
 pub mod stripe;
 
