@@ -36,8 +36,11 @@ mod perm;
 mod replies;
 mod scrub;
 mod state;
+mod steps;
 mod store;
 mod tls_conn;
+
+pub use steps::failpoints::configure as configure_failpoints;
 
 pub use store::records::FORMAT_VERSION;
 pub use store::upgrade::stored_format;

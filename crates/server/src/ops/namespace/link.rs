@@ -1,11 +1,13 @@
 //! `link(ino, dir, name)`: local, or across servers (intent → `PeerLinkDelta(+1)` → entry).
 
 use super::*;
-use crate::error::{fail, is_transport, Fail, R};
+use crate::error::{fail, Fail, R};
 use crate::ops::*;
 use crate::state::{derive_op, State};
+use crate::steps;
+use crate::steps::engine::{self, unknown, Ctx, End};
 use crate::store::meta::{EntryRecord, Intent};
-use shoal_proto::msg::{Cred, EntryOut, FileKind, Op, Reply};
+use shoal_proto::msg::{Attr, Cred, EntryOut, FileKind, Op, Reply};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
 
@@ -47,7 +49,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
 
     // The inode lives elsewhere: learn its kind (refusing directories early), then
     // intent → PeerLinkDelta(+1) → entry.
-    let mut attr = st.getattr(ino).await?;
+    let attr = st.getattr(ino).await?;
     if attr.kind == FileKind::Dir {
         return fail(Errno::EPERM, format!("{ino} is a directory; directories cannot be hard-linked"));
     }
@@ -70,35 +72,64 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
         .await?;
         st.locks.pin(dir, &name, op_id);
     }
-    let home = st.home(ino);
-    match st.peer(home, Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None }).await {
-        Ok(reply) => {
-            let committed = finish_link(st, op_id, dir, &name, ino, kind).await;
-            st.locks.unpin(dir, &name, op_id);
-            if !committed? {
-                return fail(Errno::ENOENT, format!("directory {dir} was removed or {name:?} was taken"));
-            }
-            if let Reply::NLink(n) = reply {
-                attr.nlink = n;
-            }
-            attr.ctime = now();
-            Ok(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None }))
-        }
-        Err(e) if is_transport(e) => Err(Fail::peer(home, e)), // intent and pin stay: rolled forward
-        Err(e) => {
-            let r = delete_intent(st, op_id).await;
-            st.locks.unpin(dir, &name, op_id);
-            r?;
-            Err(Fail::peer(home, e))
-        }
-    }
+    let intent = Intent::Link { dir, name, ino, kind };
+    steps::drive(st, op_id, &intent, Ctx { attr: Some(attr), ..Ctx::default() }).await
 }
 
-/// Second half of a cross-server link, after `PeerLinkDelta(+1)` succeeded: commit the entry,
+/// Drive a `Link` intent (step `link.nlink`: `PeerLinkDelta(+1)` at the inode's home, applied
+/// once per op id; finish: the entry). If the directory went away or the name was taken
+/// meanwhile, the link is taken back (step `link.undo`) and the link refused. `attr`: the
+/// inode's attributes the request fetched, for its reply.
+pub async fn resume(
+    st: &Arc<State>,
+    op_id: u64,
+    dir: Ino,
+    name: &str,
+    ino: Ino,
+    kind: FileKind,
+    attr: Option<Attr>,
+) -> End {
+    let home = st.home(ino);
+    let reply = match engine::remote(
+        st,
+        "link",
+        "nlink",
+        home,
+        None,
+        Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None },
+    )
+    .await
+    {
+        Ok(reply) => reply,
+        Err(e) if unknown(e) => return End::Kept(Fail::peer(home, e)),
+        Err(e) => {
+            // The inode is gone (or refuses links): the link cannot happen.
+            return match delete_intent(st, op_id).await {
+                Ok(()) => End::Refused(Fail::peer(home, e)),
+                Err(f) => End::Kept(f),
+            };
+        }
+    };
+    match finish(st, op_id, dir, name, ino, kind).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return End::Refused(Fail::new(Errno::ENOENT, format!("directory {dir} was removed or {name:?} was taken")))
+        }
+        Err(f) => return End::Kept(f),
+    }
+    let Some(mut attr) = attr else { return End::Done(Reply::Ok) };
+    if let Reply::NLink(n) = reply {
+        attr.nlink = n;
+    }
+    attr.ctime = now();
+    End::Done(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None }))
+}
+
+/// Finish of a cross-server link, after `PeerLinkDelta(+1)` succeeded: commit the entry,
 /// or, if the directory went away or the name was taken, take the link back. Returns whether
-/// the entry was committed. The caller unpins.
-pub async fn finish_link(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kind: FileKind) -> R<bool> {
-    let committed = {
+/// the entry was committed.
+async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kind: FileKind) -> R<bool> {
+    let committed = engine::finish("link", async {
         let _g = st.locks.lock_names(&[dir], &[(dir, name)], op_id).await?;
         let name = name.to_string();
         st.store(move |st| {
@@ -114,11 +145,13 @@ pub async fn finish_link(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino:
             txn.commit()?;
             Ok(true)
         })
-        .await?
-    };
+        .await
+    })
+    .await?;
     if !committed {
         let home = st.home(ino);
-        match st.peer(home, Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None }).await {
+        let undo = Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None };
+        match engine::remote(st, "link", "undo", home, None, undo).await {
             Ok(_) | Err(Errno::ENOENT) => {}
             Err(e) => return Err(Fail::peer(home, e)),
         }

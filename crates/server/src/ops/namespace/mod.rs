@@ -1,32 +1,33 @@
 //! Namespace operations, run at the home server of the directory named in the request.
 //!
-//! Single-server cases (the common ones: a file's inode sits with its entry) are one locked
-//! check and one RocksDB batch. Cases that span servers follow the intent pattern of
-//! docs/architecture.md: write an intent (pinning the entry), perform the remote step
-//! without holding locks, then commit the local change and delete the intent in one batch.
-//! The `finish_*` functions are the second halves, shared with the recovery loop.
+//! One file per operation. Single-server cases (the common ones: a file's inode sits with
+//! its entry) are one locked check and one RocksDB batch. Cases that span servers write an
+//! intent (pinning the entry) and hand it to the step engine (`crate::steps`), which runs
+//! the operation's `resume` — its remote steps, without holding locks, then the finishing
+//! batch that deletes the intent. The recovery loop drives leftover intents through the
+//! same `resume`, so each operation's cross-server logic exists once.
 
 mod create;
-mod link;
+pub(crate) mod link;
 mod lookup;
-mod mkdir;
+pub(crate) mod mkdir;
 mod readdir;
-mod rename;
+pub(crate) mod rename;
 mod rename_in;
-mod rmdir;
+pub(crate) mod rmdir;
 mod symlink;
-mod unlink;
+pub(crate) mod unlink;
 
 pub use create::create;
-pub use link::{finish_link, link};
+pub use link::link;
 pub use lookup::lookup;
-pub use mkdir::{mkdir, rollback_mkdir};
+pub use mkdir::mkdir;
 pub use readdir::readdir;
-pub use rename::{finish_rename_source, finish_set_parent, rename};
+pub use rename::rename;
 pub use rename_in::peer_rename_in;
 pub use rmdir::{finish_rmdir, rmdir};
 pub use symlink::symlink;
-pub use unlink::{finish_unlink, keeper, unlink, unlink_intent};
+pub use unlink::{keeper, unlink, unlink_intent};
 
 use super::*;
 use crate::error::{Fail, R};

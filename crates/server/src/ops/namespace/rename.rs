@@ -5,6 +5,7 @@ use crate::error::{fail, is_transport, Fail, R};
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
+use crate::steps::engine::{self, unknown, Ctx, End};
 use crate::store::meta::{EntryRecord, Intent, Txn};
 use shoal_proto::msg::{Cred, DirEntry, FileKind, KeepOpen, Op, RenameFlags, Reply};
 use shoal_proto::{Errno, Ino, ROOT_INO};
@@ -319,7 +320,16 @@ async fn rename_local(
                     drop(g);
                     rmdir_done = Some((tino, rop));
                     let home = st.home(tino);
-                    match st.peer(home, Op::PeerRmdirObject { ino: tino, op_id: rop }).await {
+                    match engine::remote(
+                        st,
+                        "rename",
+                        "rmdir_target",
+                        home,
+                        None,
+                        Op::PeerRmdirObject { ino: tino, op_id: rop },
+                    )
+                    .await
+                    {
                         Ok(_) => {}
                         Err(e) if is_transport(e) => {
                             // Recovery finishes the rmdir (removing the target entry).
@@ -428,36 +438,75 @@ async fn rename_cross(
         };
         st.locks.pin(src_dir, &src_name, op_id);
         drop(g);
-        let home = st.home(dst_dir);
-        let entry = DirEntry { name: dst_name.clone(), ino: se.ino, kind: se.kind };
-        let op = Op::PeerRenameIn { dst_dir, dst_name: dst_name.clone(), entry, noreplace, op_id, keep };
-        return match st.peer_as(home, &cred, op).await {
-            Ok(Reply::Replaced(Some(old))) if old.ino == se.ino => {
-                // Both names were links of one file: nothing to do (POSIX).
-                let r = delete_intent(st, op_id).await;
-                st.locks.unpin(src_dir, &src_name, op_id);
-                r.map(|_| Reply::Ok)
-            }
-            Ok(_) => {
-                let r = finish_rename_source(st, op_id, src_dir, &src_name, dst_dir, se.ino, se.kind).await;
-                st.locks.unpin(src_dir, &src_name, op_id);
-                r.map(|_| Reply::Ok)
-            }
-            Err(e) if is_transport(e) => Err(Fail::peer(home, e)), // rolled forward by recovery
-            Err(e) => {
-                let r = delete_intent(st, op_id).await;
-                st.locks.unpin(src_dir, &src_name, op_id);
-                r?;
-                if e == Errno::EBUSY && Instant::now() < deadline {
-                    // The destination name is pinned on its server — possibly by a rename
-                    // waiting for *our* pinned name. Back off for a random moment and retry.
-                    let ms = rand::random::<u64>() % (5 * attempts.min(20) as u64 + 5) + 1;
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    continue;
-                }
-                Err(Fail::peer(home, e))
-            }
+        let intent = Intent::Rename {
+            src_dir,
+            src_name: src_name.clone(),
+            dst_dir,
+            dst_name: dst_name.clone(),
+            ino: se.ino,
+            kind: se.kind,
+            noreplace,
         };
+        let ctx = Ctx { cred: Some(cred.clone()), keep, ..Ctx::default() };
+        return match engine::run(st, op_id, &intent, ctx).await {
+            End::Done(reply) => Ok(reply),
+            End::Refused(f) if f.errno == Errno::EBUSY && Instant::now() < deadline => {
+                // The destination name is pinned on its server — possibly by a rename
+                // waiting for *our* pinned name. Back off for a random moment and retry.
+                let ms = rand::random::<u64>() % (5 * attempts.min(20) as u64 + 5) + 1;
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                continue;
+            }
+            End::Refused(f) | End::Kept(f) => Err(f),
+        };
+    }
+}
+
+/// What a cross-server rename moves: `src_dir/src_name` → `dst_dir/dst_name`, naming `ino`.
+pub struct Moving<'a> {
+    pub src_dir: Ino,
+    pub src_name: &'a str,
+    pub dst_dir: Ino,
+    pub dst_name: &'a str,
+    pub ino: Ino,
+    pub kind: FileKind,
+}
+
+/// Drive a `Rename` intent (step `rename.target`: `PeerRenameIn` at the destination
+/// directory's home, applied once per op id, which checks the caller's permissions there
+/// and takes out a replaced target; finish: the source entry goes). A clear refusal there
+/// (EEXIST, EACCES, EBUSY for a pinned destination name, …) ends the rename undone.
+/// `cred`/`keep`: the caller and the file it has open, known to the live request only
+/// (recovery sends as root, and a target it replaces is deleted even if it was open).
+pub async fn resume(
+    st: &Arc<State>,
+    op_id: u64,
+    m: Moving<'_>,
+    noreplace: bool,
+    cred: Option<Cred>,
+    keep: Option<KeepOpen>,
+) -> End {
+    let home = st.home(m.dst_dir);
+    let entry = DirEntry { name: m.dst_name.to_string(), ino: m.ino, kind: m.kind };
+    let op = Op::PeerRenameIn { dst_dir: m.dst_dir, dst_name: m.dst_name.to_string(), entry, noreplace, op_id, keep };
+    let finished = match engine::remote(st, "rename", "target", home, cred.as_ref(), op).await {
+        // Both names were links of one file: nothing to do (POSIX).
+        Ok(Reply::Replaced(Some(old))) if old.ino == m.ino => engine::finish("rename", delete_intent(st, op_id)).await,
+        Ok(_) => {
+            let fin = finish_rename_source(st, op_id, m.src_dir, m.src_name, m.dst_dir, m.ino, m.kind);
+            engine::finish("rename", fin).await
+        }
+        Err(e) if e != Errno::EBUSY && unknown(e) => return End::Kept(Fail::peer(home, e)),
+        Err(e) => {
+            return match delete_intent(st, op_id).await {
+                Ok(()) => End::Refused(Fail::peer(home, e)),
+                Err(f) => End::Kept(f),
+            }
+        }
+    };
+    match finished {
+        Ok(()) => End::Done(Reply::Ok),
+        Err(f) => End::Kept(f),
     }
 }
 
@@ -503,13 +552,18 @@ pub async fn finish_rename_source(
     after.run(st).await;
     Ok(())
 }
-/// Set a remote directory's parent pointer (a `SetParent` intent) and delete the intent.
-pub async fn finish_set_parent(st: &Arc<State>, op_id: u64, ino: Ino, parent: Ino) -> R<()> {
+
+/// Drive a `SetParent` intent: a moved directory's parent pointer on its (other) home
+/// (step `set_parent.parent`: `PeerSetParent`, idempotent; finish: the intent goes).
+pub async fn resume_set_parent(st: &Arc<State>, op_id: u64, ino: Ino, parent: Ino) -> End {
     let home = st.home(ino);
-    match st.peer(home, Op::PeerSetParent { ino, parent }).await {
+    match engine::remote(st, "set_parent", "parent", home, None, Op::PeerSetParent { ino, parent }).await {
         Ok(_) | Err(Errno::ENOENT) => {}
-        Err(e) if is_transport(e) || e == Errno::EIO => return Err(Fail::peer(home, e)),
+        Err(e) if is_transport(e) || e == Errno::EIO => return End::Kept(Fail::peer(home, e)),
         Err(e) => tracing::warn!("setting the parent of {ino}: server {home} answered {e}; giving up"),
     }
-    delete_intent(st, op_id).await
+    match engine::finish("set_parent", delete_intent(st, op_id)).await {
+        Ok(()) => End::Done(Reply::Ok),
+        Err(f) => End::Kept(f),
+    }
 }

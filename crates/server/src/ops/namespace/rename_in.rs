@@ -6,6 +6,7 @@ use crate::error::{fail, is_transport, Fail, R};
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
+use crate::steps::engine;
 use crate::store::meta::{EntryRecord, Intent};
 use shoal_proto::msg::{Cred, DirEntry, FileKind, KeepOpen, Op, RenameFlags, Reply};
 use shoal_proto::{Errno, Ino};
@@ -122,7 +123,16 @@ pub async fn peer_rename_in(
                     drop(g);
                     rmdir_done = Some((tino, rop));
                     let home = st.home(tino);
-                    match st.peer(home, Op::PeerRmdirObject { ino: tino, op_id: rop }).await {
+                    match engine::remote(
+                        st,
+                        "rename",
+                        "rmdir_target",
+                        home,
+                        None,
+                        Op::PeerRmdirObject { ino: tino, op_id: rop },
+                    )
+                    .await
+                    {
                         Ok(_) => {}
                         Err(e) if is_transport(e) => {
                             rmdir_done = None; // recovery finishes it

@@ -1,11 +1,13 @@
 //! `rmdir(dir, name)`: local, or across servers (intent → `PeerRmdirObject` → entry goes).
 
 use super::*;
-use crate::error::{fail, is_transport, Fail, R};
+use crate::error::{fail, Fail, R};
 use crate::locks::Locks;
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::State;
+use crate::steps;
+use crate::steps::engine::{self, unknown, Ctx, End};
 use crate::store::meta::Intent;
 use shoal_proto::msg::{Cred, FileKind, Op, Reply};
 use shoal_proto::{Errno, Ino};
@@ -77,21 +79,8 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
             Step::Done(Removed::Remote(child)) => {
                 st.locks.pin(dir, &name, op_id);
                 drop(g);
-                let home = st.home(child);
-                return match st.peer(home, Op::PeerRmdirObject { ino: child, op_id }).await {
-                    Ok(_) => {
-                        let r = finish_rmdir(st, op_id, dir, &name, child).await;
-                        st.locks.unpin(dir, &name, op_id);
-                        r.map(|_| Reply::Ok)
-                    }
-                    Err(e) if is_transport(e) => Err(Fail::peer(home, e)), // recovery retries
-                    Err(e) => {
-                        let r = delete_intent(st, op_id).await;
-                        st.locks.unpin(dir, &name, op_id);
-                        r?;
-                        Err(Fail::peer(home, e))
-                    }
-                };
+                let intent = Intent::Rmdir { dir, name: name.clone(), ino: child };
+                return steps::drive(st, op_id, &intent, Ctx::default()).await;
             }
             Step::Done(Removed::Relock(ino)) => expect = Some(ino),
             Step::Need(ino) => {
@@ -102,6 +91,24 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
         }
     }
     Err(busy())
+}
+
+/// Drive an `Rmdir` intent (step `rmdir.object`: `PeerRmdirObject` at the directory's home,
+/// which refuses with ENOTEMPTY; finish: the entry goes).
+pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino) -> End {
+    let home = st.home(ino);
+    match engine::remote(st, "rmdir", "object", home, None, Op::PeerRmdirObject { ino, op_id }).await {
+        Ok(_) => match engine::finish("rmdir", finish_rmdir(st, op_id, dir, name, ino)).await {
+            Ok(()) => End::Done(Reply::Ok),
+            Err(f) => End::Kept(f),
+        },
+        Err(e) if unknown(e) => End::Kept(Fail::peer(home, e)),
+        // ENOTEMPTY (or not a directory): the rmdir did not happen.
+        Err(e) => match delete_intent(st, op_id).await {
+            Ok(()) => End::Refused(Fail::peer(home, e)),
+            Err(f) => End::Kept(f),
+        },
+    }
 }
 
 /// Second half of removing a remote directory object: the entry `dir/name` goes if it still

@@ -6,6 +6,8 @@ use crate::locks::Locks;
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::State;
+use crate::steps;
+use crate::steps::engine::{self, Ctx, End};
 use crate::store::meta::Intent;
 use shoal_proto::msg::{Cred, FileKind, KeepOpen, Op, Reply};
 use shoal_proto::{Errno, Ino};
@@ -84,7 +86,8 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: O
             Step::Done(Unlinked::Remote(ino, orphan_of)) => {
                 // The name is gone (committed); the link count drop is rolled forward by
                 // recovery if the inode's home cannot be reached now.
-                if let Err(e) = finish_unlink(st, op_id, ino, orphan_of).await {
+                let intent = unlink_intent(ino, orphan_of);
+                if let Err(e) = steps::drive(st, op_id, &intent, Ctx::default()).await {
                     tracing::info!("link count drop of {ino} left for recovery: {e}");
                 }
                 drop(active);
@@ -112,13 +115,20 @@ pub fn unlink_intent(ino: Ino, orphan_of: Option<u64>) -> Intent {
     }
 }
 
-/// Drop one link of a remote inode (an `Unlink`/`UnlinkKeep` intent) and delete the intent.
-pub async fn finish_unlink(st: &Arc<State>, op_id: u64, ino: Ino, orphan_of: Option<u64>) -> R<()> {
+/// Drive an `Unlink`/`UnlinkKeep` intent, written in the batch that removed the name (step
+/// `unlink.nlink`: `PeerLinkDelta(−1)` at the inode's home, applied once per op id; finish:
+/// the intent goes). Always rolled forward: the name is already gone.
+pub async fn resume(st: &Arc<State>, op_id: u64, ino: Ino, orphan_of: Option<u64>) -> End {
     let home = st.home(ino);
-    match st.peer(home, Op::PeerLinkDelta { ino, delta: -1, op_id, orphan_of }).await {
+    match engine::remote(st, "unlink", "nlink", home, None, Op::PeerLinkDelta { ino, delta: -1, op_id, orphan_of })
+        .await
+    {
         Ok(_) | Err(Errno::ENOENT) => {}
-        Err(e) if is_transport(e) || e == Errno::EIO => return Err(Fail::peer(home, e)),
+        Err(e) if is_transport(e) || e == Errno::EIO => return End::Kept(Fail::peer(home, e)),
         Err(e) => tracing::warn!("dropping a link of {ino}: server {home} answered {e}; giving up"),
     }
-    delete_intent(st, op_id).await
+    match engine::finish("unlink", delete_intent(st, op_id)).await {
+        Ok(()) => End::Done(Reply::Ok),
+        Err(f) => End::Kept(f),
+    }
 }
