@@ -4,5 +4,6 @@
 
 pub mod engine;
 pub mod failpoints;
+pub mod move_lock;
 
 pub use engine::{drive, Ctx};

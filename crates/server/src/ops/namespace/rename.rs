@@ -6,6 +6,7 @@ use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
 use crate::steps::engine::{self, unknown, Ctx, End};
+use crate::steps::move_lock;
 use crate::store::meta::{EntryRecord, Intent, Txn};
 use shoal_proto::msg::{Cred, DirEntry, FileKind, KeepOpen, Op, RenameFlags, Reply};
 use shoal_proto::{Errno, Ino, ROOT_INO};
@@ -146,11 +147,19 @@ pub async fn rename(
     if flags.exchange && !same_server {
         return fail(Errno::EXDEV, "exchanging entries of directories on different servers is not supported");
     }
-    if same_server {
-        rename_local(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep).await
+    // A directory moving to another parent takes the cluster's directory-move lock before
+    // its "not into its own subtree" check and keeps it until the move is complete
+    // (`steps::move_lock`); the rename takes it when it finds it moves a directory.
+    let mut moving = None;
+    let r = if same_server {
+        rename_local(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep, &mut moving).await
     } else {
-        rename_cross(st, cred, src_dir, src_name, dst_dir, dst_name, flags.noreplace, keep).await
+        rename_cross(st, cred, src_dir, src_name, dst_dir, dst_name, flags.noreplace, keep, &mut moving).await
+    };
+    if let Some(held) = moving {
+        move_lock::give(st, held).await;
     }
+    r
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -163,6 +172,7 @@ async fn rename_local(
     dst_name: String,
     flags: RenameFlags,
     keep: Option<KeepOpen>,
+    moving: &mut Option<move_lock::Held>,
 ) -> R<Reply> {
     let op_id = st.new_op_id();
     let mut known = Known::new();
@@ -180,6 +190,11 @@ async fn rename_local(
                 return Ok(Reply::Ok);
             }
             if src_dir != dst_dir {
+                let moves_dir =
+                    se.kind == FileKind::Dir || te.is_some_and(|t| flags.exchange && t.kind == FileKind::Dir);
+                if moves_dir && moving.is_none() {
+                    *moving = Some(move_lock::take(st).await?);
+                }
                 if se.kind == FileKind::Dir {
                     check_not_ancestor(st, se.ino, dst_dir).await?;
                 }
@@ -375,6 +390,7 @@ async fn rename_cross(
     dst_name: String,
     noreplace: bool,
     keep: Option<KeepOpen>,
+    moving: &mut Option<move_lock::Held>,
 ) -> R<Reply> {
     let mut known = Known::new();
     let deadline = Instant::now() + crate::locks::PIN_WAIT;
@@ -388,6 +404,9 @@ async fn rename_cross(
         let se = st.store(move |st| st.meta.get_entry(src_dir, &s1)).await?;
         let se = se.ok_or_else(|| no_entry(src_dir, &src_name))?;
         if se.kind == FileKind::Dir {
+            if moving.is_none() {
+                *moving = Some(move_lock::take(st).await?);
+            }
             check_not_ancestor(st, se.ino, dst_dir).await?;
         }
         let op_id = st.new_op_id();
