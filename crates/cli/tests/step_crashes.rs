@@ -336,3 +336,16 @@ async fn crash_at_every_step_of_a_directory_move_keeps_parent_pointers_and_link_
         check_dir(&fs, moving.ino).await;
     }
 }
+
+#[test]
+fn shoald_refuses_a_malformed_failpoint_spec_in_one_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoald"))
+        .args(["--config", "/nonexistent/cluster.toml", "--id", "0"])
+        .env("FAILPOINTS", "rename.target.after")
+        .output()
+        .expect("run shoald");
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("failpoint \"rename.target.after\" is not name=action"), "{err}");
+}
