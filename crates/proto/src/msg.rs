@@ -530,6 +530,15 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         renew: Option<Capability>,
     },
+    /// Server to the root directory's home server: take (`hold`) or give back the
+    /// cluster's directory-move lock for operation `op_id`, which serialises moves of
+    /// directories to other parents so that no two can form a loop (docs/architecture.md).
+    /// Taking waits while another operation holds it (EBUSY after a few seconds); taking it
+    /// again, or giving back a lock not held, changes nothing. Answered `Ok`.
+    PeerMoveLock {
+        op_id: u64,
+        hold: bool,
+    },
 }
 
 impl Op {
@@ -575,6 +584,7 @@ impl Op {
             Op::ScrubStatus => "scrub_status",
             Op::Authenticate { .. } => "authenticate",
             Op::Open { .. } => "open",
+            Op::PeerMoveLock { .. } => "peer_move_lock",
         }
     }
 

@@ -53,6 +53,7 @@ impl Op {
             Op::ScrubStatus => 37,
             Op::Authenticate { .. } => 38,
             Op::Open { .. } => 39,
+            Op::PeerMoveLock { .. } => 40,
         }
     }
 }

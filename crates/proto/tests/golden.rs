@@ -177,6 +177,7 @@ fn ops() -> Vec<Op> {
             }),
         },
         Op::Open { ino: FILE, rights: RIGHT_READ | RIGHT_WRITE, renew: Some(capability()) },
+        Op::PeerMoveLock { op_id: 81, hold: true },
     ]
 }
 

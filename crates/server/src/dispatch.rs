@@ -203,6 +203,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             namespace::peer_rename_in(st, cred, dst_dir, dst_name, entry, noreplace, op_id, keep).await?
         }
         Op::PeerSetParent { ino, parent } => peer::set_parent(st, ino, parent).await?,
+        Op::PeerMoveLock { op_id, hold } => crate::steps::move_lock::peer(st, op_id, hold).await?,
         Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
         Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
         Op::ReleaseOrphan { ino, session } => crate::orphans::release(st, ino, session).await?,

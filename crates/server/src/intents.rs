@@ -3,27 +3,22 @@
 //! An operation spanning servers writes an intent (`t` op-id) before its remote step and
 //! deletes it in the batch that commits its local step. Whatever remains — because the
 //! server crashed, or a peer could not be reached — is replayed here at start-up and then
-//! every [`INTERVAL`]:
+//! every [`INTERVAL`]: each intent is handed to the step engine (`steps::engine::drive`),
+//! which resumes it through the same code the live request ran — its remote steps sent
+//! again (each applied at most once), then its finish. Mkdirs are rolled back (recovery
+//! does not know the new directory's attributes), everything else is rolled forward
+//! (see each operation's `resume` in `ops/namespace/`).
 //!
-//! | intent | replay |
-//! |---|---|
-//! | `Mkdir` | roll back: `PeerRmdirObject` of the new directory, drop the intent |
-//! | `Link` | roll forward: `PeerLinkDelta(+1)` (deduplicated by op id), then the entry — or, if the name was taken or the directory went, `PeerLinkDelta(−1)` |
-//! | `Unlink` | roll forward: `PeerLinkDelta(−1)` (deduplicated) |
-//! | `Rmdir` | `PeerRmdirObject`; on success remove the entry, on ENOTEMPTY just drop the intent |
-//! | `Rename` | roll forward: `PeerRenameIn` again (deduplicated), then remove the source entry |
-//! | `SetParent` | `PeerSetParent` again |
-//!
-//! and pending object deletions (`g` records) are sent again. An unreachable peer leaves
+//! Pending object deletions (`g` records) are sent again. An unreachable peer leaves
 //! the record for the next round. Intents that a live request is still driving (see
 //! [`State::activate`]) are left alone.
 
-use crate::error::{is_transport, Fail, R};
-use crate::ops::{delete_intent, namespace};
+use crate::error::{Fail, R};
 use crate::state::State;
-use crate::store::meta::{GcRecord, Intent, IntentRecord};
-use shoal_proto::msg::{DirEntry, Op, Reply};
-use shoal_proto::{Errno, Ino, ServerId};
+use crate::steps;
+use crate::store::meta::{GcRecord, IntentRecord};
+use shoal_proto::msg::Op;
+use shoal_proto::{Ino, ServerId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -177,7 +172,9 @@ pub async fn recover_once(st: &Arc<State>, all: bool) {
             }
         }
         let what = format!("{:?}", rec.intent);
-        match replay(st, op_id, rec.intent).await {
+        // Resume the intent from where it stands, through the same code the request that
+        // wrote it ran (`steps::engine`).
+        match steps::drive(st, op_id, &rec.intent, steps::Ctx::default()).await.map(|_| ()) {
             Ok(()) => tracing::info!("recovery: resolved intent {op_id:#x}: {what}"),
             // Said once loudly at start-up, then quietly every round.
             Err(e) if all => tracing::info!("recovery: intent {op_id:#x} ({what}) not resolved yet: {e}"),
@@ -196,84 +193,6 @@ pub async fn recover_once(st: &Arc<State>, all: bool) {
         gcs.into_iter().filter(|(_, rec)| all || now - rec.created >= GC_GRACE_SECS).collect();
     if let Err(e) = delete_files_objects(st, due).await {
         tracing::debug!("recovery: objects of some deleted files not deleted yet: {e}");
-    }
-}
-
-/// An error after which a replay must be tried again later (the outcome is unknown or the
-/// peer failed internally).
-fn retry_later(e: Errno) -> bool {
-    is_transport(e) || e == Errno::EIO || e == Errno::EBUSY
-}
-
-async fn replay(st: &Arc<State>, op_id: u64, intent: Intent) -> R<()> {
-    match intent {
-        Intent::Mkdir { ino, .. } => namespace::rollback_mkdir(st, op_id, ino).await,
-        Intent::Link { dir, name, ino, kind } => {
-            let home = st.home(ino);
-            match st.peer(home, Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None }).await {
-                Ok(_) => {
-                    let r = namespace::finish_link(st, op_id, dir, &name, ino, kind).await;
-                    if r.is_ok() {
-                        st.locks.unpin(dir, &name, op_id);
-                    }
-                    r.map(|_| ())
-                }
-                Err(e) if retry_later(e) => Err(Fail::peer(home, e)),
-                Err(e) => {
-                    // The inode is gone (or refuses links): the link cannot happen.
-                    delete_intent(st, op_id).await?;
-                    st.locks.unpin(dir, &name, op_id);
-                    tracing::warn!("recovery: link of {ino} as {name:?} abandoned: server {home} answered {e}");
-                    Ok(())
-                }
-            }
-        }
-        Intent::Unlink { ino } => namespace::finish_unlink(st, op_id, ino, None).await,
-        Intent::UnlinkKeep { ino, session } => namespace::finish_unlink(st, op_id, ino, Some(session)).await,
-        Intent::Rmdir { dir, name, ino } => {
-            let home = st.home(ino);
-            match st.peer(home, Op::PeerRmdirObject { ino, op_id }).await {
-                Ok(_) => {
-                    namespace::finish_rmdir(st, op_id, dir, &name, ino).await?;
-                    st.locks.unpin(dir, &name, op_id);
-                    Ok(())
-                }
-                Err(e) if retry_later(e) => Err(Fail::peer(home, e)),
-                Err(e) => {
-                    // ENOTEMPTY (or not a directory): the rmdir did not happen.
-                    delete_intent(st, op_id).await?;
-                    st.locks.unpin(dir, &name, op_id);
-                    tracing::info!("recovery: rmdir of {name:?} abandoned: server {home} answered {e}");
-                    Ok(())
-                }
-            }
-        }
-        Intent::Rename { src_dir, src_name, dst_dir, dst_name, ino, kind, noreplace } => {
-            let home = st.home(dst_dir);
-            let entry = DirEntry { name: dst_name.clone(), ino, kind };
-            // Which file the client had open is not in the intent: a target replaced by a
-            // replayed rename is deleted even if it was open (its handles get ESTALE).
-            match st.peer(home, Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id, keep: None }).await {
-                Ok(Reply::Replaced(Some(old))) if old.ino == ino => {
-                    delete_intent(st, op_id).await?;
-                    st.locks.unpin(src_dir, &src_name, op_id);
-                    Ok(())
-                }
-                Ok(_) => {
-                    namespace::finish_rename_source(st, op_id, src_dir, &src_name, dst_dir, ino, kind).await?;
-                    st.locks.unpin(src_dir, &src_name, op_id);
-                    Ok(())
-                }
-                Err(e) if retry_later(e) => Err(Fail::peer(home, e)),
-                Err(e) => {
-                    delete_intent(st, op_id).await?;
-                    st.locks.unpin(src_dir, &src_name, op_id);
-                    tracing::warn!("recovery: rename of {src_name:?} abandoned: server {home} answered {e}");
-                    Ok(())
-                }
-            }
-        }
-        Intent::SetParent { ino, parent } => namespace::finish_set_parent(st, op_id, ino, parent).await,
     }
 }
 

@@ -6,7 +6,9 @@
 //!   own task, so one connection carries many requests at once.
 //! * `dispatch` routes each operation to its handler in `ops` and counts it.
 //! * `store::meta` is the RocksDB metadata store, `store::data` the object files.
-//! * `intents` makes operations that span servers complete (or roll back) after crashes.
+//! * `steps` runs operations that span servers (intent → remote steps → finish) for live
+//!   requests and for `intents`, the recovery loop that completes (or rolls back) what a
+//!   crash interrupted; its failpoints let tests crash a server at any step.
 //! * `locks` serialises changes to one directory or inode; `perm` decides who may do what.
 //!
 //! ```no_run
@@ -36,8 +38,11 @@ mod perm;
 mod replies;
 mod scrub;
 mod state;
+mod steps;
 mod store;
 mod tls_conn;
+
+pub use steps::failpoints::configure as configure_failpoints;
 
 pub use store::records::FORMAT_VERSION;
 pub use store::upgrade::stored_format;

@@ -16,13 +16,22 @@
 //! step, so they *pin* the directory entries they are about to change instead: other
 //! mutations of a pinned `(dir, name)` wait until it is unpinned (up to
 //! [`PIN_WAIT`], then EBUSY). A pin has an owner (the operation's op id) so that the owner
-//! itself can lock through its own pins. Reads (lookup, readdir) ignore pins.
+//! itself can lock through its own pins.
+//!
+//! **Reads wait for pins too** (lookup, readdir: [`Locks::read_unpinned`]). A pinned name is
+//! in flux: a cross-server rename pins its source name from before the destination entry
+//! appears (on the other server) until the source entry is gone, so a read of the source
+//! name that waits for the unpin can never answer "present" after another client saw the
+//! destination, nor "absent" before the destination exists. Every client therefore sees
+//! exactly one of the two names at any time (docs/architecture.md, "Operations that span
+//! servers"). With no pin anywhere this costs a reader one atomic load.
 
 use crate::error::{Fail, R};
 use parking_lot::Mutex;
 use shoal_placement::rendezvous::mix64;
 use shoal_proto::{Errno, Ino};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::{MutexGuard, Notify};
 
@@ -34,6 +43,8 @@ pub const PIN_WAIT: Duration = Duration::from_secs(10);
 pub struct Locks {
     stripes: Box<[tokio::sync::Mutex<()>]>,
     pins: Mutex<HashMap<(Ino, String), u64>>,
+    /// Number of pins held (readers skip the map while it is 0).
+    pinned: AtomicUsize,
     unpinned: Notify,
 }
 
@@ -53,6 +64,7 @@ impl Locks {
         Locks {
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             pins: Mutex::new(HashMap::new()),
+            pinned: AtomicUsize::new(0),
             unpinned: Notify::new(),
         }
     }
@@ -132,7 +144,9 @@ impl Locks {
     /// Pin `(dir, name)` for `owner`. Call with the directory's stripe locked, after checking
     /// through [`Locks::lock_names`] that it is free.
     pub fn pin(&self, dir: Ino, name: &str, owner: u64) {
-        self.pins.lock().insert((dir, name.to_string()), owner);
+        let mut pins = self.pins.lock();
+        pins.insert((dir, name.to_string()), owner);
+        self.pinned.store(pins.len(), Ordering::SeqCst);
     }
 
     /// Remove `owner`'s pin of `(dir, name)` (no-op if someone else holds it or none exists).
@@ -142,6 +156,7 @@ impl Locks {
             let key = (dir, name.to_string());
             if pins.get(&key) == Some(&owner) {
                 pins.remove(&key);
+                self.pinned.store(pins.len(), Ordering::SeqCst);
                 true
             } else {
                 false
@@ -149,6 +164,55 @@ impl Locks {
         };
         if removed {
             self.unpinned.notify_waiters();
+        }
+    }
+
+    /// The names of directory `dir` pinned now among those `wanted` accepts (none, without
+    /// touching the map, while nothing is pinned anywhere).
+    fn pinned_in(&self, dir: Ino, wanted: impl Fn(&str) -> bool) -> Vec<String> {
+        if self.pinned.load(Ordering::SeqCst) == 0 {
+            return Vec::new();
+        }
+        self.pins.lock().keys().filter(|(d, n)| *d == dir && wanted(n)).map(|(_, n)| n.clone()).collect()
+    }
+
+    /// Run `read` (a lookup or listing of directory `dir`, answering the names it shows) so
+    /// that none of the names it shows was pinned at any moment during it: the names of
+    /// `dir` pinned before and after the read are compared with the answer, and if one is
+    /// shown the read waits for its unpin and runs again. A pin that came and went entirely
+    /// within one read would go unnoticed, but a pin lasts at least a round trip to another
+    /// server and a read is one local store access. Waits at most [`PIN_WAIT`], then EBUSY.
+    /// `shown` tells the names an answer shows (asked only while something is pinned).
+    pub async fn read_unpinned<T, F, Fut>(&self, dir: Ino, mut read: F, shown: impl Fn(&T) -> Vec<String>) -> R<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = R<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + PIN_WAIT;
+        loop {
+            let before = self.pinned_in(dir, |_| true);
+            let answer = read().await?;
+            if before.is_empty() && self.pinned.load(Ordering::SeqCst) == 0 {
+                return Ok(answer);
+            }
+            let shown = shown(&answer);
+            let after = self.pinned_in(dir, |n| shown.iter().any(|s| s == n));
+            let Some(busy) = shown.iter().find(|n| before.contains(n) || after.contains(n)) else {
+                return Ok(answer);
+            };
+            // Wait for the unpin (registering before looking again, so it is not missed).
+            let notified = self.unpinned.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.pinned_in(dir, |n| n == busy).is_empty() {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Err(Fail::new(
+                    Errno::EBUSY,
+                    format!("entry {busy:?} in directory {dir} is being changed by an operation spanning servers"),
+                ));
+            }
         }
     }
 

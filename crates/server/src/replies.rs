@@ -273,6 +273,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerLinkDelta { .. }
         | Op::PeerRenameIn { .. }
         | Op::PeerSetParent { .. }
+        | Op::PeerMoveLock { .. }
         | Op::PeerDeleteObjects { .. }
         | Op::PeerTruncateObject { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.

@@ -37,6 +37,8 @@ pub struct State {
     /// Free space on the data directory's disk: what is refused when it is nearly full.
     pub space: Space,
     pub locks: Locks,
+    /// The cluster's directory-move lock, used when this server is the root's home.
+    pub move_lock: crate::steps::move_lock::MoveLock,
     /// Op ids of cross-server operations some task is driving right now; the recovery loop
     /// leaves their intents alone.
     active: Arc<Mutex<HashSet<u64>>>,
@@ -103,6 +105,7 @@ impl State {
             data,
             space,
             locks: Locks::new(),
+            move_lock: Default::default(),
             active: Arc::new(Mutex::new(HashSet::new())),
             pool,
             counters: Counters::new(),

@@ -54,6 +54,14 @@ struct Args {
     /// deleted then). A client that closes the file releases it at once.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, env = "SHOALD_ORPHAN_GRACE")]
     orphan_grace: u64,
+
+    /// Failpoints to arm, for crash tests: `name=action[;name=action…]` with names
+    /// `<operation>.<step>.<before|after>` on the steps of operations that span servers
+    /// (mkdir, rmdir, rename, link, unlink, set_parent; e.g. `rename.target.after`) and
+    /// actions of the `fail` crate, or `return` to die on the spot as `kill -9` would.
+    /// See docs/architecture.md, "Failpoints".
+    #[arg(long, value_name = "SPEC", env = "FAILPOINTS")]
+    failpoints: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -87,6 +95,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(spec) = &args.failpoints {
+        if let Err(e) = shoal_server::configure_failpoints(spec) {
+            eprintln!("shoald: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let opts = shoal_server::ServerOptions {
         config: args.config,
         id: args.id,

@@ -77,6 +77,10 @@ impl Cluster {
     }
 
     fn spawn(&self, id: u32) -> Child {
+        self.spawn_env(id, &[])
+    }
+
+    fn spawn_env(&self, id: u32, env: &[(&str, &str)]) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -88,6 +92,7 @@ impl Cluster {
             .arg("--id")
             .arg(id.to_string())
             .args(&self.server_args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -157,6 +162,41 @@ impl Cluster {
         let child = self.spawn(id);
         self.children[id as usize] = Some(child);
         self.wait_ready(id);
+    }
+
+    /// Start a stopped server again with extra environment variables (`FAILPOINTS`, say),
+    /// for this start only, and wait until it accepts.
+    pub fn restart_with_env(&mut self, id: u32, env: &[(&str, &str)]) {
+        assert!(self.children[id as usize].is_none(), "server {id} still running");
+        let child = self.spawn_env(id, env);
+        self.children[id as usize] = Some(child);
+        self.wait_ready(id);
+    }
+
+    /// Start a stopped server with extra environment variables without waiting for it to
+    /// accept (it is expected to die during start-up: a failpoint armed in its recovery).
+    pub fn spawn_with_env(&mut self, id: u32, env: &[(&str, &str)]) {
+        assert!(self.children[id as usize].is_none(), "server {id} still running");
+        let child = self.spawn_env(id, env);
+        self.children[id as usize] = Some(child);
+    }
+
+    /// Wait up to `timeout` for server `id` to exit on its own (a failpoint that kills it);
+    /// reap it and say whether it did.
+    pub fn wait_exit(&mut self, id: u32, timeout: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(child) = self.children[id as usize].as_mut() {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.children[id as usize] = None;
+                    return true;
+                }
+            } else {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
     }
 
     pub fn options(&self) -> ClientOptions {

@@ -154,14 +154,16 @@ impl After {
         }
         for (op_id, ino, keep) in self.unlinks {
             if let Some(_a) = st.activate(op_id) {
-                if let Err(e) = namespace::finish_unlink(st, op_id, ino, keep).await {
+                let intent = namespace::unlink_intent(ino, keep);
+                if let Err(e) = Box::pin(crate::steps::drive(st, op_id, &intent, Default::default())).await {
                     tracing::info!("link count drop of {ino} left for recovery: {e}");
                 }
             }
         }
         for (op_id, ino, parent) in self.set_parents {
             if let Some(_a) = st.activate(op_id) {
-                if let Err(e) = namespace::finish_set_parent(st, op_id, ino, parent).await {
+                let intent = crate::store::meta::Intent::SetParent { ino, parent };
+                if let Err(e) = Box::pin(crate::steps::drive(st, op_id, &intent, Default::default())).await {
                     tracing::info!("parent update of {ino} left for recovery: {e}");
                 }
             }

@@ -243,9 +243,11 @@ impl Intent {
     /// The entry this intent keeps pinned until it is resolved (see `locks.rs`).
     pub fn pinned_entry(&self) -> Option<(Ino, &str)> {
         match self {
-            Intent::Link { dir, name, .. } | Intent::Rmdir { dir, name, .. } => Some((*dir, name)),
+            Intent::Mkdir { dir, name, .. } | Intent::Link { dir, name, .. } | Intent::Rmdir { dir, name, .. } => {
+                Some((*dir, name))
+            }
             Intent::Rename { src_dir, src_name, .. } => Some((*src_dir, src_name)),
-            Intent::Mkdir { .. } | Intent::Unlink { .. } | Intent::SetParent { .. } | Intent::UnlinkKeep { .. } => None,
+            Intent::Unlink { .. } | Intent::SetParent { .. } | Intent::UnlinkKeep { .. } => None,
         }
     }
 }

@@ -1,0 +1,96 @@
+//! `create(dir, name)`: a file whose inode is homed here, entry and inode in one batch.
+
+use super::*;
+use crate::error::{fail, Fail, R};
+use crate::ops::*;
+use crate::perm::{self, X_OK};
+use crate::state::State;
+use crate::store::meta::{EntryRecord, InodeRecord};
+use shoal_proto::cap::{RIGHT_READ, RIGHT_WRITE};
+use shoal_proto::msg::{Cred, EntryOut, FileKind, LayoutSpec, Reply};
+use shoal_proto::{Errno, Ino};
+use std::sync::Arc;
+
+enum Made {
+    New(Ino, InodeRecord),
+    Existing(EntryRecord, Option<InodeRecord>),
+}
+
+pub async fn create(
+    st: &Arc<State>,
+    cred: Cred,
+    dir: Ino,
+    name: String,
+    perm: u32,
+    exclusive: bool,
+    layout: Option<LayoutSpec>,
+) -> R<Reply> {
+    st.require_home(dir)?;
+    name_ok(&name)?;
+    // A layout the request asks for must fit the cluster (more servers than there are is
+    // refused, not quietly cut down to what exists).
+    if let Some(spec) = &layout {
+        shoal_placement::check_spec(&st.map, spec).map_err(|m| Fail::new(Errno::EINVAL, m))?;
+    }
+    let made = {
+        let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
+        let name = name.clone();
+        st.store(move |st| {
+            let mut txn = st.meta.txn();
+            let now = now();
+            let parent = txn.dir(dir)?.clone();
+            perm::check(&cred, &parent.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
+            if let Some(e) = txn.entry(dir, &name)? {
+                if exclusive {
+                    return Err(exists(dir, &name));
+                }
+                if e.kind == FileKind::Dir {
+                    return fail(Errno::EISDIR, format!("{name:?} in directory {dir} is a directory"));
+                }
+                let rec = if st.is_home(e.ino) { txn.inode(e.ino)?.cloned() } else { None };
+                return Ok(Made::Existing(e, rec));
+            }
+            may_change(&cred, dir, &parent)?;
+            let ino = st.alloc_ino(st.id)?;
+            let layout =
+                shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
+                    .map_err(|e| {
+                        Fail::new(
+                            e,
+                            "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)",
+                        )
+                    })?;
+            let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
+            let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
+            rec.layout = Some(layout);
+            txn.put_inode(ino, rec.clone());
+            txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
+            txn.inode_mut(dir)?.touch(now);
+            txn.commit()?;
+            Ok(Made::New(ino, rec))
+        })
+        .await?
+    };
+    match made {
+        // The creator may read and write what it just made, whatever its mode (open(2)):
+        // the reply carries the capability, so a create-and-write needs no `Open`.
+        Made::New(ino, rec) => Ok(Reply::Entry(EntryOut {
+            ino,
+            kind: rec.kind,
+            attr: Some(rec.to_attr(ino, 0)),
+            cap: crate::caps::issue(st, ino, RIGHT_READ | RIGHT_WRITE),
+        })),
+        Made::Existing(e, Some(rec)) => Ok(Reply::Entry(EntryOut {
+            ino: e.ino,
+            kind: e.kind,
+            attr: Some(st.attr_of(e.ino, &rec, false)),
+            cap: None,
+        })),
+        Made::Existing(e, None) => {
+            // The inode lives elsewhere (a hard link or a renamed file): ask its home, and
+            // if that fails let the client ask.
+            let attr = st.getattr(e.ino).await.ok();
+            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None }))
+        }
+    }
+}

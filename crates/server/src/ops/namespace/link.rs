@@ -1,0 +1,161 @@
+//! `link(ino, dir, name)`: local, or across servers (intent → `PeerLinkDelta(+1)` → entry).
+
+use super::*;
+use crate::error::{fail, Fail, R};
+use crate::ops::*;
+use crate::state::{derive_op, State};
+use crate::steps;
+use crate::steps::engine::{self, unknown, Ctx, End};
+use crate::store::meta::{EntryRecord, Intent};
+use shoal_proto::msg::{Attr, Cred, EntryOut, FileKind, Op, Reply};
+use shoal_proto::{Errno, Ino};
+use std::sync::Arc;
+
+pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String) -> R<Reply> {
+    st.require_home(dir)?;
+    name_ok(&name)?;
+    if st.is_home(ino) {
+        let _g = st.locks.lock_names(&[dir, ino], &[(dir, &name)], 0).await?;
+        return st
+            .store(move |st| {
+                let mut txn = st.meta.txn();
+                let now = now();
+                let parent = txn.dir(dir)?.clone();
+                may_change(&cred, dir, &parent)?;
+                if txn.entry(dir, &name)?.is_some() {
+                    return Err(exists(dir, &name));
+                }
+                let rec = txn.inode_mut(ino)?;
+                if rec.kind == FileKind::Dir {
+                    return fail(Errno::EPERM, format!("{ino} is a directory; directories cannot be hard-linked"));
+                }
+                if rec.nlink == u32::MAX {
+                    return fail(Errno::EMLINK, format!("{ino} has too many links"));
+                }
+                if rec.nlink == 0 {
+                    // An orphan (open, no name left): as Linux, no new name for it.
+                    return fail(Errno::ENOENT, format!("{ino} has no name left (removed while open)"));
+                }
+                rec.nlink += 1;
+                rec.ctime = now;
+                let rec = rec.clone();
+                txn.put_entry(dir, &name, EntryRecord { ino, kind: rec.kind });
+                txn.inode_mut(dir)?.touch(now);
+                txn.commit()?;
+                Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None }))
+            })
+            .await;
+    }
+
+    // The inode lives elsewhere: learn its kind (refusing directories early), then
+    // intent → PeerLinkDelta(+1) → entry.
+    let attr = st.getattr(ino).await?;
+    if attr.kind == FileKind::Dir {
+        return fail(Errno::EPERM, format!("{ino} is a directory; directories cannot be hard-linked"));
+    }
+    let kind = attr.kind;
+    let op_id = st.new_op_id();
+    let _active = st.activate(op_id);
+    {
+        let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
+        let n2 = name.clone();
+        st.store(move |st| {
+            let mut txn = st.meta.txn();
+            let parent = txn.dir(dir)?.clone();
+            may_change(&cred, dir, &parent)?;
+            if txn.entry(dir, &n2)?.is_some() {
+                return Err(exists(dir, &n2));
+            }
+            txn.put_intent(op_id, Intent::Link { dir, name: n2, ino, kind }, now().secs);
+            txn.commit()
+        })
+        .await?;
+        st.locks.pin(dir, &name, op_id);
+    }
+    let intent = Intent::Link { dir, name, ino, kind };
+    steps::drive(st, op_id, &intent, Ctx { attr: Some(attr), ..Ctx::default() }).await
+}
+
+/// Drive a `Link` intent (step `link.nlink`: `PeerLinkDelta(+1)` at the inode's home, applied
+/// once per op id; finish: the entry). If the directory went away or the name was taken
+/// meanwhile, the link is taken back (step `link.undo`) and the link refused. `attr`: the
+/// inode's attributes the request fetched, for its reply.
+pub async fn resume(
+    st: &Arc<State>,
+    op_id: u64,
+    dir: Ino,
+    name: &str,
+    ino: Ino,
+    kind: FileKind,
+    attr: Option<Attr>,
+) -> End {
+    let home = st.home(ino);
+    let reply = match engine::remote(
+        st,
+        "link",
+        "nlink",
+        home,
+        None,
+        Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None },
+    )
+    .await
+    {
+        Ok(reply) => reply,
+        Err(e) if unknown(e) => return End::Kept(Fail::peer(home, e)),
+        Err(e) => {
+            // The inode is gone (or refuses links): the link cannot happen.
+            return match delete_intent(st, op_id).await {
+                Ok(()) => End::Refused(Fail::peer(home, e)),
+                Err(f) => End::Kept(f),
+            };
+        }
+    };
+    match finish(st, op_id, dir, name, ino, kind).await {
+        Ok(true) => {}
+        Ok(false) => {
+            return End::Refused(Fail::new(Errno::ENOENT, format!("directory {dir} was removed or {name:?} was taken")))
+        }
+        Err(f) => return End::Kept(f),
+    }
+    let Some(mut attr) = attr else { return End::Done(Reply::Ok) };
+    if let Reply::NLink(n) = reply {
+        attr.nlink = n;
+    }
+    attr.ctime = now();
+    End::Done(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None }))
+}
+
+/// Finish of a cross-server link, after `PeerLinkDelta(+1)` succeeded: commit the entry,
+/// or, if the directory went away or the name was taken, take the link back. Returns whether
+/// the entry was committed.
+async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kind: FileKind) -> R<bool> {
+    let committed = engine::finish("link", async {
+        let _g = st.locks.lock_names(&[dir], &[(dir, name)], op_id).await?;
+        let name = name.to_string();
+        st.store(move |st| {
+            let mut txn = st.meta.txn();
+            let now = now();
+            let usable = matches!(txn.inode(dir)?, Some(r) if r.kind == FileKind::Dir);
+            if !usable || txn.entry(dir, &name)?.is_some() {
+                return Ok(false);
+            }
+            txn.put_entry(dir, &name, EntryRecord { ino, kind });
+            txn.inode_mut(dir)?.touch(now);
+            txn.delete_intent(op_id);
+            txn.commit()?;
+            Ok(true)
+        })
+        .await
+    })
+    .await?;
+    if !committed {
+        let home = st.home(ino);
+        let undo = Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None };
+        match engine::remote(st, "link", "undo", home, None, undo).await {
+            Ok(_) | Err(Errno::ENOENT) => {}
+            Err(e) => return Err(Fail::peer(home, e)),
+        }
+        delete_intent(st, op_id).await?;
+    }
+    Ok(committed)
+}
