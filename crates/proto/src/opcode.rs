@@ -53,6 +53,7 @@ impl Op {
             Op::ScrubStatus => 37,
             Op::Authenticate { .. } => 38,
             Op::Open { .. } => 39,
+            Op::LeaseAck { .. } => 40,
         }
     }
 }
@@ -81,6 +82,7 @@ impl Reply {
             Reply::Appended { .. } => 18,
             Reply::Scrub(_) => 19,
             Reply::Opened { .. } => 20,
+            Reply::Leased { .. } => 21,
         }
     }
 }
