@@ -104,7 +104,7 @@ async fn a_thousand_lookups_of_a_missing_name_cost_about_one_request_per_client_
             while t.elapsed() < run {
                 assert_eq!(fs.lookup(d, "no-such-file").await.unwrap_err().errno, Errno::ENOENT);
                 n += 1;
-                if n % 64 == 0 {
+                if n.is_multiple_of(64) {
                     tokio::time::sleep(Duration::from_millis(2)).await;
                 }
             }

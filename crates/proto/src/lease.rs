@@ -53,6 +53,8 @@ pub struct LeaseGrant {
 
 /// The answer inside a [`crate::msg::Reply::Leased`]: what the request would have had
 /// without a lease (a negative lookup is `Absent` instead of an `ENOENT` error).
+// Made once per reply and moved a few times: boxing the entry would cost an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeasedReply {
     /// `Lookup`: the entry.
