@@ -14,8 +14,10 @@ use std::io::Write;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::{Duration, Instant};
 
-/// Nothing the kernel or the mount caches expires while the test runs.
-const LONG: &[&str] = &["attr_timeout=600", "entry_timeout=600"];
+/// Nothing the kernel or the mount caches expires while the test runs. Without directory
+/// leases, whose renewals and revocations depend on timing: what they save is counted by
+/// `a_create_costs_one_request_with_a_lease_on_the_parent`.
+const LONG: &[&str] = &["attr_timeout=600", "entry_timeout=600", "dir_lease=0"];
 
 /// Requests served so far, by operation, summed over the servers (without `status` and
 /// `hello`, which counting itself sends).
@@ -156,6 +158,43 @@ fn create_stat_unlink_and_small_writes_cost_the_fewest_requests() {
         }
     });
     assert_eq!(read, expect(&[("lookup", 1.0), ("open", 1.0), ("read", 1.0)]), "read");
+}
+
+#[test]
+fn a_create_costs_one_request_with_a_lease_on_the_parent() {
+    if skip_without_fuse() {
+        return;
+    }
+    // With a lease on the directory (the default, `dir_lease`), the kernel's lookup of each
+    // new name before its create is answered by the mount: ENOENT from the lease's listing.
+    // Taking the lease costs a lookup and a listing once per directory.
+    const N: u64 = 200;
+    let c = Cluster::start(4);
+    let a = Mount::new(&c, &["attr_timeout=600", "entry_timeout=600", "dir_lease=5"]);
+    fs::create_dir(a.p("md")).unwrap();
+    let created = per_call(&c, N, || {
+        for i in 0..N {
+            drop(OpenOptions::new().write(true).create(true).truncate(false).open(a.p(&format!("md/f{i}"))).unwrap());
+        }
+    });
+    assert_eq!(created.get("create"), Some(&1.0), "{created:?}");
+    let others: f64 = created.iter().filter(|(op, _)| *op != "create").map(|(_, n)| n).sum();
+    // One lookup and one listing to take the lease, and a renewal now and then.
+    assert!(others * N as f64 <= 6.0, "requests besides the creates: {created:?}");
+    // Unlinking what the kernel knows: the unlink alone.
+    let unlinked = per_call(&c, N, || {
+        for i in 0..N {
+            fs::remove_file(a.p(&format!("md/f{i}"))).unwrap();
+        }
+    });
+    assert_eq!(unlinked.get("unlink"), Some(&1.0), "{unlinked:?}");
+    let others: f64 = unlinked.iter().filter(|(op, _)| *op != "unlink").map(|(_, n)| n).sum();
+    assert!(others * N as f64 <= 6.0, "requests besides the unlinks: {unlinked:?}");
+    // Another mount's create in the directory is seen at once (it revoked the lease).
+    let b = Mount::new(&c, &["dir_lease=5"]);
+    assert!(!a.p("md/late").exists());
+    fs::write(b.p("md/late"), b"x").unwrap();
+    assert!(a.p("md/late").exists(), "the new name is seen at once through the mount holding the lease");
 }
 
 #[test]

@@ -191,7 +191,7 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
         }
         assert!(raw.closed_by_server(), "the connection is closed");
         let mut check = Raw::open(&c, 0, FEATURE_DATA_CRC);
-        let (reply, _) = check.call(1, Op::Lookup { dir: ROOT_INO, name }, Bytes::new());
+        let (reply, _) = check.call(1, Op::Lookup { dir: ROOT_INO, name, lease: None }, Bytes::new());
         assert!(matches!(reply, Reply::Error { errno: Errno::ENOENT, .. }), "nothing was applied: {reply:?}");
     }
     assert!(c.log(0).contains("CRC32C checksum mismatch"), "logged:\n{}", c.log(0));

@@ -4,12 +4,14 @@
 
 use crate::cache::Cache;
 use crate::error::{Error, Result};
+use crate::leases::{Fetch, Learnt, LeaseCache};
 use crate::open_files::{new_session, OpenFiles};
 use crate::options::ClientOptions;
 use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use shoal_placement::{ClusterMap, MapError, ServerState};
+use shoal_proto::lease::LeasedReply;
 use shoal_proto::msg::{
     Attr, BatchOp, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus, SetAttrs, BATCH_MAX,
     READDIR_MAX,
@@ -41,6 +43,10 @@ struct Shared {
     open_files: OpenFiles,
     /// Capabilities from `Create` replies, for the handle opened next (`caps.rs`).
     cap_stash: crate::caps::Stash,
+    /// Directory leases held (`leases.rs`).
+    leases: Arc<LeaseCache>,
+    /// Where the pools' connections hand servers' notices (kept for a reloaded pool).
+    notices: Option<shoal_rpc::NoticeSink>,
 }
 
 /// Handle to a Shoal cluster. Cheap to clone (clones share connections and cache),
@@ -114,6 +120,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Appended { .. } => "Appended",
         Reply::Scrub(_) => "Scrub",
         Reply::Opened { .. } => "Opened",
+        Reply::Leased { .. } => "Leased",
     }
 }
 
@@ -134,14 +141,48 @@ fn map_error(e: MapError) -> Error {
     Error::new(errno, context)
 }
 
-fn pool_options(opts: &ClientOptions, session: u64) -> PoolOptions {
+fn pool_options(opts: &ClientOptions, session: u64, notices: Option<shoal_rpc::NoticeSink>) -> PoolOptions {
     PoolOptions {
         timeout: opts.timeout,
         connections_per_server: opts.connections_per_server.max(1),
         client_name: format!("shoal-client pid {}", std::process::id()),
         session,
+        notices,
         ..PoolOptions::default()
     }
+}
+
+/// The term of the leases a client with `opts` asks for (zero: none).
+fn lease_term(opts: &ClientOptions) -> std::time::Duration {
+    opts.dir_lease
+}
+
+/// Where a client's connections hand servers' notices: a revocation drops the lease and
+/// what the entry cache holds of the directory, then is acknowledged (from a task: this
+/// runs on a connection's reader). Holds the client weakly (the pool it is in is the
+/// client's).
+fn notice_sink(shared: std::sync::Weak<Shared>) -> shoal_rpc::NoticeSink {
+    shoal_rpc::NoticeSink(Arc::new(move |server, notice| {
+        let Some(sh) = shared.upgrade() else { return };
+        let (dirs, ids) = sh.leases.notice(server, notice);
+        for d in dirs {
+            sh.cache.forget_dir(d);
+        }
+        if ids.is_empty() {
+            return;
+        }
+        let weak = Arc::downgrade(&sh);
+        tokio::spawn(async move {
+            let Some(sh) = weak.upgrade() else { return };
+            let pool = sh.pool.read().clone();
+            drop(sh);
+            let op = Op::LeaseAck { ids };
+            if let Err(e) = pool.request(server, &shoal_proto::msg::Cred::root(), op, Bytes::new()).await {
+                // The server stops waiting when the leases run out.
+                tracing::debug!("acknowledging a lease revocation to server {server}: {e}");
+            }
+        });
+    }))
 }
 
 /// Attributes carried by a create-like reply.
@@ -198,9 +239,11 @@ impl Client {
 
     fn build(map: ClusterMap, opts: ClientOptions, config: Option<PathBuf>) -> Client {
         let session = new_session();
-        let pool = Pool::new(map.clone(), pool_options(&opts, session));
-        Client {
-            shared: Arc::new(Shared {
+        let term = lease_term(&opts);
+        let shared = Arc::new_cyclic(|weak| {
+            let notices = (!term.is_zero()).then(|| notice_sink(weak.clone()));
+            let pool = Pool::new(map.clone(), pool_options(&opts, session, notices.clone()));
+            Shared {
                 pool: RwLock::new(Arc::new(pool)),
                 maps: Mutex::new(vec![Arc::new(map)]),
                 config,
@@ -210,9 +253,11 @@ impl Client {
                 session,
                 open_files: OpenFiles::default(),
                 cap_stash: crate::caps::Stash::default(),
-            }),
-            opts: Arc::new(opts),
-        }
+                leases: Arc::new(LeaseCache::new(term)),
+                notices,
+            }
+        });
+        Client { shared, opts: Arc::new(opts) }
     }
 
     /// The cluster map in use (the newest, after a reload).
@@ -297,6 +342,16 @@ impl Client {
     /// context. A stale-map answer reloads the map (when the client has a config file) and
     /// retries once.
     pub(crate) async fn call(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes)> {
+        // A change of directory entries made here revokes no lease of this client: what its
+        // leases know is brought up to date from the outcome (`leases.rs`).
+        let Some(touch) = self.shared.leases.begin(&op) else { return self.call_routed(to, op, data).await };
+        let kept = op.clone();
+        let r = self.call_routed(to, op, data).await;
+        self.shared.leases.end(touch, &kept, r.as_ref().map(|(reply, _)| reply).map_err(|e| e.errno));
+        r
+    }
+
+    async fn call_routed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes)> {
         let pool = self.pool();
         let server = target(&pool, to);
         let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
@@ -337,7 +392,10 @@ impl Client {
             failed.map().version(),
             map.version()
         );
-        let pool = Arc::new(Pool::new(map.clone(), pool_options(&self.opts, self.shared.session)));
+        let pool = Arc::new(Pool::new(
+            map.clone(),
+            pool_options(&self.opts, self.shared.session, self.shared.notices.clone()),
+        ));
         self.shared.maps.lock().push(Arc::new(map));
         let old = std::mem::replace(&mut *self.shared.pool.write(), pool);
         let mut retired = self.shared.retired_traffic.lock();
@@ -380,6 +438,12 @@ impl Client {
                 }
                 None => {}
             }
+            match self.leased_entry(dir, name, now) {
+                Some(None) => return Err(Error::bare(Errno::ENOENT)),
+                // The name is exact; the attributes come from their own cache or server.
+                Some(Some((ino, _))) => return self.getattr_with(ino, false).await,
+                None => {}
+            }
         }
         let e = self.lookup_rpc(dir, name).await?;
         match e.attr {
@@ -399,7 +463,7 @@ impl Client {
     ) -> std::result::Result<(Ino, FileKind, Option<Attr>, bool), (Error, bool)> {
         let now = Instant::now();
         if !fresh {
-            match self.cache().entry(dir, name, now) {
+            match self.cache().entry(dir, name, now).or_else(|| self.leased_entry(dir, name, now)) {
                 Some(None) => return Err((Error::bare(Errno::ENOENT), false)),
                 Some(Some((ino, kind))) => return Ok((ino, kind, self.cache().attr(ino, now), true)),
                 None => {}
@@ -411,9 +475,78 @@ impl Client {
         }
     }
 
-    async fn lookup_rpc(&self, dir: Ino, name: &str) -> Result<EntryOut> {
+    /// What this client's lease on `dir` says of `name` (`None`: nothing), renewing the
+    /// lease in the background when it is in use and near its end.
+    fn leased_entry(&self, dir: Ino, name: &str, now: Instant) -> Option<crate::leases::Known> {
+        let known = self.shared.leases.lookup(dir, name, now)?;
+        if let Some(asking) = self.shared.leases.renewal(dir, now) {
+            let (client, name) = (self.clone(), name.to_string());
+            tokio::spawn(async move {
+                let _ = client.lookup_leased(dir, &name, asking).await;
+            });
+        }
+        Some(known)
+    }
+
+    /// Ask `dir`'s server for the listing with a lease, when a lease is worth having and
+    /// the directory looks like one being filled (`leases.rs`, "How a lease is taken"):
+    /// then answer `name` from it. `None`: ask for the name.
+    async fn lookup_by_listing(&self, dir: Ino, name: &str) -> Option<Result<EntryOut>> {
         let now = Instant::now();
-        match self.call(To::Home(dir), Op::Lookup { dir, name: name.to_string() }, Bytes::new()).await {
+        if self.shared.leases.fetch(dir, now) != Fetch::Listing {
+            return None;
+        }
+        let asking = self.shared.leases.ask(dir)?;
+        let page = self.readdir_leased(dir, None, crate::leases::LISTING_MAX, Some(asking)).await;
+        if page.is_err() {
+            return None;
+        }
+        match self.shared.leases.lookup(dir, name, Instant::now())? {
+            None => {
+                self.cache().put_entry(dir, name, None, now);
+                Some(Err(Error::bare(Errno::ENOENT)))
+            }
+            Some((ino, kind)) => Some(Ok(EntryOut { ino, kind, attr: self.cache().attr(ino, now), cap: None })),
+        }
+    }
+
+    /// `Lookup` asking for a lease (`asking`); takes the lease if granted.
+    async fn lookup_leased(&self, dir: Ino, name: &str, asking: crate::leases::Asking) -> Result<EntryOut> {
+        let op = Op::Lookup { dir, name: name.to_string(), lease: Some(asking.ask) };
+        let server = self.home_of(dir);
+        let (reply, grant) = match self.call(To::Home(dir), op, Bytes::new()).await {
+            Ok((Reply::Leased { lease, reply: LeasedReply::Entry(e) }, _)) => (Ok(e), Some(lease)),
+            Ok((Reply::Leased { lease, reply: LeasedReply::Absent }, _)) => {
+                (Err(Error::new(Errno::ENOENT, format!("no entry {name:?} in directory {dir}"))), Some(lease))
+            }
+            Ok((Reply::Entry(e), _)) => (Ok(e), None),
+            Ok((other, _)) => return Err(unexpected(&other)),
+            Err(e) => (Err(e), None),
+        };
+        let learnt = match &reply {
+            Ok(e) => Some(Some((e.ino, e.kind))),
+            Err(e) if e.errno == Errno::ENOENT => Some(None),
+            Err(_) => None,
+        };
+        match learnt {
+            Some(k) => self.shared.leases.install(asking, server, grant, Learnt::Name(name.to_string(), k)),
+            None => drop(asking),
+        }
+        reply
+    }
+
+    async fn lookup_rpc(&self, dir: Ino, name: &str) -> Result<EntryOut> {
+        if let Some(r) = self.lookup_by_listing(dir, name).await {
+            return r;
+        }
+        let now = Instant::now();
+        let r = match self.shared.leases.ask(dir) {
+            Some(asking) => self.lookup_leased(dir, name, asking).await.map(|e| (Reply::Entry(e), Bytes::new())),
+            None => {
+                self.call(To::Home(dir), Op::Lookup { dir, name: name.to_string(), lease: None }, Bytes::new()).await
+            }
+        };
+        match r {
             Ok((Reply::Entry(e), _)) => {
                 self.cache().put_entry(dir, name, Some((e.ino, e.kind)), now);
                 if let Some(a) = &e.attr {
@@ -871,11 +1004,37 @@ impl Client {
     }
 
     async fn readdir_page_inner(&self, dir: Ino, after: Option<String>, limit: u32) -> Result<(Vec<DirEntry>, bool)> {
-        let op = Op::ReadDir { dir, after, limit: limit.clamp(1, READDIR_MAX) };
-        match self.call(To::Home(dir), op, Bytes::new()).await? {
-            (Reply::DirEntries { entries, more }, _) => Ok((entries, more)),
-            (other, _) => Err(unexpected(&other)),
+        let limit = limit.clamp(1, READDIR_MAX);
+        // A complete listing held under a lease is the directory as it is now.
+        if let Some(page) = self.shared.leases.listing(dir, after.as_deref(), limit as usize, Instant::now()) {
+            return Ok(page);
         }
+        let asking = if after.is_none() { self.shared.leases.ask(dir) } else { None };
+        self.readdir_leased(dir, after, limit, asking).await
+    }
+
+    /// One `ReadDir` page, asking for a lease with `asking` (then taking it, and what the
+    /// page teaches, when granted).
+    async fn readdir_leased(
+        &self,
+        dir: Ino,
+        after: Option<String>,
+        limit: u32,
+        asking: Option<crate::leases::Asking>,
+    ) -> Result<(Vec<DirEntry>, bool)> {
+        let server = self.home_of(dir);
+        let op = Op::ReadDir { dir, after, limit, lease: asking.as_ref().map(|a| a.ask) };
+        let (entries, more, grant) = match self.call(To::Home(dir), op, Bytes::new()).await? {
+            (Reply::DirEntries { entries, more }, _) => (entries, more, None),
+            (Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more } }, _) => {
+                (entries, more, Some(lease))
+            }
+            (other, _) => return Err(unexpected(&other)),
+        };
+        if let Some(asking) = asking {
+            self.shared.leases.install(asking, server, grant, Learnt::Listing(entries.clone(), more));
+        }
+        Ok((entries, more))
     }
 
     /// The target of symlink `ino`.

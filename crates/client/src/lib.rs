@@ -65,6 +65,7 @@ mod caps;
 mod client;
 mod error;
 mod file;
+mod leases;
 mod open_files;
 mod options;
 mod path_ops;

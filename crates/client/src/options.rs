@@ -40,6 +40,15 @@ pub struct ClientOptions {
     /// `stat` finding the file changed, drop what was fetched. Memory: up to about this
     /// many bytes per reading handle. Default 8 MiB; 0 turns readahead off.
     pub readahead: usize,
+    /// Directory leases: the term asked for. While the client holds a lease on a directory
+    /// its server revokes it before anyone else's change of the directory's entries takes
+    /// effect, so lookups of names learnt under it (also "no such name") and, after a
+    /// complete listing, any lookup and the listing are answered without a request, and
+    /// stay exact (not merely `cache_ttl` old). Servers grant at most their own limit
+    /// (`shoald --lease-max-ms`, 5 s by default). Independent of `cache_ttl` (leases are
+    /// never stale, so a client that caches nothing for a while may still hold them).
+    /// Default 3 s; zero turns leases off (every lookup asks a server).
+    pub dir_lease: Duration,
 }
 
 impl Default for ClientOptions {
@@ -53,6 +62,7 @@ impl Default for ClientOptions {
             max_in_flight: 16,
             write_behind: 8 << 20,
             readahead: 8 << 20,
+            dir_lease: Duration::from_secs(3),
         }
     }
 }

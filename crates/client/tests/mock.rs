@@ -100,7 +100,7 @@ impl Mock {
         let route = |ino: Ino| if map.home_of(ino) == me { Ok(()) } else { Err(Errno::EXDEV) };
         let mut fs = self.fs.lock();
         match op {
-            Op::Lookup { dir, name } => {
+            Op::Lookup { dir, name, .. } => {
                 route(dir)?;
                 let &(ino, kind) = fs.entries.get(&dir).ok_or(Errno::ENOENT)?.get(&name).ok_or(Errno::ENOENT)?;
                 let attr = (map.home_of(ino) == me).then(|| fs.inodes[&ino].clone());
@@ -193,7 +193,7 @@ impl Mock {
                 fs.entries.get_mut(&dst_dir).ok_or(Errno::ENOENT)?.insert(dst_name, e);
                 ok(Reply::Ok)
             }
-            Op::ReadDir { dir, after, limit } => {
+            Op::ReadDir { dir, after, limit, .. } => {
                 route(dir)?;
                 let names = fs.entries.get(&dir).ok_or(Errno::ENOTDIR)?;
                 let mut it = names

@@ -79,6 +79,7 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
     let copts = ClientOptions {
         timeout: opts.timeout,
         cache_ttl: opts.client_cache,
+        dir_lease: opts.dir_lease,
         cred: Cred::root(),
         umask: 0,
         ..ClientOptions::default()

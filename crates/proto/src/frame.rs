@@ -3,10 +3,10 @@
 //! ```text
 //! offset size field
 //!      0    4 magic       0x53484F4C ("SHOL"), little endian
-//!      4    1 kind        0 = request, 1 = reply
+//!      4    1 kind        0 = request, 1 = reply, 2 = notice (server to client, unasked)
 //!      5    1 flags       bit 0: `data crc` is set (FLAG_DATA_CRC); other bits must be 0
-//!      6    2 op code     Op::code (requests) or Reply::code (replies); never 0
-//!      8    8 request_id  chosen by the sender of the request, echoed in the reply
+//!      6    2 op code     Op::code (requests), Reply::code (replies), Notice::code; never 0
+//!      8    8 request_id  chosen by the sender of the request, echoed in the reply (0 in a notice)
 //!     16    4 body_len    bytes of MessagePack body that follow (1 ..= MAX_BODY)
 //!     20    4 data_len    raw bulk bytes after the body (0 ..= MAX_DATA)
 //!     24    4 data_crc    CRC32C of the data section (0 when flag bit 0 is clear)
@@ -66,6 +66,9 @@ pub fn keep_freed_frame_memory() {
 pub enum FrameKind {
     Request,
     Reply,
+    /// A message a server sends on a client's connection without being asked
+    /// (`lease::Notice`), only where the client negotiated `FEATURE_LEASES`.
+    Notice,
 }
 
 /// Why a frame could not be decoded. Any of these closes the connection.
@@ -158,6 +161,7 @@ fn parse_header(h: &[u8; HEADER_LEN]) -> Result<Header, FrameError> {
     let kind = match h[4] {
         0 => FrameKind::Request,
         1 => FrameKind::Reply,
+        2 => FrameKind::Notice,
         k => return Err(FrameError::BadKind(k)),
     };
     if h[5] & !FLAG_DATA_CRC != 0 {
@@ -250,6 +254,15 @@ impl Frame {
         Frame::new(FrameKind::Reply, reply.code(), request_id, encode_body(reply)?, data)
     }
 
+    /// A notice (request id 0: nothing answers it; its acknowledgement, if any, is a request
+    /// of its own).
+    pub fn notice(notice: &crate::lease::Notice) -> Result<Frame, FrameError> {
+        let mut f = Frame::new(FrameKind::Notice, notice.code(), 0, encode_body(notice)?, Bytes::new())?;
+        // No data section, so no data checksum, whatever the connection negotiated.
+        f.data_crc = false;
+        Ok(f)
+    }
+
     fn new(kind: FrameKind, op_code: u16, request_id: u64, body: Bytes, data: Bytes) -> Result<Frame, FrameError> {
         if data.len() > MAX_DATA {
             return Err(FrameError::DataLen(data.len()));
@@ -265,6 +278,7 @@ impl Frame {
         h[4] = match self.kind {
             FrameKind::Request => 0,
             FrameKind::Reply => 1,
+            FrameKind::Notice => 2,
         };
         h[5] = if data_crc.is_some() { FLAG_DATA_CRC } else { 0 };
         h[6..8].copy_from_slice(&self.op_code.to_le_bytes());
@@ -407,6 +421,13 @@ impl Frame {
         Ok(reply)
     }
 
+    /// The notice in the body; it must be of the header's code.
+    pub fn notice_body(&self) -> Result<crate::lease::Notice, FrameError> {
+        let notice: crate::lease::Notice = decode_body(&self.body)?;
+        self.check_code(notice.code())?;
+        Ok(notice)
+    }
+
     fn check_code(&self, body: u16) -> Result<(), FrameError> {
         if body != self.op_code {
             return Err(FrameError::OpCode { header: self.op_code, body });
@@ -422,8 +443,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn sample() -> Vec<u8> {
-        let req =
-            Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let req = Request {
+            cred: Cred::root(),
+            map_version: 3,
+            op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into(), lease: None },
+        };
         let f = Frame::request(42, &req, Bytes::from_static(b"xyz")).unwrap();
         let mut v = Vec::new();
         f.encode_into(&mut v);
@@ -442,8 +466,11 @@ mod tests {
 
     #[test]
     fn head_then_data_is_the_encoding() {
-        let req =
-            Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let req = Request {
+            cred: Cred::root(),
+            map_version: 3,
+            op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into(), lease: None },
+        };
         let f = Frame::request(42, &req, Bytes::from_static(b"xyz")).unwrap();
         let mut v = f.head();
         v.extend_from_slice(&f.data);
@@ -468,8 +495,11 @@ mod tests {
 
     #[tokio::test]
     async fn frames_are_read_whole_from_a_trickling_stream() {
-        let req =
-            Request { cred: Cred::root(), map_version: 3, op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into() } };
+        let req = Request {
+            cred: Cred::root(),
+            map_version: 3,
+            op: Op::Lookup { dir: crate::ROOT_INO, name: "a".into(), lease: None },
+        };
         let data: Bytes = (0..100_000u32).map(|i| i as u8).collect::<Vec<u8>>().into();
         let f = Frame::request(9, &req, data.clone()).unwrap();
         let mut wire = Vec::new();
@@ -649,7 +679,7 @@ mod tests {
     fn the_op_code_must_match_the_body() {
         let v = sample();
         let (f, _) = Frame::decode(&v).unwrap().unwrap();
-        assert_eq!(f.op_code, Op::Lookup { dir: crate::ROOT_INO, name: String::new() }.code());
+        assert_eq!(f.op_code, Op::Lookup { dir: crate::ROOT_INO, name: String::new(), lease: None }.code());
         assert_eq!(u16::from_le_bytes([v[6], v[7]]), f.op_code);
         let mut forged = f.clone();
         forged.op_code = Op::StatFs.code();

@@ -19,8 +19,13 @@ pub const MIN_PROTOCOL_VERSION: u32 = 5;
 /// header and body are checksummed. On unless a side turns it off (`SHOAL_DATA_CRC=off`).
 pub const FEATURE_DATA_CRC: u64 = 1 << 0;
 
+/// Directory leases (`lease.rs`): the server may grant leases on this connection and send
+/// notices (frame kind 2) on it. A client that does not offer it never receives a notice,
+/// and then gets no lease either.
+pub const FEATURE_LEASES: u64 = 1 << 1;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
-pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC;
+pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC | FEATURE_LEASES;
 
 /// The features this process offers by default: all it knows, less the data checksum when
 /// the environment says `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost.

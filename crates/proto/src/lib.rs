@@ -24,6 +24,7 @@ pub mod errno;
 pub mod frame;
 pub mod hello;
 pub mod ids;
+pub mod lease;
 pub mod msg;
 pub mod opcode;
 

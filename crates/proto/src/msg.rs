@@ -289,6 +289,10 @@ pub enum Op {
     Lookup {
         dir: Ino,
         name: String,
+        /// Ask for a lease on the directory (`lease.rs`; granted only on a connection with
+        /// `FEATURE_LEASES`): the answer then comes as `Reply::Leased`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<crate::lease::LeaseAsk>,
     },
     Create {
         dir: Ino,
@@ -338,6 +342,9 @@ pub enum Op {
         dir: Ino,
         after: Option<String>,
         limit: u32,
+        /// Ask for a lease on the directory, as for `Lookup`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease: Option<crate::lease::LeaseAsk>,
     },
 
     // ---- inodes: sent to the home server of `ino` ----
@@ -539,6 +546,12 @@ pub enum Op {
         op_id: u64,
         hold: bool,
     },
+    /// The holder of these leases stopped answering from them (after a `Notice::Revoke`,
+    /// or to give them up): the server forgets them and lets waiting changes go on.
+    /// Answered `Ok`; unknown ids are ignored.
+    LeaseAck {
+        ids: Vec<u64>,
+    },
 }
 
 impl Op {
@@ -585,6 +598,8 @@ impl Op {
             Op::Authenticate { .. } => "authenticate",
             Op::Open { .. } => "open",
             Op::PeerMoveLock { .. } => "peer_move_lock",
+    },
+            Op::LeaseAck { .. } => "lease_ack",
         }
     }
 
@@ -612,7 +627,7 @@ impl BatchOp {
     /// The operation this stands for.
     pub fn into_op(self) -> Op {
         match self {
-            BatchOp::Lookup { dir, name } => Op::Lookup { dir, name },
+            BatchOp::Lookup { dir, name } => Op::Lookup { dir, name, lease: None },
             BatchOp::Create { dir, name, perm, exclusive, layout } => Op::Create { dir, name, perm, exclusive, layout },
             BatchOp::Mkdir { dir, name, perm } => Op::Mkdir { dir, name, perm },
             BatchOp::Symlink { dir, name, target } => Op::Symlink { dir, name, target },
@@ -714,6 +729,12 @@ pub enum Reply {
     Opened {
         attr: Attr,
         cap: Option<Capability>,
+    },
+    /// Answer to a `Lookup` or `ReadDir` that asked for a lease, when the server grants
+    /// one: the lease and the answer (`lease.rs`).
+    Leased {
+        lease: crate::lease::LeaseGrant,
+        reply: crate::lease::LeasedReply,
     },
 }
 

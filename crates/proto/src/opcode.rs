@@ -54,6 +54,7 @@ impl Op {
             Op::Authenticate { .. } => 38,
             Op::Open { .. } => 39,
             Op::PeerMoveLock { .. } => 40,
+            Op::LeaseAck { .. } => 41,
         }
     }
 }
@@ -82,6 +83,7 @@ impl Reply {
             Reply::Appended { .. } => 18,
             Reply::Scrub(_) => 19,
             Reply::Opened { .. } => 20,
+            Reply::Leased { .. } => 21,
         }
     }
 }

@@ -15,6 +15,7 @@ use serde::Serialize;
 use shoal_proto::cap::{Capability, RIGHT_READ, RIGHT_WRITE};
 use shoal_proto::frame::{decode_body, encode_body, Frame, FrameKind};
 use shoal_proto::hello::{FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
+use shoal_proto::lease::{LeaseAsk, LeaseGrant, LeaseKey, LeaseRef, LeasedReply, Notice};
 use shoal_proto::msg::*;
 use shoal_proto::{Errno, Ino, ServerId, PROTOCOL_VERSION};
 use std::collections::{BTreeMap, BTreeSet};
@@ -98,7 +99,7 @@ fn ops() -> Vec<Op> {
             features: FEATURE_DATA_CRC,
             auth: None,
         },
-        Op::Lookup { dir: DIR, name: "a".into() },
+        Op::Lookup { dir: DIR, name: "a".into(), lease: None },
         Op::Create { dir: DIR, name: "f".into(), perm: 0o600, exclusive: true, layout: Some(spec()) },
         Op::Mkdir { dir: DIR, name: "d".into(), perm: 0o755 },
         Op::Symlink { dir: DIR, name: "l".into(), target: "../t".into() },
@@ -113,7 +114,7 @@ fn ops() -> Vec<Op> {
             flags: RenameFlags { noreplace: true, exchange: false },
             keep,
         },
-        Op::ReadDir { dir: DIR, after: Some("m".into()), limit: 4096 },
+        Op::ReadDir { dir: DIR, after: Some("m".into()), limit: 4096, lease: None },
         Op::GetAttr { ino: FILE },
         Op::SetAttr {
             ino: FILE,
@@ -178,6 +179,7 @@ fn ops() -> Vec<Op> {
         },
         Op::Open { ino: FILE, rights: RIGHT_READ | RIGHT_WRITE, renew: Some(capability()) },
         Op::PeerMoveLock { op_id: 81, hold: true },
+        Op::LeaseAck { ids: vec![7, 1 << 40] },
     ]
 }
 
@@ -268,7 +270,22 @@ fn replies() -> Vec<Reply> {
             failure: None,
         }),
         Reply::Opened { attr: attr(), cap: Some(capability()) },
+        Reply::Leased { lease: grant(), reply: LeasedReply::Absent },
     ]
+}
+
+fn grant() -> LeaseGrant {
+    LeaseGrant { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0 }, ms: 3000 }
+}
+
+/// Notices: one sample per variant.
+fn notices() -> Vec<Notice> {
+    vec![Notice::Revoke {
+        leases: vec![
+            LeaseRef { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0 } },
+            LeaseRef { id: 9, key: LeaseKey { dir: Ino(77), partition: 3 } },
+        ],
+    }]
 }
 
 fn request(op: Op) -> Request {
@@ -281,6 +298,7 @@ enum Sample {
     Reply(Reply),
     BatchOp(BatchOp),
     BatchReply(BatchReply),
+    Notice(Notice),
     /// A whole frame: (frame, whether it is a request).
     Frame(Frame),
 }
@@ -292,6 +310,7 @@ impl Sample {
             Sample::Reply(m) => encode_body(m).unwrap().to_vec(),
             Sample::BatchOp(m) => encode_body(m).unwrap().to_vec(),
             Sample::BatchReply(m) => encode_body(m).unwrap().to_vec(),
+            Sample::Notice(m) => encode_body(m).unwrap().to_vec(),
             Sample::Frame(f) => {
                 let mut v = Vec::new();
                 f.encode_into(&mut v);
@@ -321,6 +340,7 @@ impl Sample {
             Sample::Reply(m) => again(bytes, m),
             Sample::BatchOp(m) => again(bytes, m),
             Sample::BatchReply(m) => again(bytes, m),
+            Sample::Notice(m) => again(bytes, m),
             Sample::Frame(want) => {
                 let (got, used) =
                     Frame::decode(bytes).map_err(|e| format!("frame does not decode: {e}"))?.ok_or("frame is short")?;
@@ -333,6 +353,7 @@ impl Sample {
                         Frame::request(got.request_id, &got.request_body().unwrap(), got.data.clone())
                     }
                     FrameKind::Reply => Frame::reply(got.request_id, &got.reply_body().unwrap(), got.data.clone()),
+                    FrameKind::Notice => Frame::notice(&got.notice_body().unwrap()),
                 }
                 .unwrap();
                 rebuilt.data_crc = got.data_crc;
@@ -360,6 +381,27 @@ fn samples() -> Vec<(String, Sample)> {
     }
     for b in batch_replies() {
         v.push((format!("BatchReply.{}", variant_name(&b)), Sample::BatchReply(b)));
+    }
+    for n in notices() {
+        v.push((format!("Notice.{}", variant_name(&n)), Sample::Notice(n)));
+    }
+    // Leases: the optional `lease` field of Lookup and ReadDir, and every kind of leased answer.
+    let ask = Some(LeaseAsk { ms: 3000 });
+    v.push(("Op.Lookup+lease".into(), Sample::Request(request(Op::Lookup { dir: DIR, name: "a".into(), lease: ask }))));
+    v.push((
+        "Op.ReadDir+lease".into(),
+        Sample::Request(request(Op::ReadDir { dir: DIR, after: None, limit: 1024, lease: ask })),
+    ));
+    // Every answer a lease comes with, inside `Reply::Leased` (named by the inner variant).
+    for r in [
+        LeasedReply::Entry(entry()),
+        LeasedReply::Absent,
+        LeasedReply::DirEntries { entries: vec![dirent()], more: false },
+    ] {
+        v.push((
+            format!("LeasedReply.{}", variant_name(&r)),
+            Sample::Reply(Reply::Leased { lease: grant(), reply: r }),
+        ));
     }
     // The Hello exchange, as frames (this build's range), and frames with data both ways.
     let hello = Op::Hello {
@@ -439,6 +481,7 @@ fn samples() -> Vec<(String, Sample)> {
     for (name, f) in frames {
         v.push((name.into(), Sample::Frame(f.unwrap())));
     }
+    v.push(("Frame.NoticeRevoke".into(), Sample::Frame(Frame::notice(&notices()[0]).unwrap())));
     let mut plain = Frame::reply(10, &Reply::Data, Bytes::from_static(b"no data checksum")).unwrap();
     plain.data_crc = false;
     v.push(("Frame.ReadReplyWithoutDataCrc".into(), Sample::Frame(plain)));
@@ -577,6 +620,8 @@ fn every_variant_has_a_sample_and_a_distinct_op_code() {
         ("Reply", variants::<Reply>()),
         ("BatchOp", variants::<BatchOp>()),
         ("BatchReply", variants::<BatchReply>()),
+        ("Notice", variants::<Notice>()),
+        ("LeasedReply", variants::<LeasedReply>()),
     ] {
         assert!(!all.is_empty());
         for v in all {

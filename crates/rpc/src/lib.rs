@@ -34,7 +34,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind};
-use shoal_proto::hello::{check_answer, default_features, FEATURE_DATA_CRC, MIN_PROTOCOL_VERSION};
+use shoal_proto::hello::{check_answer, default_features, FEATURE_DATA_CRC, FEATURE_LEASES, MIN_PROTOCOL_VERSION};
+use shoal_proto::lease::Notice;
 use shoal_proto::msg::{Cred, Op, Reply, Request};
 use shoal_proto::{Errno, ServerId, PROTOCOL_VERSION};
 use std::collections::{HashMap, VecDeque};
@@ -66,6 +67,21 @@ pub struct PoolOptions {
     /// Set by servers: connect as a peer, proving this cluster key ring. Without it the pool
     /// proves the host key when it can read it, else asks the identity helper (`auth.rs`).
     pub peer_keys: Option<auth::PeerKeys>,
+    /// Where notices (frames a server sends unasked: lease revocations) go, with the id of
+    /// the server that sent them; `None` in place of a notice when such a connection ends
+    /// (a notice may have been lost with it). Called on the connection's reader task: it
+    /// must not block. Only connections that negotiated `FEATURE_LEASES` receive notices.
+    pub notices: Option<NoticeSink>,
+}
+
+/// A receiver of servers' notices (see [`PoolOptions::notices`]).
+#[derive(Clone)]
+pub struct NoticeSink(pub Arc<dyn Fn(ServerId, Option<Notice>) + Send + Sync>);
+
+impl std::fmt::Debug for NoticeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NoticeSink")
+    }
 }
 
 impl Default for PoolOptions {
@@ -77,6 +93,7 @@ impl Default for PoolOptions {
             session: 0,
             features: default_features(),
             peer_keys: None,
+            notices: None,
         }
     }
 }
@@ -327,7 +344,8 @@ impl Conn {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static + IntoSink,
     {
-        // Handshake before anything else.
+        // Handshake before anything else. Leases only with somewhere to deliver revocations.
+        let offered = if opts.notices.is_some() { opts.features } else { opts.features & !FEATURE_LEASES };
         let hello = Request {
             cred: Cred::root(),
             map_version: map.version(),
@@ -336,7 +354,7 @@ impl Conn {
                 session: opts.session,
                 min_version: MIN_PROTOCOL_VERSION,
                 max_version: PROTOCOL_VERSION,
-                features: opts.features,
+                features: offered,
                 auth: claim.as_ref().map(|c| c.hello()),
             },
         };
@@ -352,7 +370,7 @@ impl Conn {
         let body = reply.reply_body().map_err(|e| read_error(e, " in the handshake reply"))?;
         let (server, agreed) = match body {
             Reply::Hello { protocol_version, server, features, auth, .. } => {
-                let agreed = match check_answer(protocol_version, features, opts.features) {
+                let agreed = match check_answer(protocol_version, features, offered) {
                     Ok(agreed) => agreed,
                     Err(m) => return Err(CallError::transport(Errno::EPROTO, m)),
                 };
@@ -371,8 +389,9 @@ impl Conn {
         let wr = wr.into_sink(&pending, &broken);
         let out = Arc::new(Outbox { wr, queue: Mutex::new(Queue::default()), rt: tokio::runtime::Handle::current() });
 
-        // Reader: hand each reply to its waiter.
+        // Reader: hand each reply to its waiter, each notice to the pool's sink.
         let (p, b) = (pending.clone(), broken.clone());
+        let notices = (agreed.features & FEATURE_LEASES != 0).then(|| opts.notices.clone()).flatten();
         tokio::spawn(async move {
             let mut rd = tokio::io::BufReader::with_capacity(256 * 1024, rd);
             let why = loop {
@@ -385,12 +404,25 @@ impl Conn {
                             let _ = w.send(Ok(f));
                         }
                     }
+                    Ok(Some(f)) if f.kind == FrameKind::Notice => {
+                        live.heard_from();
+                        let Some(sink) = &notices else {
+                            break CallError::transport(Errno::EPROTO, "the server sent a notice unasked for");
+                        };
+                        match f.notice_body() {
+                            Ok(n) => (sink.0)(server, Some(n)),
+                            Err(e) => break read_error(e, " in a notice"),
+                        }
+                    }
                     Ok(Some(_)) => break CallError::transport(Errno::EPROTO, "the server sent a request frame"),
                     Ok(None) => break CallError::transport(Errno::ENOTCONN, "connection closed by the server"),
                     Err(e) => break read_error(e, ""),
                 };
             };
             tracing::debug!("connection to a server ends: {why}");
+            if let Some(sink) = &notices {
+                (sink.0)(server, None);
+            }
             fail_all(&b, &p, why);
         });
         Ok((Conn { out, pending, broken, data_crc: agreed.features & FEATURE_DATA_CRC != 0 }, server))

@@ -147,7 +147,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Authenticate { .. } => {
             return fail(Errno::EINVAL, "Authenticate comes once, right after a Hello that claims a role")
         }
-        Op::Lookup { dir, name } => namespace::lookup(st, cred, dir, name).await?,
+        Op::Lookup { dir, name, lease } => crate::leases::lookup(st, cred, dir, name, lease).await?,
         Op::Create { dir, name, perm, exclusive, layout } => {
             namespace::create(st, cred, dir, name, perm, exclusive, layout).await?
         }
@@ -159,7 +159,8 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Rename { src_dir, src_name, dst_dir, dst_name, flags, keep } => {
             namespace::rename(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep).await?
         }
-        Op::ReadDir { dir, after, limit } => namespace::readdir(st, cred, dir, after, limit).await?,
+        Op::ReadDir { dir, after, limit, lease } => crate::leases::readdir(st, cred, dir, after, limit, lease).await?,
+        Op::LeaseAck { ids } => crate::leases::ack(st, &ids),
 
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,
         Op::SetAttr { ino, set } => inode::setattr(st, cred, ino, set).await?,

@@ -17,6 +17,7 @@
 //!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None,
 //!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
 //!     orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
+//!     lease_max: shoal_server::leases::DEFAULT_MAX,
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
@@ -29,6 +30,7 @@ mod counters;
 mod dispatch;
 mod error;
 mod intents;
+pub mod leases;
 mod limits;
 mod locks;
 mod net;
@@ -81,6 +83,9 @@ pub struct ServerOptions {
     /// How long a file removed while open (an orphan) outlives the last connection of the
     /// client that has it open; see `orphans.rs`.
     pub orphan_grace: Duration,
+    /// Longest directory lease granted to a client (`leases.rs`); zero grants none. A
+    /// change waits at most this (plus a margin) for a holder that does not answer.
+    pub lease_max: Duration,
 }
 
 pub use orphans::DEFAULT_GRACE as DEFAULT_ORPHAN_GRACE;
@@ -156,6 +161,7 @@ impl Server {
         let tls = load_tls(&map, &opts.config)?;
         let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
+        let lease_max = opts.lease_max;
         let (meta, data, space) =
             tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore, Space)> {
                 std::fs::create_dir_all(&dd)
@@ -164,6 +170,7 @@ impl Server {
                 let space = Space::new(&dd);
                 space.prepare_for_open();
                 let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
+                meta.set_leases(Arc::new(leases::Leases::new(lease_max)));
                 store::upgrade::check_and_upgrade(&meta, id, &dd)?;
                 let data = DataStore::open(&dd.join("objects"))
                     .with_context(|| format!("cannot create object directories under {}", dd.display()))?;

@@ -32,7 +32,7 @@ use crate::tls_conn::{self, ConnRead, ConnWrite};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind};
-use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC};
+use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC, FEATURE_LEASES};
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::{Errno, Ino};
 use std::collections::VecDeque;
@@ -230,6 +230,8 @@ async fn make_room(
 enum Outgoing {
     Reply(Box<Pending>),
     Last(Frame),
+    /// A notice to the client (a lease revocation, `leases.rs`).
+    Notice(Frame),
 }
 
 /// A reply ready to go, and what it takes to settle it (`store::commits`).
@@ -255,6 +257,8 @@ struct Redo {
     from_peer: bool,
     /// Refused by the connection's authentication (`auth.rs`): answered with this, not run.
     refused: Option<(Errno, String)>,
+    /// Where lease revocations for this connection go (`FEATURE_LEASES` negotiated).
+    notices: Option<crate::leases::NoticeSink>,
 }
 
 /// Times a request is run again after failed log writes before its reply says the store is
@@ -280,10 +284,14 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
     // a `memcpy` of that size at each step (14 % of a server's CPU on md-easy creates,
     // measured with `perf`). Behind a box, each step moves a pointer.
     let handle = Box::pin(dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.crcs.clone(), redo.from_peer));
+    // The caller, for directory leases: who may be granted one, whose change it is; the
+    // reply waits for the revocations its commits started (`leases::scope`).
+    let caller = crate::leases::Caller { session: conn.session, sink: redo.notices.clone() };
     let (reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
-        commits::scope(ticket.clone(), Box::pin(st.replies.once(conn.session, redo.request_id, handle))).await
+        let once = Box::pin(st.replies.once(conn.session, redo.request_id, handle));
+        commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller, once))).await
     } else {
-        commits::scope(ticket.clone(), handle).await
+        commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller, handle))).await
     };
     (encode_reply(st, redo.request_id, &reply, payload, conn), ticket)
 }
@@ -439,7 +447,13 @@ async fn serve_conn(
     };
     // Under authentication only a proven peer is one; without it, the name says so.
     let from_peer = if auth == crate::auth::ConnAuth::Open { from_peer } else { auth.is_peer() };
-    let conn = ConnInfo { addr, from_peer, session, data_crc: agreed.features & FEATURE_DATA_CRC != 0 };
+    let conn = ConnInfo {
+        addr,
+        from_peer,
+        session,
+        data_crc: agreed.features & FEATURE_DATA_CRC != 0,
+        leases: agreed.features & FEATURE_LEASES != 0,
+    };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
     let _connected = st.sessions.connected(session);
 
@@ -500,6 +514,8 @@ struct ConnInfo {
     session: u64,
     /// Data sections of replies carry a CRC32C (`FEATURE_DATA_CRC` negotiated).
     data_crc: bool,
+    /// The client takes directory leases and their revocation notices (`FEATURE_LEASES`).
+    leases: bool,
 }
 
 /// The connection's halves once its first byte says which protocol it speaks: TLS (a
@@ -580,6 +596,14 @@ async fn read_requests(
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
     let write_code = Op::Write { ino: Ino(0), index: 0, offset: 0, file_end: 0, inode_local: false, cap: None }.code();
+    // Revocation notices go through the writer, between replies. Held weakly: a lease
+    // outliving its connection must not keep the writer (and the socket) alive.
+    let notices = conn.leases.then(|| {
+        let weak = tx.downgrade();
+        crate::leases::NoticeSink(Arc::new(move |f: Frame| {
+            weak.upgrade().is_some_and(|tx| tx.send(Outgoing::Notice(f)).is_ok())
+        }))
+    });
     loop {
         // A `Write`'s data checksum is left to us (`deferred`): checked below, from the
         // CRC32C of its block pieces, which the data store needs anyway (one pass over the
@@ -654,7 +678,15 @@ async fn read_requests(
         // Before anything runs: peer-only requests from non-peers are refused, a user's
         // requests take the identity it proved.
         let refused = auth.admit(&mut req, addr).err();
-        let redo = Redo { request_id: frame.request_id, req, data: frame.data, crcs, from_peer, refused };
+        let redo = Redo {
+            request_id: frame.request_id,
+            req,
+            data: frame.data,
+            crcs,
+            from_peer,
+            refused,
+            notices: notices.clone(),
+        };
         tokio::spawn(async move {
             let (reply, ticket) = run_request(&st, &redo, conn).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
@@ -699,6 +731,7 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: Conn
             let _ = f.write_to(wr).await;
             return false;
         }
+        Outgoing::Notice(f) => return f.write_to(wr).await.is_ok(),
     };
     let mut reruns = 0;
     loop {

@@ -276,6 +276,8 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerMoveLock { .. }
         | Op::PeerDeleteObjects { .. }
         | Op::PeerTruncateObject { .. }
+        // Acknowledging a lease twice forgets it twice: the same.
+        | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.
         | Op::ScrubStart
         | Op::ScrubStatus => false,

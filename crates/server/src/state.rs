@@ -164,7 +164,10 @@ impl State {
         let st = self.clone();
         // Commits made there count for the request being handled (store::commits).
         let ticket = crate::store::commits::current();
-        match tokio::task::spawn_blocking(move || crate::store::commits::on_thread(ticket, || f(&st))).await {
+        // And the revocations of directory leases they start (leases.rs).
+        let leases = crate::leases::current();
+        let run = move || crate::leases::on_thread(leases, || crate::store::commits::on_thread(ticket, || f(&st)));
+        match tokio::task::spawn_blocking(run).await {
             Ok(r) => r,
             Err(e) => fail(Errno::EIO, format!("internal error in a storage task: {e}")),
         }

@@ -72,6 +72,7 @@ impl Cluster {
             max_connections: 0,
             handshake_timeout: Duration::from_secs(10),
             orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
+            lease_max: shoal_server::leases::DEFAULT_MAX,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let h = tokio::spawn(shoal_server::serve_with_listener(opts, l, async move {
@@ -143,7 +144,7 @@ impl Cluster {
     }
 
     async fn lookup(&self, dir: Ino, name: &str) -> Result<EntryOut, Errno> {
-        match self.op(Op::Lookup { dir, name: name.into() }).await? {
+        match self.op(Op::Lookup { dir, name: name.into(), lease: None }).await? {
             Reply::Entry(e) => Ok(e),
             other => panic!("{other:?}"),
         }
@@ -223,7 +224,7 @@ async fn create_lookup_getattr_unlink() {
     c.op(Op::Symlink { dir: ROOT_INO, name: "s".into(), target: "a".into() }).await.unwrap();
     let s = c.lookup(ROOT_INO, "s").await.unwrap();
     assert_eq!(c.op(Op::ReadLink { ino: s.ino }).await.unwrap(), Reply::Link("a".into()));
-    match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 10 }).await.unwrap() {
+    match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 10, lease: None }).await.unwrap() {
         Reply::DirEntries { entries, more } => {
             assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["a", "s"]);
             assert!(!more);
@@ -340,7 +341,7 @@ async fn mkdir_across_servers_and_rmdir() {
     let a = c.getattr(d).await;
     assert_eq!((a.kind, a.nlink, a.parent), (FileKind::Dir, 2, Some(ROOT_INO)));
     let root = c.getattr(ROOT_INO).await;
-    let subdirs = match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0 }).await.unwrap() {
+    let subdirs = match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None }).await.unwrap() {
         Reply::DirEntries { entries, .. } => entries.len() as u32,
         other => panic!("{other:?}"),
     };
@@ -366,7 +367,7 @@ async fn mkdir_across_servers_and_rmdir() {
 }
 
 async fn find_name(c: &Cluster, dir: Ino, ino: Ino) -> String {
-    match c.op(Op::ReadDir { dir, after: None, limit: 0 }).await.unwrap() {
+    match c.op(Op::ReadDir { dir, after: None, limit: 0, lease: None }).await.unwrap() {
         Reply::DirEntries { entries, .. } => entries.into_iter().find(|e| e.ino == ino).unwrap().name,
         other => panic!("{other:?}"),
     }
@@ -911,7 +912,9 @@ async fn concurrent_namespace_changes_stay_consistent() {
     }
     let mut names = 0;
     for &d in &dirs {
-        if let Reply::DirEntries { entries, .. } = c.op(Op::ReadDir { dir: d, after: None, limit: 0 }).await.unwrap() {
+        if let Reply::DirEntries { entries, .. } =
+            c.op(Op::ReadDir { dir: d, after: None, limit: 0, lease: None }).await.unwrap()
+        {
             for e in &entries {
                 // every entry names a live inode
                 assert_eq!(c.getattr(e.ino).await.nlink, 1, "{} in {d}", e.name);

@@ -62,6 +62,11 @@ struct Args {
     /// See docs/architecture.md, "Failpoints".
     #[arg(long, value_name = "SPEC", env = "FAILPOINTS")]
     failpoints: Option<String>,
+    /// Longest lease, in milliseconds, a client may hold on a directory (it then answers
+    /// lookups and listings of it from its cache; a change waits for the holders to let go,
+    /// at most this long for one that does not answer). 0 grants no leases.
+    #[arg(long, value_name = "MS", default_value_t = 5000, env = "SHOALD_LEASE_MAX_MS")]
+    lease_max_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -109,6 +114,7 @@ fn main() -> ExitCode {
         max_connections: args.max_connections,
         handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
         orphan_grace: std::time::Duration::from_secs(args.orphan_grace),
+        lease_max: std::time::Duration::from_millis(args.lease_max_ms),
     };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,

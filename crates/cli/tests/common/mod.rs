@@ -208,9 +208,9 @@ impl Cluster {
         Client::from_config(&self.config, self.options()).unwrap()
     }
 
-    /// A client with caching off: every call goes to the servers.
+    /// A client with caching off: every call goes to the servers (no directory leases either).
     pub fn uncached_client(&self) -> Client {
-        let opts = ClientOptions { cache_ttl: Duration::ZERO, ..self.options() };
+        let opts = ClientOptions { cache_ttl: Duration::ZERO, dir_lease: Duration::ZERO, ..self.options() };
         Client::from_config(&self.config, opts).unwrap()
     }
 

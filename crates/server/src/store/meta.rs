@@ -325,6 +325,10 @@ pub struct MetaStore {
     reopened: tokio::sync::watch::Sender<u64>,
     /// Wakes the server's upkeep to reopen the store at once after a failure.
     reopen_wanted: tokio::sync::Notify,
+    /// The server's directory leases: every commit that changes a directory's entries
+    /// revokes them first (`Txn::commit`, the one hook of `leases.rs`). Unset in tools and
+    /// store tests, which hold no leases.
+    leases: std::sync::OnceLock<std::sync::Arc<crate::leases::Leases>>,
 }
 
 impl MetaStore {
@@ -350,7 +354,18 @@ impl MetaStore {
             recovered: Mutex::new(Vec::new()),
             reopened: tokio::sync::watch::channel(0).0,
             reopen_wanted: tokio::sync::Notify::new(),
+            leases: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Hang the server's leases on this store's commits (once, at start).
+    pub fn set_leases(&self, leases: std::sync::Arc<crate::leases::Leases>) {
+        let _ = self.leases.set(leases);
+    }
+
+    /// The server's directory leases (`None` in tools and store tests).
+    pub fn leases(&self) -> Option<&std::sync::Arc<crate::leases::Leases>> {
+        self.leases.get()
     }
 
     fn open_db(opts: &Options, path: &Path) -> Result<DB, String> {
@@ -738,7 +753,13 @@ impl MetaStore {
 
     /// A read-modify-write transaction over this store.
     pub fn txn(&self) -> Txn<'_> {
-        Txn { meta: self, batch: WriteBatch::default(), inodes: HashMap::new(), entries: HashMap::new() }
+        Txn {
+            meta: self,
+            batch: WriteBatch::default(),
+            inodes: HashMap::new(),
+            entries: HashMap::new(),
+            changed_dirs: Vec::new(),
+        }
     }
 }
 
@@ -752,6 +773,8 @@ pub struct Txn<'a> {
     /// Loaded inodes: `Some(rec)` present, `None` absent; the bool marks changed ones.
     inodes: HashMap<Ino, (Option<InodeRecord>, bool)>,
     entries: HashMap<(Ino, String), Option<EntryRecord>>,
+    /// Directories whose entries this batch changes: their leases are revoked at commit.
+    changed_dirs: Vec<Ino>,
 }
 
 impl<'a> Txn<'a> {
@@ -817,12 +840,21 @@ impl<'a> Txn<'a> {
         Ok(e)
     }
 
+    /// Note that `dir`'s entries change (see `changed_dirs`).
+    fn entries_change(&mut self, dir: Ino) {
+        if !self.changed_dirs.contains(&dir) {
+            self.changed_dirs.push(dir);
+        }
+    }
+
     pub fn put_entry(&mut self, dir: Ino, name: &str, e: EntryRecord) {
+        self.entries_change(dir);
         self.batch.put(key::entry(dir, name), encode(&e));
         self.entries.insert((dir, name.to_string()), Some(e));
     }
 
     pub fn delete_entry(&mut self, dir: Ino, name: &str) {
+        self.entries_change(dir);
         self.batch.delete(key::entry(dir, name));
         self.entries.insert((dir, name.to_string()), None);
     }
@@ -882,6 +914,17 @@ impl<'a> Txn<'a> {
         if self.batch.is_empty() {
             return Ok(());
         }
+        // Leases on the changed directories are revoked before the batch is written, and no
+        // new one is granted on them until it is (`_changing`); the request's reply waits
+        // for the holders (`leases::scope`). Revoking a change that then fails to commit
+        // costs the holders a refetch, nothing more.
+        let _changing = match self.meta.leases() {
+            Some(l) if !self.changed_dirs.is_empty() => {
+                let keys: Vec<_> = self.changed_dirs.iter().map(|d| shoal_proto::lease::LeaseKey::dir(*d)).collect();
+                Some(l.changing(&keys))
+            }
+            _ => None,
+        };
         self.meta.write(std::mem::take(&mut self.batch))
     }
 }

@@ -1,0 +1,511 @@
+//! Directory leases held by this client (docs/architecture.md, "Leases").
+//!
+//! While the client holds a lease on a directory, the directory's server tells it before
+//! any other client's change of the directory's entries takes effect (a revocation notice,
+//! acknowledged once the lease is dropped here), so what the client learnt under the lease
+//! stays true until then: lookups of those names, including "no such name", are answered
+//! here without a request, and after a complete listing (a `ReadDir` from the start that
+//! needed one page) so are lookups of any name and the listing itself. A lease runs out on
+//! its own after its term, counted from when its request was sent (before the server's
+//! count begins, so this side always stops first).
+//!
+//! Changes made by this client do not revoke its own leases (the server knows the session):
+//! each namespace request is bracketed by [`LeaseCache::begin`] and [`LeaseCache::end`],
+//! which apply its outcome to what the lease knows, or drop the lease when the outcome is
+//! unknown (a lost reply, a server failure). A lease reply is only taken when no change of
+//! this client to that directory and no revocation of it happened while it was on its way
+//! (its `epoch`), so a reply read before a change can never be installed after it.
+//!
+//! How a lease is taken: a lookup the lease cannot answer asks the server with `Lookup` and
+//! a lease request (one request, as without leases). Once a name was found missing in a
+//! directory (it is being filled: a create follows a negative lookup), the next lookup the
+//! lease cannot answer asks for the listing instead (`ReadDir` from the start, up to
+//! [`LISTING_MAX`] entries): complete, it answers every later lookup. A lease in use is
+//! renewed in the background when a third of its term is left, so a directory being
+//! filled by this client keeps its complete listing (its own creates add to it).
+//!
+//! Bounds: at most [`MAX_DIRS`] directories tracked, [`MAX_NAMES`] names over all leases;
+//! past them, nothing more is learnt (a lease that cannot learn a change is dropped).
+
+use parking_lot::Mutex;
+use shoal_proto::lease::{LeaseAsk, LeaseGrant, LeaseRef, Notice};
+use shoal_proto::msg::{BatchOp, DirEntry, FileKind, Op, Reply};
+use shoal_proto::{Errno, Ino, ServerId};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Directories tracked at once (leases held, or changes and lease requests in flight).
+pub(crate) const MAX_DIRS: usize = 4096;
+/// Names remembered over all leases (a change that would pass it drops its lease).
+pub(crate) const MAX_NAMES: usize = 1 << 20;
+/// Entries asked for when a lookup finds no lease: a directory listed whole in one page of
+/// this many becomes answerable locally for every name.
+pub(crate) const LISTING_MAX: u32 = 1024;
+
+/// What a lease says about one name: `Some((ino, kind))`, or `None` (no such name).
+pub(crate) type Known = Option<(Ino, FileKind)>;
+
+struct Held {
+    id: u64,
+    server: ServerId,
+    expires: Instant,
+    /// Every name of the directory is in `names` (absent ones are absent).
+    complete: bool,
+    names: BTreeMap<String, Known>,
+}
+
+#[derive(Default)]
+struct DirState {
+    /// Namespace requests of this client on the directory in flight.
+    inflight: u32,
+    /// Lease requests on their way.
+    asking: u32,
+    /// Bumped by every change of this client and every revocation: a lease reply is taken
+    /// only if it did not move while the reply was on its way.
+    epoch: u64,
+    lease: Option<Held>,
+    /// The server refused a lease (the directory is busy): ask for none until then.
+    refused_until: Option<Instant>,
+    /// A lookup found a name missing here: the next unanswered lookup fetches the listing.
+    negative: bool,
+    /// The listing did not fit in one page: lookups ask for names, not listings, until then.
+    big_until: Option<Instant>,
+    /// A renewal is on its way.
+    renewing: bool,
+}
+
+/// How to ask the server for what a lease cannot answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fetch {
+    /// `Lookup` of the name, with a lease request.
+    Name,
+    /// `ReadDir` from the start (up to [`LISTING_MAX`]), with a lease request.
+    Listing,
+}
+
+impl DirState {
+    fn idle(&self, now: Instant) -> bool {
+        self.inflight == 0
+            && self.asking == 0
+            && self.lease.as_ref().is_none_or(|l| l.expires <= now)
+            && self.refused_until.is_none_or(|r| r <= now)
+            && self.big_until.is_none_or(|r| r <= now)
+    }
+
+    fn names(&self) -> usize {
+        self.lease.as_ref().map_or(0, |l| l.names.len())
+    }
+}
+
+struct Inner {
+    dirs: HashMap<Ino, DirState>,
+    /// Names held by all leases (bounded by [`MAX_NAMES`]).
+    names: usize,
+}
+
+impl Inner {
+    /// Drop `dir`'s state when it holds nothing worth keeping.
+    fn settle(&mut self, dir: Ino, now: Instant) {
+        if let Some(s) = self.dirs.get_mut(&dir) {
+            if s.lease.as_ref().is_some_and(|l| l.expires <= now) {
+                self.names -= s.names();
+                s.lease = None;
+            }
+            if s.idle(now) {
+                self.dirs.remove(&dir);
+            }
+        }
+    }
+
+    fn drop_lease(&mut self, dir: Ino) {
+        if let Some(s) = self.dirs.get_mut(&dir) {
+            self.names -= s.names();
+            s.lease = None;
+        }
+    }
+}
+
+/// The leases of one client (shared by its clones).
+pub(crate) struct LeaseCache {
+    /// Term asked for; zero: leases are off.
+    ask: Duration,
+    inner: Mutex<Inner>,
+}
+
+/// A lease request on its way (from [`LeaseCache::ask`]): hand it to [`LeaseCache::install`]
+/// with the reply, or drop it.
+pub(crate) struct Asking {
+    cache: Arc<LeaseCache>,
+    dir: Ino,
+    epoch: u64,
+    sent: Instant,
+    pub(crate) ask: LeaseAsk,
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        let mut inner = self.cache.inner.lock();
+        if let Some(s) = inner.dirs.get_mut(&self.dir) {
+            s.asking = s.asking.saturating_sub(1);
+            s.renewing = false;
+        }
+        inner.settle(self.dir, Instant::now());
+    }
+}
+
+/// What a lease reply taught.
+pub(crate) enum Learnt {
+    Name(String, Known),
+    /// A page from the start: the whole directory when `more` is false.
+    Listing(Vec<DirEntry>, bool),
+}
+
+/// The names a namespace request changes, from [`LeaseCache::begin`].
+pub(crate) struct Touch {
+    names: Vec<(Ino, String)>,
+}
+
+impl LeaseCache {
+    pub(crate) fn new(ask: Duration) -> LeaseCache {
+        LeaseCache { ask, inner: Mutex::new(Inner { dirs: HashMap::new(), names: 0 }) }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        !self.ask.is_zero()
+    }
+
+    /// What the lease on `dir` says about `name`: `None` when it says nothing (no lease,
+    /// expired, or a name it did not learn).
+    pub(crate) fn lookup(&self, dir: Ino, name: &str, now: Instant) -> Option<Known> {
+        let inner = self.inner.lock();
+        let l = inner.dirs.get(&dir)?.lease.as_ref().filter(|l| l.expires > now)?;
+        match l.names.get(name) {
+            Some(k) => Some(*k),
+            None if l.complete => Some(None),
+            None => None,
+        }
+    }
+
+    /// The whole directory, if a lease holds its complete listing: entries with names
+    /// after `after`, at most `limit` (0: all), and whether more follow.
+    pub(crate) fn listing(
+        &self,
+        dir: Ino,
+        after: Option<&str>,
+        limit: usize,
+        now: Instant,
+    ) -> Option<(Vec<DirEntry>, bool)> {
+        let inner = self.inner.lock();
+        let l = inner.dirs.get(&dir)?.lease.as_ref().filter(|l| l.expires > now && l.complete)?;
+        let range = match after {
+            Some(a) => l.names.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
+            None => l.names.range::<str, _>(..),
+        };
+        let mut present = range.filter_map(|(n, k)| k.map(|(ino, kind)| DirEntry { name: n.clone(), ino, kind }));
+        let limit = if limit == 0 { usize::MAX } else { limit };
+        let page: Vec<DirEntry> = present.by_ref().take(limit).collect();
+        let more = present.next().is_some();
+        Some((page, more))
+    }
+
+    /// A renewal of `dir`'s lease, when one is due: the lease is in use (this lookup was
+    /// answered from it) and a third of its term or less is left.
+    pub(crate) fn renewal(self: &Arc<Self>, dir: Ino, now: Instant) -> Option<Asking> {
+        {
+            let mut inner = self.inner.lock();
+            let s = inner.dirs.get_mut(&dir)?;
+            let l = s.lease.as_ref()?;
+            if s.renewing || l.expires > now + self.ask / 3 {
+                return None;
+            }
+            s.renewing = true;
+        }
+        let asking = self.ask(dir);
+        if asking.is_none() {
+            if let Some(s) = self.inner.lock().dirs.get_mut(&dir) {
+                s.renewing = false;
+            }
+        }
+        asking
+    }
+
+    /// How to ask for what the lease on `dir` could not answer.
+    pub(crate) fn fetch(&self, dir: Ino, now: Instant) -> Fetch {
+        let inner = self.inner.lock();
+        match inner.dirs.get(&dir) {
+            Some(s) if s.negative && s.big_until.is_none_or(|b| b <= now) => Fetch::Listing,
+            _ => Fetch::Name,
+        }
+    }
+
+    /// A lease to ask for with a request on `dir`, unless leases are off, the server
+    /// refused one lately, or too many directories are tracked.
+    pub(crate) fn ask(self: &Arc<Self>, dir: Ino) -> Option<Asking> {
+        if !self.enabled() {
+            return None;
+        }
+        let now = Instant::now();
+        let mut inner = self.inner.lock();
+        if inner.dirs.len() >= MAX_DIRS && !inner.dirs.contains_key(&dir) {
+            let all: Vec<Ino> = inner.dirs.keys().copied().collect();
+            for d in all {
+                inner.settle(d, now);
+            }
+            if inner.dirs.len() >= MAX_DIRS {
+                return None;
+            }
+        }
+        let s = inner.dirs.entry(dir).or_default();
+        if s.refused_until.is_some_and(|r| r > now) {
+            s.renewing = false;
+            return None;
+        }
+        s.asking += 1;
+        let ms = self.ask.as_millis().min(u32::MAX as u128) as u32;
+        Some(Asking { cache: self.clone(), dir, epoch: s.epoch, sent: now, ask: LeaseAsk { ms } })
+    }
+
+    /// The reply to a request that asked for a lease came: take the lease it grants (if the
+    /// directory did not change meanwhile), or note that none was granted.
+    pub(crate) fn install(&self, asking: Asking, server: ServerId, grant: Option<LeaseGrant>, learnt: Learnt) {
+        let now = Instant::now();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        let Some(s) = inner.dirs.get_mut(&asking.dir) else { return };
+        if let Learnt::Name(_, None) = &learnt {
+            s.negative = true;
+        }
+        let Some(grant) = grant else {
+            // Busy (or full, or leases off there): plain requests for one lease term.
+            s.refused_until = Some(now + self.ask);
+            return;
+        };
+        if s.epoch != asking.epoch || s.inflight > 0 || grant.key.dir != asking.dir {
+            return;
+        }
+        let expires = asking.sent + Duration::from_millis(grant.ms as u64);
+        if expires <= now {
+            return;
+        }
+        let keep = s.lease.as_ref().is_some_and(|l| l.id == grant.id && l.server == server && l.expires > now);
+        if !keep {
+            inner.names -= s.names();
+            s.lease = Some(Held { id: grant.id, server, expires, complete: false, names: BTreeMap::new() });
+        }
+        let room = MAX_NAMES.saturating_sub(inner.names);
+        let l = s.lease.as_mut().expect("set above");
+        l.expires = l.expires.max(expires);
+        let before = l.names.len();
+        match learnt {
+            Learnt::Name(name, known) => {
+                if room > 0 {
+                    l.names.insert(name, known);
+                }
+            }
+            Learnt::Listing(entries, more) => {
+                if !more && entries.len() <= room + before {
+                    l.names = entries.into_iter().map(|e| (e.name, Some((e.ino, e.kind)))).collect();
+                    l.complete = true;
+                } else {
+                    if more {
+                        s.big_until = Some(now + self.ask);
+                    }
+                    for e in entries.into_iter().take(room) {
+                        l.names.insert(e.name, Some((e.ino, e.kind)));
+                    }
+                }
+            }
+        }
+        let after = l.names.len();
+        inner.names = inner.names + after - before;
+    }
+
+    /// A namespace request of this client is about to be sent: the names it changes, for
+    /// [`LeaseCache::end`]; `None` for requests that change no entry.
+    pub(crate) fn begin(&self, op: &Op) -> Option<Touch> {
+        if !self.enabled() {
+            return None;
+        }
+        let names = changed_names(op);
+        if names.is_empty() {
+            return None;
+        }
+        let mut inner = self.inner.lock();
+        for (dir, _) in &names {
+            let s = inner.dirs.entry(*dir).or_default();
+            s.inflight += 1;
+            s.epoch += 1;
+        }
+        Some(Touch { names })
+    }
+
+    /// The request of `touch` was answered `reply`: apply its outcome to the leases.
+    pub(crate) fn end(&self, touch: Touch, op: &Op, reply: Result<&Reply, Errno>) {
+        let outcomes = outcomes(op, reply, &touch.names);
+        let now = Instant::now();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        for ((dir, name), outcome) in touch.names.iter().zip(outcomes) {
+            let Some(s) = inner.dirs.get_mut(dir) else { continue };
+            s.inflight = s.inflight.saturating_sub(1);
+            s.epoch += 1;
+            let full = inner.names >= MAX_NAMES;
+            match (outcome, s.lease.as_mut()) {
+                (_, None) | (Outcome::Unchanged, _) => {}
+                (Outcome::Now(k), Some(l)) => {
+                    if l.names.insert(name.clone(), k).is_none() {
+                        inner.names += 1;
+                        if full {
+                            inner.drop_lease(*dir);
+                        }
+                    }
+                }
+                (Outcome::Unknown, Some(_)) => inner.drop_lease(*dir),
+            }
+            inner.settle(*dir, now);
+        }
+    }
+
+    /// A server's notice (`None`: a connection to it was lost): the leases it revokes are
+    /// dropped. Returns the directories whose leases went (the caller drops what else it
+    /// cached of them) and the lease ids to acknowledge.
+    pub(crate) fn notice(&self, server: ServerId, notice: Option<Notice>) -> (Vec<Ino>, Vec<u64>) {
+        let mut revoked = Vec::new();
+        let mut dropped = Vec::new();
+        let mut guard = self.inner.lock();
+        let inner = &mut *guard;
+        match notice {
+            Some(Notice::Revoke { leases }) => {
+                for LeaseRef { id, key } in leases {
+                    revoked.push(id);
+                    if let Some(s) = inner.dirs.get_mut(&key.dir) {
+                        // Also a reply granting this lease that is still on its way is void.
+                        s.epoch += 1;
+                        if s.lease.as_ref().is_some_and(|l| l.id == id && l.server == server) {
+                            inner.drop_lease(key.dir);
+                        }
+                    }
+                    dropped.push(key.dir);
+                }
+            }
+            // A revocation may have been lost with the connection: the server's leases go
+            // (the server waits for them to run out).
+            None => {
+                let held: Vec<Ino> = inner
+                    .dirs
+                    .iter()
+                    .filter(|(_, s)| s.lease.as_ref().is_some_and(|l| l.server == server))
+                    .map(|(d, _)| *d)
+                    .collect();
+                for d in held {
+                    if let Some(s) = inner.dirs.get_mut(&d) {
+                        s.epoch += 1;
+                    }
+                    inner.drop_lease(d);
+                    dropped.push(d);
+                }
+            }
+        }
+        (dropped, revoked)
+    }
+}
+
+/// What became of one name a request touched.
+enum Outcome {
+    /// The request changed nothing there (it was refused).
+    Unchanged,
+    /// The name now names this (or nothing).
+    Now(Known),
+    /// Cannot tell: drop the lease.
+    Unknown,
+}
+
+/// The (directory, name) pairs whose entries `op` changes.
+fn changed_names(op: &Op) -> Vec<(Ino, String)> {
+    match op {
+        Op::Create { dir, name, .. }
+        | Op::Mkdir { dir, name, .. }
+        | Op::Symlink { dir, name, .. }
+        | Op::Link { dir, name, .. }
+        | Op::Unlink { dir, name, .. }
+        | Op::Rmdir { dir, name } => vec![(*dir, name.clone())],
+        Op::Rename { src_dir, src_name, dst_dir, dst_name, .. } => {
+            vec![(*src_dir, src_name.clone()), (*dst_dir, dst_name.clone())]
+        }
+        Op::Batch { ops } => ops
+            .iter()
+            .filter_map(|b| match b {
+                BatchOp::Create { dir, name, .. }
+                | BatchOp::Mkdir { dir, name, .. }
+                | BatchOp::Symlink { dir, name, .. }
+                | BatchOp::Unlink { dir, name }
+                | BatchOp::Rmdir { dir, name } => Some((*dir, name.clone())),
+                BatchOp::Lookup { .. } | BatchOp::GetAttr { .. } => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Errors after which the request certainly changed nothing (the server refused it).
+fn refused(errno: Errno) -> bool {
+    [
+        Errno::EEXIST,
+        Errno::ENOTEMPTY,
+        Errno::EACCES,
+        Errno::EPERM,
+        Errno::ENOTDIR,
+        Errno::EISDIR,
+        Errno::EINVAL,
+        Errno::ENAMETOOLONG,
+        Errno::ENOSPC,
+        Errno::EXDEV,
+        Errno::ELOOP,
+        Errno::ESTALE,
+    ]
+    .contains(&errno)
+}
+
+/// The outcome of `op` for each of `names` (as `changed_names` listed them).
+fn outcomes(op: &Op, reply: Result<&Reply, Errno>, names: &[(Ino, String)]) -> Vec<Outcome> {
+    let one = |op: &Op, r: Result<&Reply, Errno>| -> Outcome {
+        match (op, r) {
+            (_, Err(e)) if refused(e) => Outcome::Unchanged,
+            (Op::Unlink { .. } | Op::Rmdir { .. }, Err(Errno::ENOENT)) => Outcome::Now(None),
+            (_, Err(Errno::ENOENT)) => Outcome::Unchanged,
+            (_, Err(_)) => Outcome::Unknown,
+            (Op::Unlink { .. } | Op::Rmdir { .. }, Ok(_)) => Outcome::Now(None),
+            (_, Ok(Reply::Entry(e))) => Outcome::Now(Some((e.ino, e.kind))),
+            (_, Ok(Reply::Attr(a))) => Outcome::Now(Some((a.ino, a.kind))),
+            _ => Outcome::Unknown,
+        }
+    };
+    match op {
+        Op::Rename { flags, .. } => match reply {
+            Err(e) if refused(e) || e == Errno::ENOENT => vec![Outcome::Unchanged, Outcome::Unchanged],
+            // Where the moved name now points is not in the reply.
+            Ok(_) if !flags.exchange => vec![Outcome::Now(None), Outcome::Unknown],
+            _ => vec![Outcome::Unknown, Outcome::Unknown],
+        },
+        Op::Batch { ops } => {
+            let changing = ops.iter().filter(|b| !matches!(b, BatchOp::Lookup { .. } | BatchOp::GetAttr { .. }));
+            match reply {
+                Ok(Reply::Batch(results)) if results.len() == ops.len() => ops
+                    .iter()
+                    .zip(results)
+                    .filter(|(b, _)| !matches!(b, BatchOp::Lookup { .. } | BatchOp::GetAttr { .. }))
+                    .map(|(b, r)| {
+                        let r = r.clone().into_reply();
+                        match r {
+                            Reply::Error { errno, .. } => one(&b.clone().into_op(), Err(errno)),
+                            ok => one(&b.clone().into_op(), Ok(&ok)),
+                        }
+                    })
+                    .collect(),
+                _ => changing.map(|_| Outcome::Unknown).collect(),
+            }
+        }
+        op => names.iter().map(|_| one(op, reply)).collect(),
+    }
+}

@@ -1,0 +1,92 @@
+//! Directory leases (docs/protocol.md, "Leases"; docs/architecture.md, "Leases").
+//!
+//! A client that negotiated [`crate::hello::FEATURE_LEASES`] may ask, in a `Lookup` or a
+//! `ReadDir`, for a lease on the directory: while it holds one, it may answer lookups of the
+//! names it learnt under it (including "no such name") and, after a complete listing, any
+//! lookup and the listing itself, from its cache. The server grants by wrapping its answer
+//! in [`crate::msg::Reply::Leased`], and revokes a lease before a change of the directory's
+//! entries takes effect for anyone but the holder: it sends a [`Notice::Revoke`] on the
+//! connection the lease was granted on and waits for the holder's `Op::LeaseAck`, or for the
+//! lease to run out (plus a margin for clock drift), before it answers the change.
+//!
+//! A lease is keyed by (directory, partition): the partition index is 0 until directories
+//! are split over servers (GIGA+); a lease then covers the names of one partition only.
+
+use crate::msg::{DirEntry, EntryOut};
+use crate::Ino;
+use serde::{Deserialize, Serialize};
+
+/// What a lease covers: the entries of one partition of one directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LeaseKey {
+    pub dir: Ino,
+    /// GIGA+ partition index of the directory (0 while directories are not split).
+    pub partition: u32,
+}
+
+impl LeaseKey {
+    /// The key of a whole, unsplit directory.
+    pub fn dir(dir: Ino) -> LeaseKey {
+        LeaseKey { dir, partition: 0 }
+    }
+}
+
+/// A lease asked for in a `Lookup` or `ReadDir` (its optional last field `lease`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseAsk {
+    /// How long the client would like it, in milliseconds (the server may give less).
+    pub ms: u32,
+}
+
+/// A lease the server granted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    /// Names the lease in a revocation and in the holder's acknowledgement. Unique within
+    /// the server's run; a holder asking again while it holds one gets the same id back,
+    /// extended.
+    pub id: u64,
+    pub key: LeaseKey,
+    /// How long it holds, in milliseconds, counted by the holder from when it SENT the
+    /// request (so the holder's expiry comes before the server's, whatever the delays).
+    pub ms: u32,
+}
+
+/// The answer inside a [`crate::msg::Reply::Leased`]: what the request would have had
+/// without a lease (a negative lookup is `Absent` instead of an `ENOENT` error).
+// Made once per reply and moved a few times: boxing the entry would cost an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeasedReply {
+    /// `Lookup`: the entry.
+    Entry(EntryOut),
+    /// `Lookup`: no such name.
+    Absent,
+    /// `ReadDir`: a page of entries; with `more: false` and no `after` in the request, the
+    /// whole directory (partition), which the holder may then list and search locally.
+    DirEntries { entries: Vec<DirEntry>, more: bool },
+}
+
+/// A reference to one lease in a revocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub id: u64,
+    pub key: LeaseKey,
+}
+
+/// A message a server sends on a client's connection unasked (frame kind 2, "notice"):
+/// only on a connection that negotiated `FEATURE_LEASES`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Notice {
+    /// Stop answering from these leases now, then acknowledge with `Op::LeaseAck`.
+    Revoke { leases: Vec<LeaseRef> },
+}
+
+impl Notice {
+    /// This notice's code in the frame header (notices have codes of their own, like
+    /// requests and replies; never 0, never reused).
+    pub fn code(&self) -> u16 {
+        match self {
+            Notice::Revoke { .. } => 1,
+        }
+    }
+}
