@@ -598,7 +598,6 @@ impl Op {
             Op::Authenticate { .. } => "authenticate",
             Op::Open { .. } => "open",
             Op::PeerMoveLock { .. } => "peer_move_lock",
-    },
             Op::LeaseAck { .. } => "lease_ack",
         }
     }
