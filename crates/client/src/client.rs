@@ -1210,19 +1210,20 @@ mod tests {
     /// A call's future is moved whole whenever it goes into a task or a `FuturesUnordered`;
     /// connecting (TLS, Hello, authentication) is boxed so that calls stay small (moving a
     /// connect-sized future per create was 10 % of a client's CPU, see `Pool::conn`). Was
-    /// 6,016 bytes for `create_at`, 2,880 with connecting and the call boxed.
+    /// 6,016 bytes for `create_at`, 2,880 with connecting and the call boxed, 3,648 with
+    /// directory leases.
     #[test]
     fn a_call_future_stays_small() {
         let map = ClusterMap::local(1, 1, std::path::Path::new("/tmp"));
         let client = Client::new(map, ClientOptions::default());
         let create = client.create_at(Ino(1), "x", 0o644, true, None);
         assert!(
-            std::mem::size_of_val(&create) <= 3072,
+            std::mem::size_of_val(&create) <= 4096,
             "create_at's future is {} bytes",
             std::mem::size_of_val(&create)
         );
         let lookup = client.lookup(Ino(1), "x");
-        assert!(std::mem::size_of_val(&lookup) <= 3072, "lookup's future is {} bytes", std::mem::size_of_val(&lookup));
+        assert!(std::mem::size_of_val(&lookup) <= 4096, "lookup's future is {} bytes", std::mem::size_of_val(&lookup));
     }
 
     fn file(perm: u32, uid: u32, gid: u32) -> Attr {
