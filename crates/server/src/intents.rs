@@ -37,8 +37,8 @@ const GC_GRACE_SECS: i64 = 10;
 /// their replay resolves them.
 pub fn pin_pending(st: &State, intents: &[(u64, IntentRecord)]) {
     for (op_id, rec) in intents {
-        if let Some((dir, name)) = rec.intent.pinned_entry() {
-            st.locks.pin(dir, name, *op_id);
+        if let Some((dir, name, kind)) = rec.intent.pinned_entry() {
+            st.locks.pin(dir, name, *op_id, kind);
         }
     }
 }

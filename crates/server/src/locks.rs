@@ -18,13 +18,19 @@
 //! [`PIN_WAIT`], then EBUSY). A pin has an owner (the operation's op id) so that the owner
 //! itself can lock through its own pins.
 //!
-//! **Reads wait for pins too** (lookup, readdir: [`Locks::read_unpinned`]). A pinned name is
-//! in flux: a cross-server rename pins its source name from before the destination entry
+//! **Reads wait for some pins too** (lookup, readdir: [`Locks::read_unpinned`]): those of
+//! [`Pin::Reads`], which an operation takes when a name it changes locally becomes true or
+//! false at a different moment than its effect elsewhere. A rename's source is one such name: a cross-server rename pins its source name from before the destination entry
 //! appears (on the other server) until the source entry is gone, so a read of the source
 //! name that waits for the unpin can never answer "present" after another client saw the
 //! destination, nor "absent" before the destination exists. Every client therefore sees
 //! exactly one of the two names at any time (docs/architecture.md, "Operations that span
-//! servers"). With no pin anywhere this costs a reader one atomic load.
+//! servers"). An rmdir's name is another (its directory is gone on the other server before
+//! the name goes). A mkdir's or a link's name, by contrast, appears only in the finishing
+//! local batch, after the remote step: until then "absent" is the truth, so readers do not
+//! wait for it ([`Pin::Writes`]), and a mkdir left unfinished by an unreachable server does
+//! not hold up lookups and listings of its parent. With no pin anywhere this costs a reader
+//! one atomic load.
 
 use crate::error::{Fail, R};
 use parking_lot::Mutex;
@@ -40,9 +46,24 @@ pub const STRIPES: usize = 1024;
 /// How long a mutation waits for a pinned entry before failing with EBUSY.
 pub const PIN_WAIT: Duration = Duration::from_secs(10);
 
+/// What a pin holds up: other mutations of the name always, reads only for [`Pin::Reads`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pin {
+    /// Mutations wait; lookups and listings answer from the store (the name's local state
+    /// is the operation's truth until it finishes: a mkdir's or a link's new name).
+    Writes,
+    /// Mutations and reads wait (a rename's names, an rmdir's name).
+    Reads,
+}
+
+struct Pinned {
+    owner: u64,
+    kind: Pin,
+}
+
 pub struct Locks {
     stripes: Box<[tokio::sync::Mutex<()>]>,
-    pins: Mutex<HashMap<(Ino, String), u64>>,
+    pins: Mutex<HashMap<(Ino, String), Pinned>>,
     /// Number of pins held (readers skip the map while it is 0).
     pinned: AtomicUsize,
     unpinned: Notify,
@@ -127,7 +148,7 @@ impl Locks {
                 let pins = self.pins.lock();
                 names
                     .iter()
-                    .find(|(d, n)| pins.get(&(*d, n.to_string())).is_some_and(|&o| o != owner || owner == 0))
+                    .find(|(d, n)| pins.get(&(*d, n.to_string())).is_some_and(|p| p.owner != owner || owner == 0))
                     .cloned()
             };
             let Some((dir, name)) = blocked else { return Ok(guard) };
@@ -143,9 +164,9 @@ impl Locks {
 
     /// Pin `(dir, name)` for `owner`. Call with the directory's stripe locked, after checking
     /// through [`Locks::lock_names`] that it is free.
-    pub fn pin(&self, dir: Ino, name: &str, owner: u64) {
+    pub fn pin(&self, dir: Ino, name: &str, owner: u64, kind: Pin) {
         let mut pins = self.pins.lock();
-        pins.insert((dir, name.to_string()), owner);
+        pins.insert((dir, name.to_string()), Pinned { owner, kind });
         self.pinned.store(pins.len(), Ordering::SeqCst);
     }
 
@@ -154,7 +175,7 @@ impl Locks {
         let removed = {
             let mut pins = self.pins.lock();
             let key = (dir, name.to_string());
-            if pins.get(&key) == Some(&owner) {
+            if pins.get(&key).is_some_and(|p| p.owner == owner) {
                 pins.remove(&key);
                 self.pinned.store(pins.len(), Ordering::SeqCst);
                 true
@@ -167,17 +188,22 @@ impl Locks {
         }
     }
 
-    /// The names of directory `dir` pinned now among those `wanted` accepts (none, without
-    /// touching the map, while nothing is pinned anywhere).
+    /// The names of directory `dir` pinned against reads now among those `wanted` accepts
+    /// (none, without touching the map, while nothing is pinned anywhere).
     fn pinned_in(&self, dir: Ino, wanted: impl Fn(&str) -> bool) -> Vec<String> {
         if self.pinned.load(Ordering::SeqCst) == 0 {
             return Vec::new();
         }
-        self.pins.lock().keys().filter(|(d, n)| *d == dir && wanted(n)).map(|(_, n)| n.clone()).collect()
+        self.pins
+            .lock()
+            .iter()
+            .filter(|((d, n), p)| *d == dir && p.kind == Pin::Reads && wanted(n))
+            .map(|((_, n), _)| n.clone())
+            .collect()
     }
 
     /// Run `read` (a lookup or listing of directory `dir`, answering the names it shows) so
-    /// that none of the names it shows was pinned at any moment during it: the names of
+    /// that none of the names it shows was pinned ([`Pin::Reads`]) at any moment during it: the names of
     /// `dir` pinned before and after the read are compared with the answer, and if one is
     /// shown the read waits for its unpin and runs again. A pin that came and went entirely
     /// within one read would go unnoticed, but a pin lasts at least a round trip to another
@@ -230,7 +256,7 @@ mod tests {
     #[tokio::test]
     async fn pinned_names_wait_for_unpin_and_owner_passes() {
         let locks = Arc::new(Locks::new());
-        locks.pin(Ino(5), "a", 42);
+        locks.pin(Ino(5), "a", 42, Pin::Writes);
         // The owner locks through its own pin.
         drop(locks.lock_names(&[Ino(5)], &[(Ino(5), "a")], 42).await.unwrap());
         // Another operation waits until the pin goes.
@@ -241,6 +267,24 @@ mod tests {
         locks.unpin(Ino(5), "a", 42);
         assert!(waiter.await.unwrap());
         assert!(!locks.is_pinned(Ino(5), "a"));
+    }
+
+    /// Reads wait only for `Pin::Reads` pins of the names they show.
+    #[tokio::test]
+    async fn reads_wait_only_for_read_pins() {
+        let locks = Arc::new(Locks::new());
+        let read = |l: Arc<Locks>, name: &'static str| async move {
+            l.read_unpinned(Ino(5), || async { Ok::<_, Fail>(name) }, |n: &&str| vec![n.to_string()]).await.is_ok()
+        };
+        locks.pin(Ino(5), "made", 1, Pin::Writes);
+        locks.pin(Ino(5), "moved", 2, Pin::Reads);
+        assert!(read(locks.clone(), "made").await);
+        assert!(read(locks.clone(), "other").await);
+        let waiter = tokio::spawn(read(locks.clone(), "moved"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        locks.unpin(Ino(5), "moved", 2);
+        assert!(waiter.await.unwrap());
     }
 
     #[tokio::test]

@@ -91,7 +91,7 @@ pub async fn run(st: &Arc<State>, op_id: u64, intent: &Intent, ctx: Ctx) -> End 
         Intent::SetParent { ino, parent } => rename::resume_set_parent(st, op_id, *ino, *parent).await,
     };
     let unpin = || {
-        if let Some((dir, name)) = intent.pinned_entry() {
+        if let Some((dir, name, _)) = intent.pinned_entry() {
             st.locks.unpin(dir, name, op_id);
         }
     };

@@ -44,6 +44,7 @@
 
 use super::commits;
 use crate::error::{Fail, R};
+use crate::locks::Pin;
 use crate::store::records::AppliedReply;
 pub use crate::store::records::{decode, encode, Record};
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard};
@@ -241,12 +242,11 @@ pub enum Intent {
 
 impl Intent {
     /// The entry this intent keeps pinned until it is resolved (see `locks.rs`).
-    pub fn pinned_entry(&self) -> Option<(Ino, &str)> {
+    pub fn pinned_entry(&self) -> Option<(Ino, &str, Pin)> {
         match self {
-            Intent::Mkdir { dir, name, .. } | Intent::Link { dir, name, .. } | Intent::Rmdir { dir, name, .. } => {
-                Some((*dir, name))
-            }
-            Intent::Rename { src_dir, src_name, .. } => Some((*src_dir, src_name)),
+            Intent::Mkdir { dir, name, .. } | Intent::Link { dir, name, .. } => Some((*dir, name, Pin::Writes)),
+            Intent::Rmdir { dir, name, .. } => Some((*dir, name, Pin::Reads)),
+            Intent::Rename { src_dir, src_name, .. } => Some((*src_dir, src_name, Pin::Reads)),
             Intent::Unlink { .. } | Intent::SetParent { .. } | Intent::UnlinkKeep { .. } => None,
         }
     }

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::error::{fail, Fail, R};
+use crate::locks::Pin;
 use crate::ops::*;
 use crate::state::{derive_op, State};
 use crate::steps;
@@ -70,7 +71,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
             txn.commit()
         })
         .await?;
-        st.locks.pin(dir, &name, op_id);
+        st.locks.pin(dir, &name, op_id, Pin::Writes);
     }
     let intent = Intent::Link { dir, name, ino, kind };
     steps::drive(st, op_id, &intent, Ctx { attr: Some(attr), ..Ctx::default() }).await

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::error::{is_transport, Fail, R};
+use crate::locks::Pin;
 use crate::ops::*;
 use crate::state::{derive_op, State};
 use crate::steps;
@@ -48,7 +49,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
     if local {
         return Ok(entry_reply(ino, &rec));
     }
-    st.locks.pin(dir, &name, op_id);
+    st.locks.pin(dir, &name, op_id, Pin::Writes);
     drop(g);
     let intent = Intent::Mkdir { dir, name, ino };
     steps::drive(st, op_id, &intent, Ctx { made: Some(rec), ..Ctx::default() }).await

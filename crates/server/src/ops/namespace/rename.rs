@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::error::{fail, is_transport, Fail, R};
+use crate::locks::Pin;
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
@@ -330,8 +331,8 @@ async fn rename_local(
                         txn.commit()
                     })
                     .await?;
-                    st.locks.pin(src_dir, &src_name, rop);
-                    st.locks.pin(dst_dir, &pinned_dst, rop);
+                    st.locks.pin(src_dir, &src_name, rop, Pin::Reads);
+                    st.locks.pin(dst_dir, &pinned_dst, rop, Pin::Reads);
                     drop(g);
                     rmdir_done = Some((tino, rop));
                     let home = st.home(tino);
@@ -455,7 +456,7 @@ async fn rename_cross(
             }
             Step::Retry => continue,
         };
-        st.locks.pin(src_dir, &src_name, op_id);
+        st.locks.pin(src_dir, &src_name, op_id, Pin::Reads);
         drop(g);
         let intent = Intent::Rename {
             src_dir,

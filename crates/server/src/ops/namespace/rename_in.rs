@@ -3,6 +3,7 @@
 use super::rename::{check_target, replace_target, Ren};
 use super::*;
 use crate::error::{fail, is_transport, Fail, R};
+use crate::locks::Pin;
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
@@ -119,7 +120,7 @@ pub async fn peer_rename_in(
                         txn.commit()
                     })
                     .await?;
-                    st.locks.pin(dst_dir, &dst_name, rop);
+                    st.locks.pin(dst_dir, &dst_name, rop, Pin::Reads);
                     drop(g);
                     rmdir_done = Some((tino, rop));
                     let home = st.home(tino);

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::error::{fail, Fail, R};
-use crate::locks::Locks;
+use crate::locks::{Locks, Pin};
 use crate::ops::*;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::State;
@@ -77,7 +77,7 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
         match step {
             Step::Done(Removed::Local) => return Ok(Reply::Ok),
             Step::Done(Removed::Remote(child)) => {
-                st.locks.pin(dir, &name, op_id);
+                st.locks.pin(dir, &name, op_id, Pin::Reads);
                 drop(g);
                 let intent = Intent::Rmdir { dir, name: name.clone(), ino: child };
                 return steps::drive(st, op_id, &intent, Ctx::default()).await;
