@@ -25,7 +25,9 @@ pub mod stripe;
 
 pub use map::{ClusterDefaults, ClusterMap, MapError, ServerEntry, ServerState};
 pub use name_hash::name_hash;
-pub use partition::{birth_depth, moves_on_split, split_child, Bitmap, SplitError, MAX_DEPTH};
+pub use partition::{
+    birth_depth, key_after, key_range, listing_key, moves_on_split, split_child, Bitmap, SplitError, MAX_DEPTH,
+};
 pub use partition_home::{dir_ring_pos, ring_step};
 pub use split_policy::{should_split, target_depth, SPLIT_ENTRIES};
 pub use stripe::{check_spec, object_len, pieces, resolve_layout, Piece};

@@ -42,6 +42,31 @@ pub fn birth_depth(index: u32) -> u32 {
     32 - index.leading_zeros()
 }
 
+/// Where a name sorts in a listing of its directory, and in the server's store: its hash
+/// with the bits reversed. Partition `index` at depth `d` (names whose hash has `index` in
+/// its low `d` bits) is then one contiguous range of listing keys ([`key_range`]), and a
+/// split cuts a range into its lower and upper halves (the moving names are the upper
+/// half). A listing that walks listing keys upwards therefore meets every name exactly
+/// once however the directory splits meanwhile: a position never moves.
+pub fn listing_key(hash: u64) -> u64 {
+    hash.reverse_bits()
+}
+
+/// The listing keys of partition `index` at `depth`: first and last, inclusive.
+pub fn key_range(index: u32, depth: u32) -> (u64, u64) {
+    if depth == 0 {
+        return (0, u64::MAX);
+    }
+    let lo = u64::from(index).reverse_bits();
+    (lo, lo | u64::MAX >> depth)
+}
+
+/// The first listing key after partition `index` at `depth`: where a listing goes on once
+/// it has been through that partition. `None` after the last one.
+pub fn key_after(index: u32, depth: u32) -> Option<u64> {
+    key_range(index, depth).1.checked_add(1)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SplitError {
     #[error("partition {0} does not exist")]
@@ -203,6 +228,17 @@ mod tests {
     }
 
     #[test]
+    fn a_partition_is_one_range_of_listing_keys() {
+        assert_eq!(key_range(0, 0), (0, u64::MAX));
+        assert_eq!(key_range(0, 1), (0, u64::MAX >> 1));
+        assert_eq!(key_range(1, 1), (1 << 63, u64::MAX));
+        assert_eq!(key_after(1, 1), None);
+        assert_eq!(key_after(0, 1), Some(1 << 63));
+        // Partition 5 at depth 3: low bits 101 -> top bits 101.
+        assert_eq!(key_range(5, 3), (0b101 << 61, (0b101 << 61) | u64::MAX >> 3));
+    }
+
+    #[test]
     fn the_depth_limit_bounds_the_partitions() {
         let mut b = Bitmap::new();
         for _ in 0..MAX_DEPTH {
@@ -242,6 +278,25 @@ mod tests {
                 prop_assert!(b.contains(p));
                 let d = b.depth_of(p);
                 prop_assert_eq!(h & ((1u64 << d) - 1), p as u64);
+            }
+        }
+
+        /// A name's listing key is inside its partition's range, and the partitions' ranges
+        /// tile the whole key space.
+        #[test]
+        fn a_name_sorts_inside_its_partitions_range(choices in proptest::collection::vec(any::<u32>(), 0..60), hashes in proptest::collection::vec(any::<u64>(), 1..50)) {
+            let b = grown(&choices);
+            for h in hashes {
+                let p = b.partition_of(h);
+                let (lo, hi) = key_range(p, b.depth_of(p));
+                prop_assert!((lo..=hi).contains(&listing_key(h)));
+            }
+            let mut ranges: Vec<(u64, u64)> = b.partitions().map(|p| key_range(p, b.depth_of(p))).collect();
+            ranges.sort();
+            prop_assert_eq!(ranges[0].0, 0);
+            prop_assert_eq!(ranges.last().unwrap().1, u64::MAX);
+            for w in ranges.windows(2) {
+                prop_assert_eq!(w[0].1 + 1, w[1].0);
             }
         }
 

@@ -24,8 +24,14 @@ pub const FEATURE_DATA_CRC: u64 = 1 << 0;
 /// and then gets no lease either.
 pub const FEATURE_LEASES: u64 = 1 << 1;
 
+/// Split directories (docs/protocol.md, "Split directories"): the client routes names by
+/// the directory's partition bitmap and understands `Reply::Partitions` and the listing
+/// order. A server answers a client without it, asking about a split directory, with an
+/// error naming the cause instead of a reply that client could not decode.
+pub const FEATURE_PARTITIONS: u64 = 1 << 2;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
-pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC | FEATURE_LEASES;
+pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS;
 
 /// The features this process offers by default: all it knows, less the data checksum when
 /// the environment says `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost.

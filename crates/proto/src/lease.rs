@@ -63,7 +63,13 @@ pub enum LeasedReply {
     Absent,
     /// `ReadDir`: a page of entries; with `more: false` and no `after` in the request, the
     /// whole directory (partition), which the holder may then list and search locally.
-    DirEntries { entries: Vec<DirEntry>, more: bool },
+    DirEntries {
+        entries: Vec<DirEntry>,
+        more: bool,
+        /// As in `Reply::DirEntries`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        part: Option<crate::msg::PartRef>,
+    },
 }
 
 /// A reference to one lease in a revocation.

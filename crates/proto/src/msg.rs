@@ -337,7 +337,13 @@ pub enum Op {
         /// The sender has the target open: if it loses its last name, keep it as an orphan.
         keep: Option<KeepOpen>,
     },
-    /// Entries with names strictly after `after` (in byte order), at most `limit`.
+    /// A page of at most `limit` entries, in *listing order* (docs/protocol.md, "Listing
+    /// order"): by the bit-reversed hash of the name (`shoal_placement::listing_key`), then by
+    /// name. The page starts strictly after the name `after`, or, without one, at the first
+    /// entry whose listing key is at least `from` (0 without it). It holds entries of one
+    /// partition only (the one holding that position on the answering server), and its
+    /// reply says which, so that a client pages through a split directory partition by
+    /// partition; a position in a partition held elsewhere is answered `Partitions`.
     ReadDir {
         dir: Ino,
         after: Option<String>,
@@ -345,6 +351,8 @@ pub enum Op {
         /// Ask for a lease on the directory, as for `Lookup`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         lease: Option<crate::lease::LeaseAsk>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<u64>,
     },
 
     // ---- inodes: sent to the home server of `ino` ----
@@ -552,6 +560,48 @@ pub enum Op {
     LeaseAck {
         ids: Vec<u64>,
     },
+    /// Second step of the split of a directory partition (docs/architecture.md, "Split
+    /// directories"): sent by the server of the partition that splits to the server of the
+    /// new partition `index` (at `depth`), with the entries that move to it and the
+    /// directory's attributes (for permission checks and inheritance there). Stores them
+    /// in one batch. Applied at most once per `op_id`: a resent step never overwrites what
+    /// the new partition's server changed since. Answered `Ok`.
+    PeerSplitIn {
+        dir: Ino,
+        index: u32,
+        depth: u32,
+        attr: Attr,
+        entries: Vec<DirEntry>,
+        op_id: u64,
+    },
+    /// Sent to the home server of `dir`: partition `index` of the directory exists (a
+    /// split created it). The home adds it to the directory's bitmap (idempotent) and
+    /// answers `Partitions`.
+    PeerAddPartition {
+        dir: Ino,
+        index: u32,
+    },
+    /// Sent to the home server of `dir`: answer the directory's partition bitmap
+    /// (`Partitions`), so that a server answering a misrouted request can say where to go.
+    PeerPartitions {
+        dir: Ino,
+    },
+    /// Sent by the home server of a split directory being removed to every other server
+    /// holding one of its partitions: with `seal`, fail with ENOTEMPTY if any of the
+    /// directory's entries is here, otherwise seal its partitions (names cannot be added;
+    /// adding waits for the outcome) and answer `Ok`; without `seal`, unseal them. With
+    /// `drop` (the directory is gone), delete the partitions. Idempotent.
+    PeerSealPartitions {
+        dir: Ino,
+        seal: bool,
+        drop: bool,
+    },
+    /// Sent by the home server of a split directory to every other server holding one of
+    /// its partitions after its attributes changed (mode, owner, default layout): the copy
+    /// those servers check permissions and inheritance against. Idempotent.
+    PeerPartitionAttr {
+        attr: Attr,
+    },
 }
 
 impl Op {
@@ -599,6 +649,11 @@ impl Op {
             Op::Open { .. } => "open",
             Op::PeerMoveLock { .. } => "peer_move_lock",
             Op::LeaseAck { .. } => "lease_ack",
+            Op::PeerSplitIn { .. } => "peer_split_in",
+            Op::PeerAddPartition { .. } => "peer_add_partition",
+            Op::PeerPartitions { .. } => "peer_partitions",
+            Op::PeerSealPartitions { .. } => "peer_seal_partitions",
+            Op::PeerPartitionAttr { .. } => "peer_partition_attr",
         }
     }
 
@@ -643,7 +698,15 @@ pub enum BatchReply {
     Ok,
     Entry(EntryOut),
     Attr(Attr),
-    Error { errno: Errno, message: String },
+    Error {
+        errno: Errno,
+        message: String,
+    },
+    /// As `Reply::Partitions`: the operation's name is in a partition held elsewhere.
+    Partitions {
+        dir: Ino,
+        bitmap: Vec<u64>,
+    },
 }
 
 impl BatchReply {
@@ -655,6 +718,7 @@ impl BatchReply {
             Reply::Entry(e) => BatchReply::Entry(e),
             Reply::Attr(a) => BatchReply::Attr(a),
             Reply::Error { errno, message } => BatchReply::Error { errno, message },
+            Reply::Partitions { dir, bitmap } => BatchReply::Partitions { dir, bitmap },
             other => {
                 BatchReply::Error { errno: Errno::EPROTO, message: format!("unexpected reply in a batch: {other:?}") }
             }
@@ -668,6 +732,7 @@ impl BatchReply {
             BatchReply::Entry(e) => Reply::Entry(e),
             BatchReply::Attr(a) => Reply::Attr(a),
             BatchReply::Error { errno, message } => Reply::Error { errno, message },
+            BatchReply::Partitions { dir, bitmap } => Reply::Partitions { dir, bitmap },
         }
     }
 }
@@ -692,6 +757,11 @@ pub enum Reply {
     DirEntries {
         entries: Vec<DirEntry>,
         more: bool,
+        /// The partition the page comes from, at its depth on the answering server (every
+        /// server of protocol 4 with split directories sets it): `more: false` ends that
+        /// partition, and the listing goes on at the next partition's first position.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        part: Option<PartRef>,
     },
     Link(String),
     Xattr(Vec<u8>),
@@ -735,6 +805,22 @@ pub enum Reply {
         lease: crate::lease::LeaseGrant,
         reply: crate::lease::LeasedReply,
     },
+    /// The partition bitmap of directory `dir` (`shoal_placement::Bitmap` words): the answer
+    /// to a request for a name, or a listing position, in a partition this server does not
+    /// hold (the sender's bitmap is stale: merge and route again; docs/protocol.md, "Split
+    /// directories"), and to `PeerAddPartition` and `PeerPartitions`.
+    Partitions {
+        dir: Ino,
+        bitmap: Vec<u64>,
+    },
+}
+
+/// One partition of a split directory: `index` at `depth` holds the names whose hash has
+/// `index` in its low `depth` bits (`shoal_placement::partition`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRef {
+    pub index: u32,
+    pub depth: u32,
 }
 
 /// Progress and findings of a server's scrub (`shoal scrub`).

@@ -55,6 +55,11 @@ impl Op {
             Op::Open { .. } => 39,
             Op::PeerMoveLock { .. } => 40,
             Op::LeaseAck { .. } => 41,
+            Op::PeerSplitIn { .. } => 42,
+            Op::PeerAddPartition { .. } => 43,
+            Op::PeerPartitions { .. } => 44,
+            Op::PeerSealPartitions { .. } => 45,
+            Op::PeerPartitionAttr { .. } => 46,
         }
     }
 }
@@ -84,6 +89,7 @@ impl Reply {
             Reply::Scrub(_) => 19,
             Reply::Opened { .. } => 20,
             Reply::Leased { .. } => 21,
+            Reply::Partitions { .. } => 22,
         }
     }
 }

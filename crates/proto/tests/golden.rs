@@ -114,7 +114,7 @@ fn ops() -> Vec<Op> {
             flags: RenameFlags { noreplace: true, exchange: false },
             keep,
         },
-        Op::ReadDir { dir: DIR, after: Some("m".into()), limit: 4096, lease: None },
+        Op::ReadDir { dir: DIR, after: Some("m".into()), limit: 4096, lease: None, from: None },
         Op::GetAttr { ino: FILE },
         Op::SetAttr {
             ino: FILE,
@@ -180,6 +180,18 @@ fn ops() -> Vec<Op> {
         Op::Open { ino: FILE, rights: RIGHT_READ | RIGHT_WRITE, renew: Some(capability()) },
         Op::PeerMoveLock { op_id: 81, hold: true },
         Op::LeaseAck { ids: vec![7, 1 << 40] },
+        Op::PeerSplitIn {
+            dir: DIR,
+            index: 5,
+            depth: 3,
+            attr: dir_attr(),
+            entries: vec![dirent()],
+            op_id: 0x0102_0304_0506_0708,
+        },
+        Op::PeerAddPartition { dir: DIR, index: 5 },
+        Op::PeerPartitions { dir: DIR },
+        Op::PeerSealPartitions { dir: DIR, seal: true, drop: false },
+        Op::PeerPartitionAttr { attr: dir_attr() },
     ]
 }
 
@@ -201,6 +213,7 @@ fn batch_replies() -> Vec<BatchReply> {
         BatchReply::Entry(entry()),
         BatchReply::Attr(attr()),
         BatchReply::Error { errno: Errno::EEXIST, message: "f exists".into() },
+        BatchReply::Partitions { dir: DIR, bitmap: vec![0b11] },
     ]
 }
 
@@ -216,7 +229,7 @@ fn replies() -> Vec<Reply> {
         Reply::Ok,
         Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None, cap: None }),
         Reply::Attr(dir_attr()),
-        Reply::DirEntries { entries: vec![dirent()], more: true },
+        Reply::DirEntries { entries: vec![dirent()], more: true, part: None },
         Reply::Link("../t".into()),
         Reply::Xattr(vec![9, 8, 7]),
         Reply::XattrNames(vec!["user.a".into(), "user.b".into()]),
@@ -247,7 +260,9 @@ fn replies() -> Vec<Reply> {
                 ops: vec![("create".into(), 4), ("lookup".into(), 6)],
             },
         }),
-        Reply::Batch(batch_replies()),
+        // The batch as committed before `BatchReply::Partitions` existed (its own vector
+        // covers that variant), so that adding a variant does not change this vector.
+        Reply::Batch(batch_replies().into_iter().filter(|b| !matches!(b, BatchReply::Partitions { .. })).collect()),
         Reply::StaleMap { current: 4 },
         Reply::Error { errno: Errno::ENOENT, message: "no such entry \"a\" in directory 1".into() },
         Reply::Appended { offset: 1 << 32 },
@@ -271,6 +286,7 @@ fn replies() -> Vec<Reply> {
         }),
         Reply::Opened { attr: attr(), cap: Some(capability()) },
         Reply::Leased { lease: grant(), reply: LeasedReply::Absent },
+        Reply::Partitions { dir: DIR, bitmap: vec![0b1011, 1 << 63] },
     ]
 }
 
@@ -390,13 +406,27 @@ fn samples() -> Vec<(String, Sample)> {
     v.push(("Op.Lookup+lease".into(), Sample::Request(request(Op::Lookup { dir: DIR, name: "a".into(), lease: ask }))));
     v.push((
         "Op.ReadDir+lease".into(),
-        Sample::Request(request(Op::ReadDir { dir: DIR, after: None, limit: 1024, lease: ask })),
+        Sample::Request(request(Op::ReadDir { dir: DIR, after: None, limit: 1024, lease: ask, from: None })),
+    ));
+    // Split directories: a listing that starts at a partition's first position, and a page
+    // that says which partition it came from.
+    v.push((
+        "Op.ReadDir+from".into(),
+        Sample::Request(request(Op::ReadDir { dir: DIR, after: None, limit: 1024, lease: None, from: Some(1 << 62) })),
+    ));
+    v.push((
+        "Reply.DirEntries+part".into(),
+        Sample::Reply(Reply::DirEntries {
+            entries: vec![dirent()],
+            more: false,
+            part: Some(PartRef { index: 5, depth: 3 }),
+        }),
     ));
     // Every answer a lease comes with, inside `Reply::Leased` (named by the inner variant).
     for r in [
         LeasedReply::Entry(entry()),
         LeasedReply::Absent,
-        LeasedReply::DirEntries { entries: vec![dirent()], more: false },
+        LeasedReply::DirEntries { entries: vec![dirent()], more: false, part: None },
     ] {
         v.push((
             format!("LeasedReply.{}", variant_name(&r)),
