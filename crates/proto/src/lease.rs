@@ -49,6 +49,16 @@ pub struct LeaseGrant {
     /// How long it holds, in milliseconds, counted by the holder from when it SENT the
     /// request (so the holder's expiry comes before the server's, whatever the delays).
     pub ms: u32,
+    /// The depth of partition `key.partition` on the granting server: the lease covers the
+    /// names whose hash has `key.partition` in its low `depth` bits (0: every name of an
+    /// unsplit directory). A split of the partition revokes the lease first, so the depth
+    /// holds as long as the lease does.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub depth: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The answer inside a [`crate::msg::Reply::Leased`]: what the request would have had

@@ -291,7 +291,7 @@ fn replies() -> Vec<Reply> {
 }
 
 fn grant() -> LeaseGrant {
-    LeaseGrant { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0 }, ms: 3000 }
+    LeaseGrant { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0 }, ms: 3000, depth: 0 }
 }
 
 /// Notices: one sample per variant.
@@ -413,6 +413,13 @@ fn samples() -> Vec<(String, Sample)> {
     v.push((
         "Op.ReadDir+from".into(),
         Sample::Request(request(Op::ReadDir { dir: DIR, after: None, limit: 1024, lease: None, from: Some(1 << 62) })),
+    ));
+    v.push((
+        "LeaseGrant+depth".into(),
+        Sample::Reply(Reply::Leased {
+            lease: LeaseGrant { id: 9, key: LeaseKey { dir: DIR, partition: 5 }, ms: 3000, depth: 3 },
+            reply: LeasedReply::Absent,
+        }),
     ));
     v.push((
         "Reply.DirEntries+part".into(),

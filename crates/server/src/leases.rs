@@ -313,12 +313,12 @@ impl Leases {
         if let Some(h) = s.holders.iter_mut().find(|h| h.session == caller.session) {
             h.expires = h.expires.max(expires);
             h.sink = sink;
-            return Some(LeaseGrant { id: h.id, key, ms });
+            return Some(LeaseGrant { id: h.id, key, ms, depth: 0 });
         }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         s.holders.push(Holder { id, session: caller.session, expires, sink });
         t.holders += 1;
-        Some(LeaseGrant { id, key, ms })
+        Some(LeaseGrant { id, key, ms, depth: 0 })
     }
 
     /// The entries of `keys` are about to change (a commit, `Txn::commit`): no lease on them
