@@ -162,6 +162,20 @@ impl Bitmap {
         Ok(child)
     }
 
+    /// Record that partition `index` exists (learnt from the server that made it). Its
+    /// ancestors exist already wherever the split protocol is followed; this does not check.
+    pub fn insert(&mut self, index: u32) -> Result<(), SplitError> {
+        if index >> MAX_DEPTH != 0 {
+            return Err(SplitError::AtDepthLimit(index));
+        }
+        let w = (index / 64) as usize;
+        if self.words.len() <= w {
+            self.words.resize(w + 1, 0);
+        }
+        self.words[w] |= 1 << (index % 64);
+        Ok(())
+    }
+
     /// Add the partitions `other` knows of (a client learning a newer bitmap of the same
     /// directory from a reply). Bitmaps only grow, so the union is the newer view.
     pub fn merge(&mut self, other: &Bitmap) {

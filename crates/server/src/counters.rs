@@ -45,7 +45,17 @@ const OP_NAMES: &[&str] = &[
     "peer_set_parent",
     "peer_delete_objects",
     "peer_truncate_object",
+    "peer_split_in",
+    "peer_add_partition",
+    "peer_partitions",
+    "peer_seal_partitions",
+    "peer_partition_attr",
+    MISROUTED,
 ];
+
+/// Not an operation: requests answered `Partitions` because the sender routed a name of a
+/// split directory with a stale bitmap (`ops/namespace/split.rs`).
+pub const MISROUTED: &str = "misrouted";
 
 #[derive(Default)]
 pub struct Counters {
@@ -85,6 +95,11 @@ impl Counters {
         if let Some(c) = self.ops.get(op) {
             c.fetch_add(1, Relaxed);
         }
+    }
+
+    /// A request was answered `Partitions` (counted under [`MISROUTED`]).
+    pub fn misrouted(&self) {
+        self.batched(MISROUTED);
     }
 
     pub fn peer_sent(&self) {

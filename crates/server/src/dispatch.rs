@@ -44,6 +44,9 @@ pub async fn handle(
     let op_desc = if tracing::enabled!(tracing::Level::DEBUG) { format!("{:?}", req.op) } else { String::new() };
     match route(st, req, data, crcs).await {
         Ok(r) => r,
+        Err(Fail { misrouted: Some(dir), .. }) => {
+            (crate::ops::namespace::split::misrouted_reply(st, dir).await, Payload::none())
+        }
         Err(f) => {
             st.counters.error();
             if f.errno == Errno::EIO {
@@ -94,6 +97,7 @@ async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
         st.counters.batched(op.name());
         let reply = match route_op(st, cred.clone(), op, Bytes::new(), None).await {
             Ok((reply, _)) => reply,
+            Err(Fail { misrouted: Some(dir), .. }) => crate::ops::namespace::split::misrouted_reply(st, dir).await,
             Err(f) => {
                 st.counters.error();
                 f.into_reply()
@@ -117,6 +121,8 @@ fn space_needed(op: &Op, data: &Bytes) -> Option<u64> {
         | Op::Link { .. }
         | Op::SetXattr { .. }
         | Op::PeerMkdirObject { .. } => Some(crate::store::space::RECORD_ROOM),
+        // The moved entries: about a record each.
+        Op::PeerSplitIn { entries, .. } => Some(crate::store::space::RECORD_ROOM * (1 + entries.len() as u64)),
         _ => None,
     }
 }
@@ -159,7 +165,9 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Rename { src_dir, src_name, dst_dir, dst_name, flags, keep } => {
             namespace::rename(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep).await?
         }
-        Op::ReadDir { dir, after, limit, lease } => crate::leases::readdir(st, cred, dir, after, limit, lease).await?,
+        Op::ReadDir { dir, after, limit, lease, from } => {
+            crate::leases::readdir(st, cred, dir, after, from, limit, lease).await?
+        }
         Op::LeaseAck { ids } => crate::leases::ack(st, &ids),
 
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,
@@ -208,6 +216,13 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
         Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
         Op::ReleaseOrphan { ino, session } => crate::orphans::release(st, ino, session).await?,
+        Op::PeerSplitIn { dir, index, depth, attr, entries, op_id } => {
+            namespace::split::split_in(st, dir, index, depth, attr, entries, op_id).await?
+        }
+        Op::PeerAddPartition { dir, index } => namespace::split::add_partition(st, dir, index).await?,
+        Op::PeerPartitions { dir } => namespace::split::partitions(st, dir).await?,
+        Op::PeerSealPartitions { dir, seal, drop } => namespace::split::seal(st, dir, seal, drop).await?,
+        Op::PeerPartitionAttr { attr } => namespace::split::partition_attr(st, attr).await?,
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
         // Never nested: `BatchOp` has no batch.

@@ -13,6 +13,9 @@ use std::fmt;
 pub struct Fail {
     pub errno: Errno,
     pub message: String,
+    /// The request named an entry of this split directory in a partition held by another
+    /// server: answered `Reply::Partitions` (`partitions::misrouted`, `dispatch.rs`).
+    pub misrouted: Option<shoal_proto::Ino>,
 }
 
 /// Result of a handler step.
@@ -20,7 +23,7 @@ pub type R<T> = Result<T, Fail>;
 
 impl Fail {
     pub fn new(errno: Errno, message: impl Into<String>) -> Fail {
-        Fail { errno, message: message.into() }
+        Fail { errno, message: message.into(), misrouted: None }
     }
 
     /// Internal inconsistency (a record that does not decode, a key of the wrong shape):
@@ -51,7 +54,7 @@ impl Fail {
 
 impl From<Errno> for Fail {
     fn from(errno: Errno) -> Fail {
-        Fail { errno, message: errno.description() }
+        Fail { errno, message: errno.description(), misrouted: None }
     }
 }
 

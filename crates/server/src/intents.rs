@@ -33,14 +33,26 @@ pub const APPLIED_MAX_AGE_SECS: i64 = 24 * 3600;
 /// A `g` record younger than this is left to the task that wrote it.
 const GC_GRACE_SECS: i64 = 10;
 
-/// Pin the entries of intents found at start-up, so that no request changes them before
-/// their replay resolves them.
-pub fn pin_pending(st: &State, intents: &[(u64, IntentRecord)]) {
+/// Pin the entries of intents found at start-up, and freeze the moving halves of splits, so
+/// that no request changes them before their replay resolves them.
+pub fn pin_pending(st: &State, intents: &[(u64, IntentRecord)]) -> R<()> {
     for (op_id, rec) in intents {
         if let Some((dir, name, kind)) = rec.intent.pinned_entry() {
             st.locks.pin(dir, name, *op_id, kind);
         }
+        // A split's moving half stays frozen until its replay finishes it.
+        if let crate::store::meta::Intent::Split { dir, index, depth } = rec.intent {
+            // (A directory removed since has nothing to freeze: the replay drops the intent.)
+            let attrs = match st.parts.attrs(dir) {
+                Some(a) => Some(a),
+                None => st.meta.get_inode(dir)?,
+            };
+            if let Some(attrs) = attrs {
+                st.parts.freeze(dir, index, depth, &attrs);
+            }
+        }
     }
+    Ok(())
 }
 
 /// Most objects one deletion round asks of one server (keeps each request well inside the

@@ -107,6 +107,8 @@ struct Holder {
     /// When the server stops counting it (the holder's own expiry plus [`MARGIN`]).
     expires: Instant,
     sink: NoticeSink,
+    /// The partition the lease was granted on (what the holder knows it by).
+    part: shoal_proto::msg::PartRef,
 }
 
 #[derive(Default)]
@@ -281,8 +283,18 @@ impl Leases {
 
     /// A lease on `key` for the caller, if the entries did not change since `ticket`, none
     /// is being changed or revoked, and the table has room.
-    pub fn grant(&self, key: LeaseKey, ticket: ReadTicket, ask: Option<LeaseAsk>) -> Option<LeaseGrant> {
+    /// The grant names `part` (the partition of the answer, on this server) as what it
+    /// covers; the table keeps leases by directory (`key`, partition 0), so that any change of
+    /// the directory's entries here revokes them all.
+    pub fn grant(
+        &self,
+        key: LeaseKey,
+        ticket: ReadTicket,
+        ask: Option<LeaseAsk>,
+        part: shoal_proto::msg::PartRef,
+    ) -> Option<LeaseGrant> {
         let ask = ask?;
+        let granted = LeaseKey { dir: key.dir, partition: part.index };
         if self.max.is_zero() || ask.ms == 0 {
             return None;
         }
@@ -313,12 +325,13 @@ impl Leases {
         if let Some(h) = s.holders.iter_mut().find(|h| h.session == caller.session) {
             h.expires = h.expires.max(expires);
             h.sink = sink;
-            return Some(LeaseGrant { id: h.id, key, ms, depth: 0 });
+            h.part = part;
+            return Some(LeaseGrant { id: h.id, key: granted, ms, depth: part.depth });
         }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        s.holders.push(Holder { id, session: caller.session, expires, sink });
+        s.holders.push(Holder { id, session: caller.session, expires, sink, part });
         t.holders += 1;
-        Some(LeaseGrant { id, key, ms, depth: 0 })
+        Some(LeaseGrant { id, key: granted, ms, depth: part.depth })
     }
 
     /// The entries of `keys` are about to change (a commit, `Txn::commit`): no lease on them
@@ -349,7 +362,8 @@ impl Leases {
                     } else if h.expires > now {
                         others = true;
                         revocation.waiting.lock().insert(h.id, h.expires);
-                        notices.push((h.sink, LeaseRef { id: h.id, key }));
+                        let held = LeaseKey { dir: key.dir, partition: h.part.index };
+                        notices.push((h.sink, LeaseRef { id: h.id, key: held }));
                     }
                 }
                 s.holders = kept;
@@ -427,7 +441,9 @@ fn sweep(t: &mut Table, now: Instant) {
 
 /// `Lookup`: the handler's answer, after the revocations of changes to the directory are
 /// through; when it asks for a lease and gets one, wrapped in `Reply::Leased` (a missing
-/// name then answers `Absent` rather than ENOENT).
+/// name then answers `Absent` rather than ENOENT). The lease covers the partition the name
+/// is in on this server (all of an unsplit directory); this server's changes to any entry
+/// of the directory revoke it.
 pub async fn lookup(
     st: &Arc<crate::state::State>,
     cred: shoal_proto::msg::Cred,
@@ -438,16 +454,17 @@ pub async fn lookup(
     use shoal_proto::lease::LeasedReply;
     use shoal_proto::msg::Reply;
     let Some(leases) = st.meta.leases().cloned() else {
-        return crate::ops::namespace::lookup(st, cred, dir, name).await;
+        return crate::ops::namespace::lookup(st, cred, dir, name).await?.0;
     };
     let key = LeaseKey::dir(dir);
     let ticket = leases.before_read(key).await;
-    match crate::ops::namespace::lookup(st, cred, dir, name).await {
-        Ok(Reply::Entry(e)) => Ok(match leases.grant(key, ticket, ask) {
+    let (answer, part) = crate::ops::namespace::lookup(st, cred, dir, name).await?;
+    match answer {
+        Ok(Reply::Entry(e)) => Ok(match leases.grant(key, ticket, ask, part) {
             Some(lease) => Reply::Leased { lease, reply: LeasedReply::Entry(e) },
             None => Reply::Entry(e),
         }),
-        Err(f) if f.errno == shoal_proto::Errno::ENOENT => match leases.grant(key, ticket, ask) {
+        Err(f) if f.errno == shoal_proto::Errno::ENOENT => match leases.grant(key, ticket, ask, part) {
             Some(lease) => Ok(Reply::Leased { lease, reply: LeasedReply::Absent }),
             None => Err(f),
         },
@@ -461,22 +478,23 @@ pub async fn readdir(
     cred: shoal_proto::msg::Cred,
     dir: shoal_proto::Ino,
     after: Option<String>,
+    from: Option<u64>,
     limit: u32,
     ask: Option<LeaseAsk>,
 ) -> crate::error::R<shoal_proto::msg::Reply> {
     use shoal_proto::lease::LeasedReply;
     use shoal_proto::msg::Reply;
     let Some(leases) = st.meta.leases().cloned() else {
-        return crate::ops::namespace::readdir(st, cred, dir, after, limit).await;
+        return Ok(crate::ops::namespace::readdir(st, cred, dir, after, from, limit).await?.0);
     };
     let key = LeaseKey::dir(dir);
     let ticket = leases.before_read(key).await;
-    match crate::ops::namespace::readdir(st, cred, dir, after, limit).await? {
-        Reply::DirEntries { entries, more } => Ok(match leases.grant(key, ticket, ask) {
-            Some(lease) => Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more } },
-            None => Reply::DirEntries { entries, more },
+    match crate::ops::namespace::readdir(st, cred, dir, after, from, limit).await? {
+        (Reply::DirEntries { entries, more, part }, p) => Ok(match leases.grant(key, ticket, ask, p) {
+            Some(lease) => Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more, part } },
+            None => Reply::DirEntries { entries, more, part },
         }),
-        other => Ok(other),
+        (other, _) => Ok(other),
     }
 }
 

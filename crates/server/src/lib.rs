@@ -36,6 +36,7 @@ mod locks;
 mod net;
 mod ops;
 mod orphans;
+mod partitions;
 mod perm;
 mod replies;
 mod scrub;
@@ -202,7 +203,10 @@ impl Server {
                 ..PoolOptions::default()
             },
         );
-        let state = Arc::new(State::new(id, map, data_dir, meta, data, space, pool, keys));
+        let parts = partitions::Partitions::load(meta.partitions().map_err(|e| anyhow!("{e}"))?);
+        let mut state = State::new(id, map, data_dir, meta, data, space, pool, keys);
+        state.parts = parts;
+        let state = Arc::new(state);
         let _ = state_cell.set(Arc::downgrade(&state));
 
         let st = state.clone();
@@ -241,7 +245,7 @@ impl Server {
         if !pending.is_empty() {
             tracing::info!("{} intents to replay", pending.len());
         }
-        intents::pin_pending(&st, &pending);
+        intents::pin_pending(&st, &pending).map_err(|e| anyhow!("{e}"))?;
         Ok(Server { state, listen, limits, orphan_grace: opts.orphan_grace, tls })
     }
 

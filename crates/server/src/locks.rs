@@ -242,6 +242,15 @@ impl Locks {
         }
     }
 
+    /// Every name of directory `dir` pinned now, whatever the kind of pin (a split does not
+    /// start while one of the names it would move is in the middle of an operation).
+    pub fn pinned_names(&self, dir: Ino) -> Vec<String> {
+        if self.pinned.load(Ordering::SeqCst) == 0 {
+            return Vec::new();
+        }
+        self.pins.lock().keys().filter(|(d, _)| *d == dir).map(|(_, n)| n.clone()).collect()
+    }
+
     #[cfg(test)]
     pub fn is_pinned(&self, dir: Ino, name: &str) -> bool {
         self.pins.lock().contains_key(&(dir, name.to_string()))

@@ -63,6 +63,8 @@ pub struct State {
     pub replies: crate::replies::Replies,
     /// The background verification of this server's objects and records (`scrub.rs`).
     pub scrub: crate::scrub::Scrub,
+    /// The partitions of split directories held here (`partitions.rs`).
+    pub parts: crate::partitions::Partitions,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -118,6 +120,7 @@ impl State {
             keys: parking_lot::RwLock::new(keys.map(Arc::new)),
             replies: crate::replies::Replies::new(),
             scrub: Default::default(),
+            parts: Default::default(),
         }
     }
 
@@ -273,7 +276,14 @@ impl State {
                 }
             }
         }
-        rec.to_attr(ino, blocks)
+        let mut attr = rec.to_attr(ino, blocks);
+        // A split directory's subdirectories are counted by no single server: report the
+        // "unknown" link count 1, as file systems do that cannot count them (`find` then
+        // makes no leaf assumption).
+        if rec.kind == FileKind::Dir && self.parts.is_split(ino) {
+            attr.nlink = 1;
+        }
+        attr
     }
 
     /// Send a peer operation as root. A step addressed to this server itself runs in place.

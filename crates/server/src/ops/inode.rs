@@ -5,7 +5,7 @@ use super::*;
 use crate::error::{fail, Fail, R};
 use crate::perm::{self, W_OK};
 use crate::state::State;
-use crate::store::meta::InodeRecord;
+use crate::store::meta::{InodeRecord, Intent};
 use futures::future::join_all;
 use shoal_placement::{object_len, resolve_layout};
 use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Op, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
@@ -144,6 +144,11 @@ const SETATTR_ATTEMPTS: u32 = 8;
 /// beyond the new end before the commit survives it.
 pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<Reply> {
     st.require_home(ino)?;
+    // A split directory's partitions elsewhere check permissions against copies of its
+    // attributes: an intent written with the change has them refreshed.
+    let split = st.parts.is_split(ino);
+    let op_id = st.new_op_id();
+    let _active = st.activate(op_id);
     for _ in 0..SETATTR_ATTEMPTS {
         let (cred2, set2) = (cred.clone(), set.clone());
         let planned = {
@@ -161,6 +166,9 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                         let mut txn = st.meta.txn();
                         txn.put_inode(ino, new.clone());
                         drop_caps_on_size_change(&mut txn, ino, &set2);
+                        if split {
+                            txn.put_intent(op_id, Intent::PartitionAttr { dir: ino }, now().secs);
+                        }
                         txn.commit()?;
                         Ok(Ok(Reply::Attr(st.attr_of(ino, &new, true))))
                     }
@@ -169,7 +177,12 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
             .await?
         };
         let (old, new, layout, size) = match planned {
-            Ok(reply) => return Ok(reply),
+            Ok(reply) => {
+                if split {
+                    crate::steps::drive(st, op_id, &Intent::PartitionAttr { dir: ino }, Default::default()).await?;
+                }
+                return Ok(reply);
+            }
             Err(shrink) => shrink,
         };
         cut_objects(st, ino, &layout, size).await?;
@@ -206,9 +219,15 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
     resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None).map_err(|e| {
         Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)")
     })?;
+    let split = st.parts.is_split(ino);
+    let op_id = st.new_op_id();
+    let _active = st.activate(op_id);
     let _g = st.locks.lock(&[ino]).await;
-    st.store(move |st| {
+    let reply = st.store(move |st| {
         let mut txn = st.meta.txn();
+        if split {
+            txn.put_intent(op_id, Intent::PartitionAttr { dir: ino }, now().secs);
+        }
         let rec = txn.inode_mut(ino)?;
         if rec.kind != FileKind::Dir {
             return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
@@ -222,7 +241,12 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
         txn.commit()?;
         Ok(Reply::Attr(rec.to_attr(ino, 0)))
     })
-    .await
+    .await?;
+    drop(_g);
+    if split {
+        crate::steps::drive(st, op_id, &Intent::PartitionAttr { dir: ino }, Default::default()).await?;
+    }
+    Ok(reply)
 }
 
 pub async fn readlink(st: &Arc<State>, ino: Ino) -> R<Reply> {

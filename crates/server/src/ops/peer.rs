@@ -40,6 +40,9 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
 /// Remove a directory object if it has no entries (ENOTEMPTY otherwise); absent is success.
 pub async fn rmdir_object(st: &Arc<State>, ino: Ino) -> R<Reply> {
     st.require_home(ino)?;
+    if st.parts.is_split(ino) {
+        return crate::ops::namespace::split::remove_split_dir(st, ino).await;
+    }
     let _g = st.locks.lock(&[ino]).await;
     st.store(move |st| {
         let mut txn = st.meta.txn();

@@ -26,7 +26,7 @@
 
 use super::failpoints::{point, At};
 use crate::error::{is_transport, Fail, R};
-use crate::ops::namespace::{link, mkdir, rename, rmdir, unlink};
+use crate::ops::namespace::{link, mkdir, rename, rmdir, split, unlink};
 use crate::state::State;
 use crate::store::meta::{InodeRecord, Intent};
 use shoal_proto::msg::{Attr, Cred, KeepOpen, Op, Reply};
@@ -89,6 +89,8 @@ pub async fn run(st: &Arc<State>, op_id: u64, intent: &Intent, ctx: Ctx) -> End 
             rename::resume(st, op_id, r, *noreplace, ctx.cred, ctx.keep).await
         }
         Intent::SetParent { ino, parent } => rename::resume_set_parent(st, op_id, *ino, *parent).await,
+        Intent::Split { dir, index, depth } => split::resume(st, op_id, *dir, *index, *depth).await,
+        Intent::PartitionAttr { dir } => split::resume_partition_attr(st, op_id, *dir).await,
     };
     let unpin = || {
         if let Some((dir, name, _)) = intent.pinned_entry() {

@@ -12,8 +12,10 @@
 //! Names are `<operation>.<step>.<before|after>` (see [`point`]): `before` runs with the
 //! intent durable and the step not sent, `after` with the step applied on the peer and
 //! not yet acted on here. The finishing batch is step `finish`. The engine places them
-//! (`engine::remote`, `engine::finish`), so an operation built on it — the future directory
-//! `split` included (`split.<step>.before|after`) — has them without code of its own.
+//! (`engine::remote`, `engine::finish`), so an operation built on it — a directory split
+//! included (`split.in`, `split.register`, `split.finish`) — has them without code of its
+//! own. One sits on a receiving side: `split_in.commit.after`, on the server taking a new
+//! partition, once it is stored and before the coordinator hears of it.
 //!
 //! With no failpoint configured a point costs one relaxed atomic load.
 

@@ -238,6 +238,12 @@ pub enum Intent {
     /// As `Unlink`, for a name removed by client `session`, which has `ino` open: at a link
     /// count of zero the inode becomes that session's orphan. Rolled forward.
     UnlinkKeep { ino: Ino, session: u64 },
+    /// Partition `index` of directory `dir`, at `depth`, is splitting (`ops/namespace/split.rs`):
+    /// its moving half is frozen until the intent is resolved. Rolled forward.
+    Split { dir: Ino, index: u32, depth: u32 },
+    /// Split directory `dir`'s attributes changed on its home: the copies on the servers of
+    /// its other partitions are to be refreshed. Rolled forward.
+    PartitionAttr { dir: Ino },
 }
 
 impl Intent {
@@ -247,7 +253,11 @@ impl Intent {
             Intent::Mkdir { dir, name, .. } | Intent::Link { dir, name, .. } => Some((*dir, name, Pin::Writes)),
             Intent::Rmdir { dir, name, .. } => Some((*dir, name, Pin::Reads)),
             Intent::Rename { src_dir, src_name, .. } => Some((*src_dir, src_name, Pin::Reads)),
-            Intent::Unlink { .. } | Intent::SetParent { .. } | Intent::UnlinkKeep { .. } => None,
+            Intent::Unlink { .. }
+            | Intent::SetParent { .. }
+            | Intent::UnlinkKeep { .. }
+            | Intent::Split { .. }
+            | Intent::PartitionAttr { .. } => None,
         }
     }
 }

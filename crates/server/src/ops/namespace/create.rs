@@ -25,20 +25,19 @@ pub async fn create(
     exclusive: bool,
     layout: Option<LayoutSpec>,
 ) -> R<Reply> {
-    st.require_home(dir)?;
     name_ok(&name)?;
     // A layout the request asks for must fit the cluster (more servers than there are is
     // refused, not quietly cut down to what exists).
     if let Some(spec) = &layout {
         shoal_placement::check_spec(&st.map, spec).map_err(|m| Fail::new(Errno::EINVAL, m))?;
     }
-    let made = {
-        let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
+    let (made, part) = {
+        let (_g, part) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
         let name = name.clone();
-        st.store(move |st| {
+        let made = st.store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
-            let parent = txn.dir(dir)?.clone();
+            let parent = parent_of(st, &mut txn, dir)?;
             perm::check(&cred, &parent.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
             if let Some(e) = txn.entry(dir, &name)? {
                 if exclusive {
@@ -65,12 +64,16 @@ pub async fn create(
             rec.layout = Some(layout);
             txn.put_inode(ino, rec.clone());
             txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
-            txn.inode_mut(dir)?.touch(now);
+            dir_changed(st, &mut txn, dir, now, 0)?;
             txn.commit()?;
             Ok(Made::New(ino, rec))
         })
-        .await?
+        .await?;
+        (made, part)
     };
+    if let Made::New(..) = made {
+        split::after_insert(st, dir, part);
+    }
     match made {
         // The creator may read and write what it just made, whatever its mode (open(2)):
         // the reply carries the capability, so a create-and-write needs no `Open`.

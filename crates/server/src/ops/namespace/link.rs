@@ -13,15 +13,14 @@ use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
 
 pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String) -> R<Reply> {
-    st.require_home(dir)?;
     name_ok(&name)?;
     if st.is_home(ino) {
-        let _g = st.locks.lock_names(&[dir, ino], &[(dir, &name)], 0).await?;
-        return st
+        let (g, part) = lock_entry(st, dir, &name, true, &[dir, ino], &[(dir, &name)], 0).await?;
+        let reply = st
             .store(move |st| {
                 let mut txn = st.meta.txn();
                 let now = now();
-                let parent = txn.dir(dir)?.clone();
+                let parent = parent_of(st, &mut txn, dir)?;
                 may_change(&cred, dir, &parent)?;
                 if txn.entry(dir, &name)?.is_some() {
                     return Err(exists(dir, &name));
@@ -41,11 +40,14 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 rec.ctime = now;
                 let rec = rec.clone();
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: rec.kind });
-                txn.inode_mut(dir)?.touch(now);
+                dir_changed(st, &mut txn, dir, now, 0)?;
                 txn.commit()?;
                 Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None }))
             })
-            .await;
+            .await?;
+        drop(g);
+        split::after_insert(st, dir, part);
+        return Ok(reply);
     }
 
     // The inode lives elsewhere: learn its kind (refusing directories early), then
@@ -58,11 +60,11 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
     let op_id = st.new_op_id();
     let _active = st.activate(op_id);
     {
-        let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
+        let (_g, _) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
         let n2 = name.clone();
         st.store(move |st| {
             let mut txn = st.meta.txn();
-            let parent = txn.dir(dir)?.clone();
+            let parent = parent_of(st, &mut txn, dir)?;
             may_change(&cred, dir, &parent)?;
             if txn.entry(dir, &n2)?.is_some() {
                 return Err(exists(dir, &n2));
@@ -136,12 +138,12 @@ async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kin
         st.store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
-            let usable = matches!(txn.inode(dir)?, Some(r) if r.kind == FileKind::Dir);
+            let usable = matches!(parent_of(st, &mut txn, dir), Ok(r) if r.kind == FileKind::Dir);
             if !usable || txn.entry(dir, &name)?.is_some() {
                 return Ok(false);
             }
             txn.put_entry(dir, &name, EntryRecord { ino, kind });
-            txn.inode_mut(dir)?.touch(now);
+            dir_changed(st, &mut txn, dir, now, 0)?;
             txn.delete_intent(op_id);
             txn.commit()?;
             Ok(true)
@@ -149,6 +151,11 @@ async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kin
         .await
     })
     .await?;
+    if committed {
+        if let Ok((_, part)) = route_read(st, dir, name).await {
+            split::after_insert(st, dir, part);
+        }
+    }
     if !committed {
         let home = st.home(ino);
         let undo = Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None };

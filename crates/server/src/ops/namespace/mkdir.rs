@@ -13,17 +13,16 @@ use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
 
 pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u32) -> R<Reply> {
-    st.require_home(dir)?;
     name_ok(&name)?;
     let op_id = st.new_op_id();
     let _active = st.activate(op_id);
-    let g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
+    let (g, part) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
     let n2 = name.clone();
     let (ino, rec, local) = st
         .store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
-            let parent = txn.dir(dir)?.clone();
+            let parent = parent_of(st, &mut txn, dir)?;
             may_change(&cred, dir, &parent)?;
             if txn.entry(dir, &n2)?.is_some() {
                 return Err(exists(dir, &n2));
@@ -37,8 +36,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
             if local {
                 txn.put_inode(ino, rec.clone());
                 txn.put_entry(dir, &n2, EntryRecord { ino, kind: FileKind::Dir });
-                dir_nlink_inc(&mut txn, dir)?;
-                txn.inode_mut(dir)?.touch(now);
+                dir_changed(st, &mut txn, dir, now, 1)?;
             } else {
                 txn.put_intent(op_id, Intent::Mkdir { dir, name: n2, ino }, now.secs);
             }
@@ -47,6 +45,8 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
         })
         .await?;
     if local {
+        drop(g);
+        split::after_insert(st, dir, part);
         return Ok(entry_reply(ino, &rec));
     }
     st.locks.pin(dir, &name, op_id, Pin::Writes);
@@ -87,12 +87,11 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino,
             let mut txn = st.meta.txn();
             let now = now();
             // The parent may have been removed while the object was being made.
-            if txn.inode(dir)?.is_none() {
+            if parent_of(st, &mut txn, dir).is_err() {
                 return Ok(false);
             }
             txn.put_entry(dir, &n2, EntryRecord { ino, kind: FileKind::Dir });
-            dir_nlink_inc(&mut txn, dir)?;
-            txn.inode_mut(dir)?.touch(now);
+            dir_changed(st, &mut txn, dir, now, 1)?;
             txn.delete_intent(op_id);
             txn.commit()?;
             Ok(true)
@@ -101,7 +100,12 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino,
     })
     .await;
     match committed {
-        Ok(true) => End::Done(entry_reply(ino, &rec)),
+        Ok(true) => {
+            if let Ok((_, part)) = route_read(st, dir, name).await {
+                split::after_insert(st, dir, part);
+            }
+            End::Done(entry_reply(ino, &rec))
+        }
         Ok(false) => {
             let gone = Fail::new(Errno::ENOENT, format!("directory {dir} was removed"));
             match rollback(st, op_id, ino).await {

@@ -15,6 +15,7 @@ mod readdir;
 pub(crate) mod rename;
 mod rename_in;
 pub(crate) mod rmdir;
+pub(crate) mod split;
 mod symlink;
 pub(crate) mod unlink;
 
@@ -31,10 +32,12 @@ pub use unlink::{keeper, unlink, unlink_intent};
 
 use super::*;
 use crate::error::{Fail, R};
+use crate::locks::Guard;
+use crate::partitions::{misrouted, Partitions, Placed};
 use crate::perm::{self, S_ISGID, W_OK, X_OK};
 use crate::state::State;
-use crate::store::meta::InodeRecord;
-use shoal_proto::msg::{Cred, EntryOut, FileKind, Reply};
+use crate::store::meta::{InodeRecord, Txn};
+use shoal_proto::msg::{Cred, EntryOut, FileKind, PartRef, Reply, Timestamp};
 use shoal_proto::{Errno, Ino};
 use std::time::Duration;
 
@@ -78,7 +81,7 @@ pub(super) fn inherit(cred: &Cred, parent: &InodeRecord, perm: u32, kind: FileKi
     (gid, perm)
 }
 
-pub(super) fn new_inode(
+pub(crate) fn new_inode(
     kind: FileKind,
     perm: u32,
     uid: u32,
@@ -105,6 +108,81 @@ pub(super) fn new_inode(
 /// Check W+X on a directory for a change of its entries.
 pub(super) fn may_change(cred: &Cred, dir: Ino, rec: &InodeRecord) -> R<()> {
     perm::check(cred, &rec.owner(), W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))
+}
+
+/// Lock `inos`' stripes once `names` are free of other operations' pins
+/// (`Locks::lock_names`), with `name` of `dir` routed to its partition here
+/// (`partitions.rs`): the partition. A name in the moving half of a partition splitting here,
+/// or (when `adding` it) in a sealed partition, waits for that to end (at most the pin wait,
+/// then EBUSY); a name held by another server fails `misrouted`.
+pub(super) async fn lock_entry<'a>(
+    st: &'a State,
+    dir: Ino,
+    name: &str,
+    adding: bool,
+    inos: &[Ino],
+    names: &[(Ino, &str)],
+    owner: u64,
+) -> R<(Guard<'a>, PartRef)> {
+    let hash = shoal_placement::name_hash(name);
+    let home = st.is_home(dir);
+    let deadline = Partitions::deadline();
+    let blocked = |p: Placed| matches!(p, Placed::Frozen) || (adding && matches!(p, Placed::Sealed(_)));
+    loop {
+        let g = st.locks.lock_names(inos, names, owner).await?;
+        match st.parts.place(dir, home, hash) {
+            Placed::Elsewhere => return Err(misrouted(dir)),
+            p if blocked(p) => {
+                drop(g);
+                st.parts.wait_changed(dir, deadline, || blocked(st.parts.place(dir, home, hash))).await?;
+            }
+            Placed::Here(part) | Placed::Sealed(part) => return Ok((g, part)),
+            Placed::Frozen => unreachable!("a frozen name is blocked"),
+        }
+    }
+}
+
+/// Route a read of `name` of `dir` (a lookup): the partition here holding it and the
+/// partitions' generation to compare after the read (`partitions.rs`). Waits for a split of
+/// the name's half; a name held by another server fails `misrouted`.
+pub(super) async fn route_read(st: &State, dir: Ino, name: &str) -> R<(PartRef, u64)> {
+    let hash = shoal_placement::name_hash(name);
+    let home = st.is_home(dir);
+    let deadline = Partitions::deadline();
+    loop {
+        let gen = st.parts.generation();
+        match st.parts.place(dir, home, hash) {
+            Placed::Elsewhere => return Err(misrouted(dir)),
+            Placed::Frozen => {
+                st.parts.wait_changed(dir, deadline, || st.parts.place(dir, home, hash) == Placed::Frozen).await?
+            }
+            Placed::Here(part) | Placed::Sealed(part) => return Ok((part, gen)),
+        }
+    }
+}
+
+/// The directory's own record follows a change of its entries made here: its times, and its
+/// link count by `subdirs` (+1 or -1 for a subdirectory made or removed). Only on the
+/// directory's home: a partition of a split directory on another server has no inode to
+/// change (docs/architecture.md, "Split directories": the times are the home's, the link
+/// count is reported as 1).
+pub(super) fn dir_changed(st: &State, txn: &mut Txn<'_>, dir: Ino, now: Timestamp, subdirs: i32) -> R<()> {
+    if !st.is_home(dir) {
+        return Ok(());
+    }
+    if subdirs > 0 {
+        dir_nlink_inc(txn, dir)?;
+    } else if subdirs < 0 {
+        dir_nlink_dec(txn, dir)?;
+    }
+    txn.inode_mut(dir)?.touch(now);
+    Ok(())
+}
+
+/// The attributes of directory `dir` to check a change or a read of its entries here against
+/// (its inode on the home, the partitions' copy elsewhere).
+pub(super) fn parent_of(st: &State, txn: &mut Txn<'_>, dir: Ino) -> R<InodeRecord> {
+    split::dir_attrs(st, txn, dir)
 }
 
 /// Inodes whose stripes an unlink-like step locks: the directory, and the entry's inode if

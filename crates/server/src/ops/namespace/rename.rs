@@ -4,6 +4,7 @@ use super::*;
 use crate::error::{fail, is_transport, Fail, R};
 use crate::locks::Pin;
 use crate::ops::*;
+use crate::partitions::Placed;
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
 use crate::steps::engine::{self, unknown, Ctx, End};
@@ -138,30 +139,46 @@ pub async fn rename(
     flags: RenameFlags,
     keep: Option<KeepOpen>,
 ) -> R<Reply> {
-    st.require_home(src_dir)?;
     name_ok(&src_name)?;
     name_ok(&dst_name)?;
     if flags.exchange && flags.noreplace {
         return fail(Errno::EINVAL, "RENAME_EXCHANGE and RENAME_NOREPLACE together");
     }
-    let same_server = st.is_home(dst_dir);
-    if flags.exchange && !same_server {
-        return fail(Errno::EXDEV, "exchanging entries of directories on different servers is not supported");
-    }
+    // The source name must be here (the client routed by it); the destination's partition
+    // may be here or on another server.
+    route_read(st, src_dir, &src_name).await?;
     // A directory moving to another parent takes the cluster's directory-move lock before
     // its "not into its own subtree" check and keeps it until the move is complete
     // (`steps::move_lock`); the rename takes it when it finds it moves a directory.
     let mut moving = None;
-    let r = if same_server {
-        rename_local(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep, &mut moving).await
-    } else {
-        rename_cross(st, cred, src_dir, src_name, dst_dir, dst_name, flags.noreplace, keep, &mut moving).await
-    };
+    let dst_hash = shoal_placement::name_hash(&dst_name);
+    let mut r = Err(busy());
+    for _ in 0..ATTEMPTS {
+        let same_server = st.parts.place(dst_dir, st.is_home(dst_dir), dst_hash) != Placed::Elsewhere;
+        if flags.exchange && !same_server {
+            r = fail(Errno::EXDEV, "exchanging entries of directories on different servers is not supported");
+            break;
+        }
+        let (c, s, d) = (cred.clone(), src_name.clone(), dst_name.clone());
+        r = if same_server {
+            rename_local(st, c, src_dir, s, dst_dir, d, flags, keep, &mut moving).await
+        } else {
+            rename_cross(st, c, src_dir, s, dst_dir, d, flags.noreplace, keep, &mut moving).await
+        };
+        // The destination's partition moved away (a split) while deciding: decide again.
+        if !matches!(&r, Err(f) if f.message == DESTINATION_MOVED) {
+            break;
+        }
+    }
     if let Some(held) = moving {
         move_lock::give(st, held).await;
     }
     r
 }
+
+/// The error `rename_local` ends with when the destination name's partition is no longer
+/// here; `rename` then goes the cross-server way.
+const DESTINATION_MOVED: &str = "the destination name's partition moved to another server";
 
 #[allow(clippy::too_many_arguments)]
 async fn rename_local(
@@ -206,7 +223,21 @@ async fn rename_local(
             let mut inos = vec![src_dir, dst_dir];
             inos.extend([Some(se.ino), te.map(|t| t.ino)].into_iter().flatten().filter(|&i| st.is_home(i)));
             let owner = rmdir_done.map_or(0, |(_, rop)| rop);
-            let g = st.locks.lock_names(&inos, &[(src_dir, &src_name), (dst_dir, &dst_name)], owner).await?;
+            let names = [(src_dir, src_name.as_str()), (dst_dir, dst_name.as_str())];
+            let (g, src_part) = lock_entry(st, src_dir, &src_name, false, &inos, &names, owner).await?;
+            let dst_part = match st.parts.place(dst_dir, st.is_home(dst_dir), shoal_placement::name_hash(&dst_name)) {
+                Placed::Here(p) => p,
+                Placed::Elsewhere => return Err(Fail::new(Errno::EAGAIN, DESTINATION_MOVED)),
+                _ => {
+                    drop(g);
+                    let still = || {
+                        let p = st.parts.place(dst_dir, st.is_home(dst_dir), shoal_placement::name_hash(&dst_name));
+                        matches!(p, Placed::Frozen | Placed::Sealed(_))
+                    };
+                    st.parts.wait_changed(dst_dir, crate::partitions::Partitions::deadline(), still).await?;
+                    continue;
+                }
+            };
             let (s1, d1, c1, k1) = (src_name.clone(), dst_name.clone(), cred.clone(), known.clone());
             let (snap_s, snap_t) = (se.ino, te.map(|t| t.ino));
             let step = st
@@ -214,8 +245,8 @@ async fn rename_local(
                     let (src_name, dst_name, cred, known) = (s1, d1, c1, k1);
                     let mut txn = st.meta.txn();
                     let now = now();
-                    let sd = txn.dir(src_dir)?.owner();
-                    let dd = txn.dir(dst_dir)?.owner();
+                    let sd = parent_of(st, &mut txn, src_dir)?.owner();
+                    let dd = parent_of(st, &mut txn, dst_dir)?.owner();
                     perm::check(&cred, &sd, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {src_dir}")))?;
                     perm::check(&cred, &dd, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dst_dir}")))?;
                     let se = txn.entry(src_dir, &src_name)?.ok_or_else(|| no_entry(src_dir, &src_name))?;
@@ -286,13 +317,13 @@ async fn rename_local(
                     }
                     if src_dir != dst_dir {
                         if se.kind == FileKind::Dir {
-                            dir_nlink_dec(&mut txn, src_dir)?;
-                            dir_nlink_inc(&mut txn, dst_dir)?;
+                            dir_changed(st, &mut txn, src_dir, now, -1)?;
+                            dir_changed(st, &mut txn, dst_dir, now, 1)?;
                             set_parent(st, &mut txn, &mut after, se.ino, dst_dir, derive_op(op_id, 3), now)?;
                         }
                         if let Some(t) = te.filter(|t| flags.exchange && t.kind == FileKind::Dir) {
-                            dir_nlink_dec(&mut txn, dst_dir)?;
-                            dir_nlink_inc(&mut txn, src_dir)?;
+                            dir_changed(st, &mut txn, dst_dir, now, -1)?;
+                            dir_changed(st, &mut txn, src_dir, now, 1)?;
                             set_parent(st, &mut txn, &mut after, t.ino, src_dir, derive_op(op_id, 4), now)?;
                         }
                     }
@@ -303,8 +334,8 @@ async fn rename_local(
                             txn.inode_mut(m.ino)?.ctime = now;
                         }
                     }
-                    txn.inode_mut(src_dir)?.touch(now);
-                    txn.inode_mut(dst_dir)?.touch(now);
+                    dir_changed(st, &mut txn, src_dir, now, 0)?;
+                    dir_changed(st, &mut txn, dst_dir, now, 0)?;
                     txn.commit()?;
                     Ok(Step::Done(after).into())
                 })
@@ -313,6 +344,10 @@ async fn rename_local(
                 Ren::Step(Step::Done(after)) => {
                     drop(g);
                     after.run(st).await;
+                    if (src_dir, src_name.as_str()) != (dst_dir, dst_name.as_str()) && !flags.exchange {
+                        st.parts.removed(src_dir, src_part);
+                        super::split::after_insert(st, dst_dir, dst_part);
+                    }
                     return Ok(Reply::Ok);
                 }
                 Ren::Step(Step::Retry) => {}
@@ -414,14 +449,14 @@ async fn rename_cross(
         let _active = st.activate(op_id);
         let mut inos = vec![src_dir];
         inos.extend(Some(se.ino).filter(|&i| st.is_home(i)));
-        let g = st.locks.lock_names(&inos, &[(src_dir, &src_name)], 0).await?;
+        let (g, _) = lock_entry(st, src_dir, &src_name, false, &inos, &[(src_dir, &src_name)], 0).await?;
         let (s1, d1, c1, k1) = (src_name.clone(), dst_name.clone(), cred.clone(), known.clone());
         let snap = se.ino;
         let step = st
             .store(move |st| {
                 let (src_name, dst_name, cred, known) = (s1, d1, c1, k1);
                 let mut txn = st.meta.txn();
-                let sd = txn.dir(src_dir)?.owner();
+                let sd = parent_of(st, &mut txn, src_dir)?.owner();
                 perm::check(&cred, &sd, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {src_dir}")))?;
                 let se = txn.entry(src_dir, &src_name)?.ok_or_else(|| no_entry(src_dir, &src_name))?;
                 if se.ino != snap {
@@ -506,10 +541,10 @@ pub async fn resume(
     cred: Option<Cred>,
     keep: Option<KeepOpen>,
 ) -> End {
-    let home = st.home(m.dst_dir);
     let entry = DirEntry { name: m.dst_name.to_string(), ino: m.ino, kind: m.kind };
     let op = Op::PeerRenameIn { dst_dir: m.dst_dir, dst_name: m.dst_name.to_string(), entry, noreplace, op_id, keep };
-    let finished = match engine::remote(st, "rename", "target", home, cred.as_ref(), op).await {
+    let (home, answer) = super::split::send_to_entry(st, "rename", "target", m.dst_dir, m.dst_name, cred.as_ref(), op).await;
+    let finished = match answer {
         // Both names were links of one file: nothing to do (POSIX).
         Ok(Reply::Replaced(Some(old))) if old.ino == m.ino => engine::finish("rename", delete_intent(st, op_id)).await,
         Ok(_) => {
@@ -553,11 +588,11 @@ pub async fn finish_rename_source(
             let mut after = After::default();
             if txn.entry(src_dir, &name)?.is_some_and(|e| e.ino == ino) {
                 txn.delete_entry(src_dir, &name);
-                if txn.inode(src_dir)?.is_some() {
+                if !st.is_home(src_dir) || txn.inode(src_dir)?.is_some() {
                     if kind == FileKind::Dir {
-                        dir_nlink_dec(&mut txn, src_dir)?;
+                        dir_changed(st, &mut txn, src_dir, now, -1)?;
                     }
-                    txn.inode_mut(src_dir)?.touch(now);
+                    dir_changed(st, &mut txn, src_dir, now, 0)?;
                 }
                 if kind == FileKind::Dir {
                     set_parent(st, &mut txn, &mut after, ino, dst_dir, derive_op(op_id, 3), now)?;

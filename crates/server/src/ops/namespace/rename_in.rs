@@ -5,6 +5,7 @@ use super::*;
 use crate::error::{fail, is_transport, Fail, R};
 use crate::locks::Pin;
 use crate::ops::*;
+use crate::partitions::{misrouted, Placed};
 use crate::perm::{self, W_OK, X_OK};
 use crate::state::{derive_op, State};
 use crate::steps::engine;
@@ -27,7 +28,6 @@ pub async fn peer_rename_in(
     op_id: u64,
     keep: Option<KeepOpen>,
 ) -> R<Reply> {
-    st.require_home(dst_dir)?;
     name_ok(&dst_name)?;
     if let Some(a) = st.store(move |st| st.meta.get_applied(op_id)).await? {
         return Ok(a.reply.into_wire());
@@ -44,6 +44,19 @@ pub async fn peer_rename_in(
             inos.extend(snap.filter(|&i| st.is_home(i)));
             let owner = rmdir_done.map_or(0, |(_, rop)| rop);
             let g = st.locks.lock_names_within(&inos, &[(dst_dir, &dst_name)], owner, RENAME_IN_PIN_WAIT).await?;
+            // The destination name must be here, and not in the middle of a split or in a
+            // directory being removed (then the coordinator backs off and retries, as for a
+            // pinned name).
+            let part = match st.parts.place(dst_dir, st.is_home(dst_dir), shoal_placement::name_hash(&dst_name)) {
+                Placed::Here(part) => part,
+                Placed::Elsewhere => return Err(misrouted(dst_dir)),
+                Placed::Frozen | Placed::Sealed(_) => {
+                    return Err(Fail::new(
+                        Errno::EBUSY,
+                        format!("directory {dst_dir}: the partition of {dst_name:?} is splitting or sealed"),
+                    ))
+                }
+            };
             let (d1, c1, k1) = (dst_name.clone(), cred.clone(), known.clone());
             let step = st
                 .store(move |st| -> R<Ren<(Reply, After)>> {
@@ -53,7 +66,7 @@ pub async fn peer_rename_in(
                     }
                     let mut txn = st.meta.txn();
                     let now = now();
-                    let dd = txn.dir(dst_dir)?.owner();
+                    let dd = parent_of(st, &mut txn, dst_dir)?.owner();
                     perm::check(&cred, &dd, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dst_dir}")))?;
                     let te = txn.entry(dst_dir, &dst_name)?;
                     if te.map(|t| t.ino) != snap {
@@ -91,9 +104,9 @@ pub async fn peer_rename_in(
                     }
                     txn.put_entry(dst_dir, &dst_name, se);
                     if se.kind == FileKind::Dir {
-                        dir_nlink_inc(&mut txn, dst_dir)?;
+                        dir_changed(st, &mut txn, dst_dir, now, 1)?;
                     }
-                    txn.inode_mut(dst_dir)?.touch(now);
+                    dir_changed(st, &mut txn, dst_dir, now, 0)?;
                     let reply = Reply::Replaced(te.map(as_dirent));
                     txn.put_applied(op_id, &reply, now.secs)?;
                     txn.commit()?;
@@ -104,6 +117,7 @@ pub async fn peer_rename_in(
                 Ren::Step(Step::Done((reply, after))) => {
                     drop(g);
                     after.run(st).await;
+                    super::split::after_insert(st, dst_dir, part);
                     return Ok(reply);
                 }
                 Ren::Step(Step::Retry) => {}

@@ -21,7 +21,6 @@ enum Removed {
 }
 
 pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Reply> {
-    st.require_home(dir)?;
     name_ok(&name)?;
     let mut known = Known::new();
     let mut expect: Option<Ino> = None;
@@ -29,20 +28,22 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
         let inos = stripe_set(st, dir, expect);
         let op_id = st.new_op_id();
         let _active = st.activate(op_id);
-        let g = st.locks.lock_names(&inos, &[(dir, &name)], 0).await?;
+        let (g, part) = lock_entry(st, dir, &name, false, &inos, &[(dir, &name)], 0).await?;
         let (n2, c2, k2) = (name.clone(), cred.clone(), known.clone());
         let step = st
             .store(move |st| {
                 let (cred, known) = (c2, k2);
                 let mut txn = st.meta.txn();
                 let now = now();
-                let d = txn.dir(dir)?.owner();
+                let d = parent_of(st, &mut txn, dir)?.owner();
                 perm::check(&cred, &d, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
                 let e = txn.entry(dir, &n2)?.ok_or_else(|| no_entry(dir, &n2))?;
                 if e.kind != FileKind::Dir {
                     return fail(Errno::ENOTDIR, format!("{n2:?} in directory {dir} is not a directory"));
                 }
-                let local = st.is_home(e.ino);
+                // A split directory is removed through its home's `PeerRmdirObject` even when
+                // that is this server: its partitions on other servers are sealed first.
+                let local = st.is_home(e.ino) && !st.parts.is_split(e.ino);
                 let _child = if local && !Locks::covers(&inos, e.ino) {
                     match st.locks.try_lock(e.ino) {
                         Some(g) => Some(g),
@@ -63,8 +64,7 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
                     }
                     txn.remove_inode(e.ino)?;
                     txn.delete_entry(dir, &n2);
-                    dir_nlink_dec(&mut txn, dir)?;
-                    txn.inode_mut(dir)?.touch(now);
+                    dir_changed(st, &mut txn, dir, now, -1)?;
                     txn.commit()?;
                     Ok(Step::Done(Removed::Local))
                 } else {
@@ -75,7 +75,10 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
             })
             .await?;
         match step {
-            Step::Done(Removed::Local) => return Ok(Reply::Ok),
+            Step::Done(Removed::Local) => {
+                st.parts.removed(dir, part);
+                return Ok(Reply::Ok);
+            }
             Step::Done(Removed::Remote(child)) => {
                 st.locks.pin(dir, &name, op_id, Pin::Reads);
                 drop(g);
@@ -121,9 +124,8 @@ pub async fn finish_rmdir(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino
         let now = now();
         if txn.entry(dir, &name)?.is_some_and(|e| e.ino == ino) {
             txn.delete_entry(dir, &name);
-            if txn.inode(dir)?.is_some() {
-                dir_nlink_dec(&mut txn, dir)?;
-                txn.inode_mut(dir)?.touch(now);
+            if !st.is_home(dir) || txn.inode(dir)?.is_some() {
+                dir_changed(st, &mut txn, dir, now, -1)?;
             }
         }
         txn.delete_intent(op_id);

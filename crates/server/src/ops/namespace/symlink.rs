@@ -10,7 +10,6 @@ use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
 
 pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target: String) -> R<Reply> {
-    st.require_home(dir)?;
     name_ok(&name)?;
     if target.len() > PATH_MAX {
         return fail(
@@ -21,11 +20,11 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
     if target.is_empty() || target.contains('\0') {
         return fail(Errno::ENOENT, "symlink target is empty or contains NUL");
     }
-    let _g = st.locks.lock_names(&[dir], &[(dir, &name)], 0).await?;
-    st.store(move |st| {
+    let (g, part) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
+    let reply = st.store(move |st| {
         let mut txn = st.meta.txn();
         let now = now();
-        let parent = txn.dir(dir)?.clone();
+        let parent = parent_of(st, &mut txn, dir)?;
         may_change(&cred, dir, &parent)?;
         if txn.entry(dir, &name)?.is_some() {
             return Err(exists(dir, &name));
@@ -37,9 +36,12 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
         rec.target = Some(target);
         txn.put_inode(ino, rec.clone());
         txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::Symlink });
-        txn.inode_mut(dir)?.touch(now);
+        dir_changed(st, &mut txn, dir, now, 0)?;
         txn.commit()?;
         Ok(entry_reply(ino, &rec))
     })
-    .await
+    .await?;
+    drop(g);
+    split::after_insert(st, dir, part);
+    Ok(reply)
 }

@@ -24,7 +24,6 @@ enum Unlinked {
 /// `keep`: the client has a file open; if the name is that file's last, the file becomes
 /// the client session's orphan (at its home, which may be another server) instead of going.
 pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: Option<KeepOpen>) -> R<Reply> {
-    st.require_home(dir)?;
     name_ok(&name)?;
     let mut known = Known::new();
     // The entry's inode as last seen; its stripe is locked with the directory's. The first
@@ -35,13 +34,13 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: O
         let inos = stripe_set(st, dir, expect);
         let op_id = st.new_op_id();
         let active = st.activate(op_id);
-        let step = {
-            let _g = st.locks.lock_names(&inos, &[(dir, &name)], 0).await?;
+        let (step, part) = {
+            let (_g, part) = lock_entry(st, dir, &name, false, &inos, &[(dir, &name)], 0).await?;
             let (n2, cred, known) = (name.clone(), cred.clone(), known.clone());
-            st.store(move |st| {
+            let step = st.store(move |st| {
                 let mut txn = st.meta.txn();
                 let now = now();
-                let d = txn.dir(dir)?.owner();
+                let d = parent_of(st, &mut txn, dir)?.owner();
                 perm::check(&cred, &d, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
                 let e = txn.entry(dir, &n2)?.ok_or_else(|| no_entry(dir, &n2))?;
                 if e.kind == FileKind::Dir {
@@ -63,7 +62,7 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: O
                     }
                 }
                 txn.delete_entry(dir, &n2);
-                txn.inode_mut(dir)?.touch(now);
+                dir_changed(st, &mut txn, dir, now, 0)?;
                 let orphan_of = keeper(keep, e.ino);
                 let out = if local {
                     Unlinked::Local(drop_link(&mut txn, e.ino, now, orphan_of)?, e.ino)
@@ -74,8 +73,12 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: O
                 txn.commit()?;
                 Ok(Step::Done(out))
             })
-            .await?
+            .await?;
+            (step, part)
         };
+        if let Step::Done(Unlinked::Local(..) | Unlinked::Remote(..)) = step {
+            st.parts.removed(dir, part);
+        }
         match step {
             Step::Done(Unlinked::Local(gc, ino)) => {
                 if let Some(g) = gc {

@@ -223,6 +223,22 @@ pub struct UnlinkKeepIntent {
     pub session: u64,
 }
 
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct SplitIntent {
+    #[prost(uint64, tag = "1")]
+    pub dir: u64,
+    #[prost(uint32, tag = "2")]
+    pub index: u32,
+    #[prost(uint32, tag = "3")]
+    pub depth: u32,
+}
+
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct DirIntent {
+    #[prost(uint64, tag = "1")]
+    pub dir: u64,
+}
+
 /// The operation of an intent (`t` op-id); see `meta::Intent`.
 #[derive(Clone, PartialEq, Eq, prost::Oneof)]
 pub enum IntentOp {
@@ -240,6 +256,10 @@ pub enum IntentOp {
     SetParent(SetParentIntent),
     #[prost(message, tag = "8")]
     UnlinkKeep(UnlinkKeepIntent),
+    #[prost(message, tag = "9")]
+    Split(SplitIntent),
+    #[prost(message, tag = "10")]
+    PartitionAttr(DirIntent),
 }
 
 /// `t` op-id.
@@ -247,7 +267,7 @@ pub enum IntentOp {
 pub struct StoredIntent {
     #[prost(int64, tag = "1")]
     pub created: i64,
-    #[prost(oneof = "IntentOp", tags = "2, 3, 4, 5, 6, 7, 8")]
+    #[prost(oneof = "IntentOp", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
     pub op: Option<IntentOp>,
 }
 
@@ -448,6 +468,8 @@ impl Record for IntentRecord {
             }
             Intent::SetParent { ino, parent } => IntentOp::SetParent(SetParentIntent { ino: ino.0, parent: parent.0 }),
             Intent::UnlinkKeep { ino, session } => IntentOp::UnlinkKeep(UnlinkKeepIntent { ino: ino.0, session }),
+            Intent::Split { dir, index, depth } => IntentOp::Split(SplitIntent { dir: dir.0, index, depth }),
+            Intent::PartitionAttr { dir } => IntentOp::PartitionAttr(DirIntent { dir: dir.0 }),
         };
         StoredIntent { created: self.created, op: Some(op) }
     }
@@ -470,6 +492,8 @@ impl Record for IntentRecord {
             },
             IntentOp::SetParent(i) => Intent::SetParent { ino: Ino(i.ino), parent: Ino(i.parent) },
             IntentOp::UnlinkKeep(i) => Intent::UnlinkKeep { ino: Ino(i.ino), session: i.session },
+            IntentOp::Split(i) => Intent::Split { dir: Ino(i.dir), index: i.index, depth: i.depth },
+            IntentOp::PartitionAttr(i) => Intent::PartitionAttr { dir: Ino(i.dir) },
         };
         Ok(IntentRecord { created: s.created, intent })
     }
