@@ -159,7 +159,9 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Rename { src_dir, src_name, dst_dir, dst_name, flags, keep } => {
             namespace::rename(st, cred, src_dir, src_name, dst_dir, dst_name, flags, keep).await?
         }
-        Op::ReadDir { dir, after, limit, lease } => crate::leases::readdir(st, cred, dir, after, limit, lease).await?,
+        Op::ReadDir { dir, after, limit, lease, .. } => {
+            crate::leases::readdir(st, cred, dir, after, limit, lease).await?
+        }
         Op::LeaseAck { ids } => crate::leases::ack(st, &ids),
 
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,
@@ -210,6 +212,12 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::ReleaseOrphan { ino, session } => crate::orphans::release(st, ino, session).await?,
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
+        // Split directories (the partition logic is not wired in yet).
+        Op::PeerSplitIn { .. }
+        | Op::PeerAddPartition { .. }
+        | Op::PeerPartitions { .. }
+        | Op::PeerSealPartitions { .. }
+        | Op::PeerPartitionAttr { .. } => return fail(Errno::ENOSYS, "split directories are not served yet"),
         // Never nested: `BatchOp` has no batch.
         Op::Batch { .. } => return fail(Errno::EINVAL, "a batch inside a batch"),
     };

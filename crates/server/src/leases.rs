@@ -472,9 +472,9 @@ pub async fn readdir(
     let key = LeaseKey::dir(dir);
     let ticket = leases.before_read(key).await;
     match crate::ops::namespace::readdir(st, cred, dir, after, limit).await? {
-        Reply::DirEntries { entries, more } => Ok(match leases.grant(key, ticket, ask) {
-            Some(lease) => Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more } },
-            None => Reply::DirEntries { entries, more },
+        Reply::DirEntries { entries, more, part } => Ok(match leases.grant(key, ticket, ask) {
+            Some(lease) => Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more, part } },
+            None => Reply::DirEntries { entries, more, part },
         }),
         other => Ok(other),
     }

@@ -276,6 +276,11 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerMoveLock { .. }
         | Op::PeerDeleteObjects { .. }
         | Op::PeerTruncateObject { .. }
+        | Op::PeerSplitIn { .. }
+        | Op::PeerAddPartition { .. }
+        | Op::PeerPartitions { .. }
+        | Op::PeerSealPartitions { .. }
+        | Op::PeerPartitionAttr { .. }
         // Acknowledging a lease twice forgets it twice: the same.
         | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.

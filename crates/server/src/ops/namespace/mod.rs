@@ -99,6 +99,7 @@ pub(super) fn new_inode(
         dir_default: None,
         parent: None,
         target: None,
+        bitmap: Vec::new(),
     }
 }
 

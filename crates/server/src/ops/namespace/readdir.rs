@@ -1,9 +1,10 @@
-//! `readdir(dir)`: a page of entries after a given name.
+//! `readdir(dir)`: a page of entries after a given name, in listing order (`store::meta`).
 
 use crate::error::R;
 use crate::ops::*;
 use crate::perm::{self, R_OK};
 use crate::state::State;
+use crate::store::meta::ListStart;
 use shoal_proto::msg::{Cred, Reply, READDIR_MAX};
 use shoal_proto::Ino;
 use std::sync::Arc;
@@ -22,8 +23,12 @@ pub async fn readdir(st: &Arc<State>, cred: Cred, dir: Ino, after: Option<String
                     let mut txn = st.meta.txn();
                     let d = txn.dir(dir)?;
                     perm::check(&cred, &d.owner(), R_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
-                    let (entries, more) = st.meta.list_entries(dir, after.as_deref(), limit)?;
-                    Ok(Reply::DirEntries { entries, more })
+                    let start = match after.as_deref() {
+                        Some(name) => ListStart::After(name),
+                        None => ListStart::From(0),
+                    };
+                    let (entries, more) = st.meta.list_entries(dir, start, (0, u64::MAX), limit)?;
+                    Ok(Reply::DirEntries { entries, more, part: None })
                 })
             },
             |reply| match reply {
