@@ -121,6 +121,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Scrub(_) => "Scrub",
         Reply::Opened { .. } => "Opened",
         Reply::Leased { .. } => "Leased",
+        Reply::Partitions { .. } => "Partitions",
     }
 }
 
@@ -1023,10 +1024,10 @@ impl Client {
         asking: Option<crate::leases::Asking>,
     ) -> Result<(Vec<DirEntry>, bool)> {
         let server = self.home_of(dir);
-        let op = Op::ReadDir { dir, after, limit, lease: asking.as_ref().map(|a| a.ask) };
+        let op = Op::ReadDir { dir, after, limit, lease: asking.as_ref().map(|a| a.ask), from: None };
         let (entries, more, grant) = match self.call(To::Home(dir), op, Bytes::new()).await? {
-            (Reply::DirEntries { entries, more }, _) => (entries, more, None),
-            (Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more } }, _) => {
+            (Reply::DirEntries { entries, more, .. }, _) => (entries, more, None),
+            (Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more, .. } }, _) => {
                 (entries, more, Some(lease))
             }
             (other, _) => return Err(unexpected(&other)),

@@ -228,6 +228,7 @@ impl Server {
                         dir_default: None,
                         parent: Some(ROOT_INO),
                         target: None,
+                        bitmap: Vec::new(),
                     };
                     let mut t = st.meta.txn();
                     t.put_inode(ROOT_INO, root);

@@ -186,7 +186,11 @@ fn check_record(k: &[u8], v: &[u8]) -> Result<(), String> {
     let number = |what: &str| key::number(k).map(|_| ()).ok_or_else(|| format!("{what} key of the wrong length"));
     match k.first() {
         Some(&key::INODE) => number("inode").and_then(|()| dec::<meta::InodeRecord>(k, v)),
-        Some(&key::ENTRY) if k.len() > 9 => dec::<meta::EntryRecord>(k, v),
+        Some(&key::ENTRY) if k.len() > key::ENTRY_HEAD => dec::<meta::EntryRecord>(k, v),
+        Some(&key::PARTITION) => match key::partition_parts(k) {
+            Some(_) => dec::<meta::PartitionRecord>(k, v),
+            None => Err("partition key of the wrong length".into()),
+        },
         Some(&key::XATTR) if k.len() > 9 => Ok(()), // raw bytes: any value is valid
         Some(&key::INTENT) => number("intent").and_then(|()| dec::<meta::IntentRecord>(k, v)),
         Some(&key::APPLIED) => number("applied marker").and_then(|()| dec::<meta::AppliedRecord>(k, v)),

@@ -224,9 +224,12 @@ async fn create_lookup_getattr_unlink() {
     c.op(Op::Symlink { dir: ROOT_INO, name: "s".into(), target: "a".into() }).await.unwrap();
     let s = c.lookup(ROOT_INO, "s").await.unwrap();
     assert_eq!(c.op(Op::ReadLink { ino: s.ino }).await.unwrap(), Reply::Link("a".into()));
-    match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 10, lease: None }).await.unwrap() {
-        Reply::DirEntries { entries, more } => {
-            assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["a", "s"]);
+    match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 10, lease: None, from: None }).await.unwrap() {
+        Reply::DirEntries { entries, more, .. } => {
+            // Listing order is by name hash (docs/protocol.md, "Listing order").
+            let mut names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+            names.sort_unstable();
+            assert_eq!(names, ["a", "s"]);
             assert!(!more);
         }
         other => panic!("{other:?}"),
@@ -341,7 +344,7 @@ async fn mkdir_across_servers_and_rmdir() {
     let a = c.getattr(d).await;
     assert_eq!((a.kind, a.nlink, a.parent), (FileKind::Dir, 2, Some(ROOT_INO)));
     let root = c.getattr(ROOT_INO).await;
-    let subdirs = match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None }).await.unwrap() {
+    let subdirs = match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None, from: None }).await.unwrap() {
         Reply::DirEntries { entries, .. } => entries.len() as u32,
         other => panic!("{other:?}"),
     };
@@ -367,7 +370,7 @@ async fn mkdir_across_servers_and_rmdir() {
 }
 
 async fn find_name(c: &Cluster, dir: Ino, ino: Ino) -> String {
-    match c.op(Op::ReadDir { dir, after: None, limit: 0, lease: None }).await.unwrap() {
+    match c.op(Op::ReadDir { dir, after: None, limit: 0, lease: None, from: None }).await.unwrap() {
         Reply::DirEntries { entries, .. } => entries.into_iter().find(|e| e.ino == ino).unwrap().name,
         other => panic!("{other:?}"),
     }
@@ -913,7 +916,7 @@ async fn concurrent_namespace_changes_stay_consistent() {
     let mut names = 0;
     for &d in &dirs {
         if let Reply::DirEntries { entries, .. } =
-            c.op(Op::ReadDir { dir: d, after: None, limit: 0, lease: None }).await.unwrap()
+            c.op(Op::ReadDir { dir: d, after: None, limit: 0, lease: None, from: None }).await.unwrap()
         {
             for e in &entries {
                 // every entry names a live inode
@@ -977,4 +980,88 @@ async fn unfinished_renames_and_unlinks_are_rolled_forward() {
     }
     assert!(gone, "unlink not rolled forward");
     c.no_pending_intents().await;
+}
+
+/// The partition of `name` in a directory split once (2 servers: partitions 0 and 1).
+fn half(name: &str) -> u32 {
+    (shoal_placement::name_hash(name) & 1) as u32
+}
+
+/// A directory on 2 servers splits once its partition 0 holds 32 entries: the names whose
+/// hash has bit 0 set move to partition 1 on the other server, the home answers requests for
+/// them with the directory's bitmap, the other server answers them (and only them), and a
+/// listing walked partition by partition shows every name once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_directory_splits_and_answers_misrouted_names_with_its_bitmap() {
+    let c = Cluster::start(2).await;
+    let home = c.home(ROOT_INO);
+    let other = ServerId(1 - home.0);
+    let (_, d) = c.mkdir_on(ROOT_INO, "big", home).await;
+    let root = Cred::root();
+    let names: Vec<String> = (0..32).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        let op = Op::Create { dir: d, name: n.clone(), perm: 0o644, exclusive: true, layout: None };
+        c.call_as(home, &root, op, Bytes::new()).await.unwrap();
+    }
+    let moved = names.iter().find(|n| half(n) == 1).unwrap().clone();
+    let lookup = |server: ServerId, name: String| {
+        let c = &c;
+        let root = root.clone();
+        async move {
+            c.call_as(server, &root, Op::Lookup { dir: d, name, lease: None }, Bytes::new()).await.map(|(r, _)| r)
+        }
+    };
+    // The split runs in the background after the 32nd create.
+    let mut bitmap = None;
+    for _ in 0..100 {
+        if let Ok(Reply::Partitions { dir, bitmap: b }) = lookup(home, moved.clone()).await {
+            assert_eq!(dir, d);
+            bitmap = Some(b);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(bitmap, Some(vec![0b11]), "the home answers a moved name with the bitmap of partitions 0 and 1");
+    for n in &names {
+        let (right, wrong) = if half(n) == 1 { (other, home) } else { (home, other) };
+        match lookup(right, n.clone()).await.unwrap() {
+            Reply::Entry(e) => assert_eq!(e.kind, FileKind::File),
+            r => panic!("{n} on server {right}: {r:?}"),
+        }
+        assert!(matches!(lookup(wrong, n.clone()).await.unwrap(), Reply::Partitions { .. }), "{n} on server {wrong}");
+    }
+    // A file created in partition 1 has its inode with its entry (attributes in the lookup).
+    let fresh = (0..).map(|i| format!("new{i}")).find(|n| half(n) == 1).unwrap();
+    let op = Op::Create { dir: d, name: fresh.clone(), perm: 0o644, exclusive: true, layout: None };
+    c.call_as(other, &root, op, Bytes::new()).await.unwrap();
+    match lookup(other, fresh.clone()).await.unwrap() {
+        Reply::Entry(e) => {
+            assert!(e.attr.is_some(), "entry and inode on one server");
+            assert_eq!(c.home(e.ino), other);
+        }
+        r => panic!("{r:?}"),
+    }
+    // The listing: partition 0 on the home, then partition 1 from its first key.
+    let mut listed = Vec::new();
+    let mut at = (home, None::<u64>);
+    loop {
+        let op = Op::ReadDir { dir: d, after: None, limit: 0, lease: None, from: at.1 };
+        let Reply::DirEntries { entries, more, part } = c.call_as(at.0, &root, op, Bytes::new()).await.unwrap().0 else {
+            panic!("not a listing")
+        };
+        assert!(!more);
+        listed.extend(entries.into_iter().map(|e| e.name));
+        let part = part.expect("a listing names its partition");
+        match shoal_placement::key_after(part.index, part.depth) {
+            Some(k) => at = (other, Some(k)),
+            None => break,
+        }
+    }
+    listed.sort();
+    let mut want: Vec<String> = names.iter().cloned().chain([fresh]).collect();
+    want.sort();
+    assert_eq!(listed, want);
+    // A listing position in the other's partition, asked of the home: its bitmap.
+    let op = Op::ReadDir { dir: d, after: Some(moved), limit: 0, lease: None, from: None };
+    assert!(matches!(c.call_as(home, &root, op, Bytes::new()).await.unwrap().0, Reply::Partitions { .. }));
 }

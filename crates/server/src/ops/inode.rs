@@ -429,6 +429,7 @@ mod tests {
             dir_default: None,
             parent: None,
             target: None,
+            bitmap: Vec::new(),
         }
     }
 

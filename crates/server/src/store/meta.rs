@@ -7,7 +7,8 @@
 //! | key | value |
 //! |---|---|
 //! | `i` ino | [`InodeRecord`] |
-//! | `e` dir-ino name | [`EntryRecord`] |
+//! | `E` dir-ino listing-key name | [`EntryRecord`]; listing key = `listing_key(name_hash(name))` |
+//! | `P` dir-ino index | [`PartitionRecord`]: a partition of a split directory held here |
 //! | `x` ino name | extended attribute value (raw bytes) |
 //! | `t` op-id | [`IntentRecord`]: an operation spanning servers, for recovery |
 //! | `o` op-id | [`AppliedRecord`]: a peer step applied, and what it answered |
@@ -60,7 +61,11 @@ pub mod key {
     use shoal_proto::Ino;
 
     pub const INODE: u8 = b'i';
-    pub const ENTRY: u8 = b'e';
+    /// Entries in listing order (format 4): `E` dir listing-key name.
+    pub const ENTRY: u8 = b'E';
+    /// Entries in name order (formats 1 to 3): `e` dir name. Read only by the upgrade.
+    pub const ENTRY_V3: u8 = b'e';
+    pub const PARTITION: u8 = b'P';
     pub const XATTR: u8 = b'x';
     pub const INTENT: u8 = b't';
     pub const APPLIED: u8 = b'o';
@@ -86,12 +91,54 @@ pub mod key {
     pub fn inode(ino: Ino) -> [u8; 9] {
         tagged(INODE, ino.0)
     }
+    /// Length of an entry key before the name: tag, dir, listing key.
+    pub const ENTRY_HEAD: usize = 17;
+
+    /// The listing key of a name: where its entry sorts in its directory (and in a listing),
+    /// and which partition of a split directory holds it (`shoal_placement::key_range`).
+    pub fn listing_key_of(name: &str) -> u64 {
+        shoal_placement::listing_key(shoal_placement::name_hash(name))
+    }
+
+    /// `E` dir listing-key name: a directory's entries sort by `(listing key, name)`, the
+    /// listing order, so that each partition of a split directory is one key range.
     pub fn entry(dir: Ino, name: &str) -> Vec<u8> {
-        tagged_name(ENTRY, dir.0, name)
+        let mut k = Vec::with_capacity(ENTRY_HEAD + name.len());
+        k.extend_from_slice(&entry_at(dir, listing_key_of(name)));
+        k.extend_from_slice(name.as_bytes());
+        k
     }
     /// All entries of `dir` start with this.
     pub fn entry_prefix(dir: Ino) -> [u8; 9] {
         tagged(ENTRY, dir.0)
+    }
+    /// Where the entries of `dir` with listing key `lk` (or more) start.
+    pub fn entry_at(dir: Ino, lk: u64) -> [u8; ENTRY_HEAD] {
+        let mut k = [0u8; ENTRY_HEAD];
+        k[..9].copy_from_slice(&tagged(ENTRY, dir.0));
+        k[9..].copy_from_slice(&lk.to_be_bytes());
+        k
+    }
+    /// The listing key and name of an `E` key.
+    pub fn entry_parts(key: &[u8]) -> Option<(u64, &[u8])> {
+        if key.len() <= ENTRY_HEAD || key[0] != ENTRY {
+            return None;
+        }
+        Some((u64::from_be_bytes(key[9..ENTRY_HEAD].try_into().ok()?), &key[ENTRY_HEAD..]))
+    }
+    /// `P` dir index: partition `index` of split directory `dir`.
+    pub fn partition(dir: Ino, index: u32) -> [u8; 13] {
+        let mut k = [0u8; 13];
+        k[..9].copy_from_slice(&tagged(PARTITION, dir.0));
+        k[9..].copy_from_slice(&index.to_be_bytes());
+        k
+    }
+    /// The directory and index of a `P` key.
+    pub fn partition_parts(key: &[u8]) -> Option<(Ino, u32)> {
+        if key.len() != 13 || key[0] != PARTITION {
+            return None;
+        }
+        Some((Ino(u64::from_be_bytes(key[1..9].try_into().ok()?)), u32::from_be_bytes(key[9..13].try_into().ok()?)))
     }
     pub fn xattr(ino: Ino, name: &str) -> Vec<u8> {
         tagged_name(XATTR, ino.0, name)
@@ -120,7 +167,7 @@ pub mod key {
         Some(u64::from_be_bytes(key[1..9].try_into().ok()?))
     }
 
-    /// The name part of an `e`/`x` key under `prefix`.
+    /// The name part of an `x` key (or a format-3 `e` key) under `prefix`.
     pub fn name_after<'a>(key: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
         key.strip_prefix(prefix)
     }
@@ -157,6 +204,10 @@ pub struct InodeRecord {
     pub dir_default: Option<LayoutSpec>,
     pub parent: Option<Ino>,
     pub target: Option<String>,
+    /// A directory's partition bitmap (`shoal_placement::Bitmap` words) on its home server:
+    /// every partition whose split has been registered. Empty = never split (partition 0
+    /// only). Not part of [`Attr`]: clients learn it from `Partitions` replies.
+    pub bitmap: Vec<u64>,
 }
 
 impl InodeRecord {
@@ -195,6 +246,7 @@ impl InodeRecord {
             dir_default: a.dir_default.clone(),
             parent: a.parent,
             target: None,
+            bitmap: Vec::new(),
         }
     }
 
@@ -209,11 +261,34 @@ impl InodeRecord {
     }
 }
 
-/// A directory entry, stored under `e` dir name as `records::Entry`.
+/// A directory entry, stored under `E` dir listing-key name as `records::Entry`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EntryRecord {
     pub ino: Ino,
     pub kind: FileKind,
+}
+
+/// A partition of a split directory held by this server, stored under `P` dir index as
+/// `records::Partition`. Partition `index` at `depth` holds the names whose hash has `index`
+/// in its low `depth` bits: the entries of listing keys `shoal_placement::key_range(index,
+/// depth)`. An unsplit directory has none (its home holds partition 0 at depth 0).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PartitionRecord {
+    pub depth: u32,
+    /// Names cannot be added (a removal of the directory is under way).
+    pub sealed: bool,
+    /// A copy of the directory's attributes, for permission checks and inheritance on a
+    /// server that is not the directory's home.
+    pub dir: InodeRecord,
+}
+
+/// Where a page of a listing starts (see [`MetaStore::list_entries`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListStart<'n> {
+    /// Strictly after the entry `name` would have: position `(listing_key_of(name), name)`.
+    After(&'n str),
+    /// At the first entry whose listing key is at least this.
+    From(u64),
 }
 
 /// An operation that spans servers, written before its remote step and deleted in the batch
@@ -599,31 +674,124 @@ impl MetaStore {
         Ok(any)
     }
 
-    /// Up to `limit` entries of `dir` with names strictly after `after`, and whether more follow.
-    pub fn list_entries(&self, dir: Ino, after: Option<&str>, limit: usize) -> R<(Vec<DirEntry>, bool)> {
-        let prefix = key::entry_prefix(dir);
-        let start = after.map(|a| {
-            // The first key after `a`: `a` followed by a zero byte sorts right after it.
-            let mut k = key::entry(dir, a);
-            k.push(0);
-            k
-        });
+    /// Iterate keys from `from` (inclusive) up to `until` (exclusive; `None`: to the end).
+    /// The callback returns `false` to stop.
+    fn scan_between(&self, from: &[u8], until: Option<Vec<u8>>, mut f: impl FnMut(&[u8], &[u8]) -> R<bool>) -> R<()> {
+        let mut ro = ReadOptions::default();
+        if let Some(end) = until {
+            if from >= end.as_slice() {
+                return Ok(());
+            }
+            ro.set_iterate_upper_bound(end);
+        }
+        let db = self.db()?;
+        for item in db.iterator_opt(IteratorMode::From(from, Direction::Forward), ro) {
+            let (k, v) = item?;
+            if !f(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys of `dir`'s entries whose listing keys lie in `range` (inclusive) from
+    /// `start` on: the first key to read and the exclusive end.
+    fn entry_bounds(dir: Ino, start: ListStart<'_>, range: (u64, u64)) -> (Vec<u8>, Option<Vec<u8>>) {
+        let (lo, hi) = range;
+        let low = key::entry_at(dir, lo).to_vec();
+        let from = match start {
+            ListStart::After(name) => {
+                // The first key after `name`'s: its key followed by a zero byte.
+                let mut k = key::entry(dir, name);
+                k.push(0);
+                k.max(low)
+            }
+            ListStart::From(k) => key::entry_at(dir, k.max(lo)).to_vec(),
+        };
+        let until = match hi.checked_add(1) {
+            Some(next) => Some(key::entry_at(dir, next).to_vec()),
+            None => key::prefix_end(&key::entry_prefix(dir)),
+        };
+        (from, until)
+    }
+
+    /// An `E` key and its value as a listing entry.
+    fn dir_entry(dir: Ino, k: &[u8], v: &[u8]) -> R<DirEntry> {
+        let (_, name) = key::entry_parts(k).ok_or_else(|| Fail::corrupt(format!("entry key of {dir} is too short")))?;
+        let name = std::str::from_utf8(name)
+            .map_err(|_| Fail::corrupt(format!("entry name in directory {dir} is not UTF-8")))?
+            .to_string();
+        let e: EntryRecord = decode(&format_args!("entry {name:?} of {dir}"), v)?;
+        Ok(DirEntry { name, ino: e.ino, kind: e.kind })
+    }
+
+    /// Up to `limit` entries of `dir` in listing order (by listing key, then name) whose
+    /// listing keys lie in `range` (inclusive; `(0, u64::MAX)` = all), from `start` on; and
+    /// whether more entries follow inside `range`. A partition `(i, d)` of a split directory
+    /// is `range = shoal_placement::key_range(i, d)`.
+    pub fn list_entries(
+        &self,
+        dir: Ino,
+        start: ListStart<'_>,
+        range: (u64, u64),
+        limit: usize,
+    ) -> R<(Vec<DirEntry>, bool)> {
+        let (from, until) = Self::entry_bounds(dir, start, range);
         let mut out = Vec::new();
         let mut more = false;
-        self.scan(&prefix, start.as_deref(), |k, v| {
+        self.scan_between(&from, until, |k, v| {
             if out.len() >= limit {
                 more = true;
                 return Ok(false);
             }
-            let name = key::name_after(k, &prefix).unwrap_or_default();
-            let name = std::str::from_utf8(name)
-                .map_err(|_| Fail::corrupt(format!("entry name in directory {dir} is not UTF-8")))?
-                .to_string();
-            let e: EntryRecord = decode(&format_args!("entry {name:?} of {dir}"), v)?;
-            out.push(DirEntry { name, ino: e.ino, kind: e.kind });
+            out.push(Self::dir_entry(dir, k, v)?);
             Ok(true)
         })?;
         Ok((out, more))
+    }
+
+    /// How many entries of `dir` have listing keys in `range`, counting no further than
+    /// `max` (the answer is then `max`): what a split decision needs, without a full scan.
+    pub fn count_entries(&self, dir: Ino, range: (u64, u64), max: u64) -> R<u64> {
+        if max == 0 {
+            return Ok(0);
+        }
+        let (from, until) = Self::entry_bounds(dir, ListStart::From(range.0), range);
+        let mut n = 0u64;
+        self.scan_between(&from, until, |_, _| {
+            n += 1;
+            Ok(n < max)
+        })?;
+        Ok(n)
+    }
+
+    /// Every entry of `dir` with a listing key in `range`, in listing order (the entries a
+    /// split moves). Blocking, O(entries).
+    pub fn entries_in(&self, dir: Ino, range: (u64, u64)) -> R<Vec<DirEntry>> {
+        let (from, until) = Self::entry_bounds(dir, ListStart::From(range.0), range);
+        let mut out = Vec::new();
+        self.scan_between(&from, until, |k, v| {
+            out.push(Self::dir_entry(dir, k, v)?);
+            Ok(true)
+        })?;
+        Ok(out)
+    }
+
+    pub fn get_partition(&self, dir: Ino, index: u32) -> R<Option<PartitionRecord>> {
+        self.get_decoded(&key::partition(dir, index), &format_args!("partition {index} of {dir}"))
+    }
+
+    /// Every partition record on this server, by directory then index (for loading at
+    /// start-up).
+    pub fn partitions(&self) -> R<Vec<(Ino, u32, PartitionRecord)>> {
+        let mut out = Vec::new();
+        self.scan(&[key::PARTITION], None, |k, v| {
+            let (dir, index) =
+                key::partition_parts(k).ok_or_else(|| Fail::corrupt("partition key of the wrong length"))?;
+            out.push((dir, index, decode(&format_args!("partition {index} of {dir}"), v)?));
+            Ok(true)
+        })?;
+        Ok(out)
     }
 
     /// Names of `ino`'s extended attributes.
@@ -768,6 +936,7 @@ impl MetaStore {
             batch: WriteBatch::default(),
             inodes: HashMap::new(),
             entries: HashMap::new(),
+            partitions: HashMap::new(),
             changed_dirs: Vec::new(),
         }
     }
@@ -783,6 +952,7 @@ pub struct Txn<'a> {
     /// Loaded inodes: `Some(rec)` present, `None` absent; the bool marks changed ones.
     inodes: HashMap<Ino, (Option<InodeRecord>, bool)>,
     entries: HashMap<(Ino, String), Option<EntryRecord>>,
+    partitions: HashMap<(Ino, u32), Option<PartitionRecord>>,
     /// Directories whose entries this batch changes: their leases are revoked at commit.
     changed_dirs: Vec<Ino>,
 }
@@ -867,6 +1037,27 @@ impl<'a> Txn<'a> {
         self.entries_change(dir);
         self.batch.delete(key::entry(dir, name));
         self.entries.insert((dir, name.to_string()), None);
+    }
+
+    /// Partition `index` of split directory `dir`, if this server holds it (as changed by
+    /// this transaction so far).
+    pub fn partition(&mut self, dir: Ino, index: u32) -> R<Option<PartitionRecord>> {
+        if let Some(p) = self.partitions.get(&(dir, index)) {
+            return Ok(p.clone());
+        }
+        let p = self.meta.get_partition(dir, index)?;
+        self.partitions.insert((dir, index), p.clone());
+        Ok(p)
+    }
+
+    pub fn put_partition(&mut self, dir: Ino, index: u32, rec: PartitionRecord) {
+        self.batch.put(key::partition(dir, index), encode(&rec));
+        self.partitions.insert((dir, index), Some(rec));
+    }
+
+    pub fn delete_partition(&mut self, dir: Ino, index: u32) {
+        self.batch.delete(key::partition(dir, index));
+        self.partitions.insert((dir, index), None);
     }
 
     pub fn put_xattr(&mut self, ino: Ino, name: &str, value: &[u8]) {
@@ -963,13 +1154,46 @@ mod tests {
             dir_default: None,
             parent: None,
             target: Some("x".into()),
+            bitmap: vec![0b1011],
         }
+    }
+
+    fn file(ino: u64) -> EntryRecord {
+        EntryRecord { ino: Ino(ino), kind: FileKind::File }
+    }
+
+    /// A store with entries `f0` … `f{n-1}` in directory 10, and their names in listing order.
+    fn store_with(n: usize) -> (tempfile::TempDir, MetaStore, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let m = MetaStore::open(&dir.path().join("meta")).unwrap();
+        let mut t = m.txn();
+        let mut names: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+        for (i, name) in names.iter().enumerate() {
+            t.put_entry(Ino(10), name, file(100 + i as u64));
+        }
+        // Neighbours that no listing of directory 10 may show.
+        t.put_entry(Ino(9), "zz", file(1));
+        t.put_entry(Ino(11), "aa", file(2));
+        t.commit().unwrap();
+        names.sort_by_key(|n| (key::listing_key_of(n), n.clone()));
+        (dir, m, names)
+    }
+
+    fn names(entries: &[DirEntry]) -> Vec<String> {
+        entries.iter().map(|e| e.name.clone()).collect()
     }
 
     #[test]
     fn keys_have_the_documented_shape() {
         assert_eq!(key::inode(Ino(0x0102)), [b'i', 0, 0, 0, 0, 0, 0, 1, 2]);
-        assert_eq!(key::entry(Ino(1), "ab"), [b'e', 0, 0, 0, 0, 0, 0, 0, 1, b'a', b'b']);
+        let lk = shoal_placement::listing_key(shoal_placement::name_hash("ab")).to_be_bytes();
+        let mut want = vec![b'E', 0, 0, 0, 0, 0, 0, 0, 1];
+        want.extend_from_slice(&lk);
+        want.extend_from_slice(b"ab");
+        assert_eq!(key::entry(Ino(1), "ab"), want);
+        assert_eq!(key::entry_parts(&want), Some((u64::from_be_bytes(lk), &b"ab"[..])));
+        assert_eq!(key::partition(Ino(0x0102), 0x0304), [b'P', 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4]);
+        assert_eq!(key::partition_parts(&key::partition(Ino(7), 9)), Some((Ino(7), 9)));
         assert_eq!(&key::xattr(Ino(1), "user.a")[..9], &key::xattr_prefix(Ino(1)));
         assert_eq!(key::number(&key::intent(0xdead_beef)), Some(0xdead_beef));
         assert_eq!(key::number(b"short"), None);
@@ -979,9 +1203,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn entry_keys_sort_by_directory_then_name(a in any::<u64>(), b in any::<u64>(), n in "[a-z]{0,8}", m in "[a-z]{0,8}") {
+        fn entry_keys_sort_by_directory_then_listing_order(a in any::<u64>(), b in any::<u64>(), n in "[a-z]{1,8}", m in "[a-z]{1,8}") {
             let (ka, kb) = (key::entry(Ino(a), &n), key::entry(Ino(b), &m));
-            let want = (a, n.as_bytes()).cmp(&(b, m.as_bytes()));
+            let want = (a, key::listing_key_of(&n), n.as_bytes()).cmp(&(b, key::listing_key_of(&m), m.as_bytes()));
             prop_assert_eq!(ka.cmp(&kb), want);
             prop_assert!(ka.starts_with(&key::entry_prefix(Ino(a))));
         }
@@ -1019,11 +1243,13 @@ mod tests {
         assert_eq!(t.entry(Ino(10), "a").unwrap().unwrap().ino, Ino(20));
         t.commit().unwrap();
         assert_eq!(m.get_inode(Ino(10)).unwrap().unwrap().nlink, 7);
-        let (names, more) = m.list_entries(Ino(10), None, 10).unwrap();
-        assert_eq!(names.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+        let (listed, more) = m.list_entries(Ino(10), ListStart::From(0), (0, u64::MAX), 10).unwrap();
+        let mut want = vec!["a", "b", "c"];
+        want.sort_by_key(|n| key::listing_key_of(n));
+        assert_eq!(names(&listed), want);
         assert!(!more);
-        let (names, more) = m.list_entries(Ino(10), Some("a"), 1).unwrap();
-        assert_eq!(names[0].name, "b");
+        let (listed, more) = m.list_entries(Ino(10), ListStart::After(want[0]), (0, u64::MAX), 1).unwrap();
+        assert_eq!(names(&listed), [want[1]]);
         assert!(more);
         assert!(m.has_entries(Ino(11)).unwrap());
         assert!(!m.has_entries(Ino(12)).unwrap());
@@ -1034,5 +1260,121 @@ mod tests {
         assert!(m.get_inode(Ino(10)).unwrap().is_none());
         assert!(m.list_xattrs(Ino(10)).unwrap().is_empty());
         assert_eq!(m.count(key::ENTRY).unwrap(), 4);
+    }
+
+    #[test]
+    fn a_listing_pages_through_a_directory_in_listing_order_each_entry_once() {
+        let (_d, m, want) = store_with(50);
+        let all = (0, u64::MAX);
+        let (listed, more) = m.list_entries(Ino(10), ListStart::From(0), all, 1000).unwrap();
+        assert_eq!(names(&listed), want);
+        assert!(!more);
+        assert_eq!(listed[3].ino, Ino(100 + want[3][1..].parse::<u64>().unwrap()));
+        // Pages of 7, each going on strictly after the last name of the one before.
+        let mut paged = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..20 {
+            let start = after.as_deref().map_or(ListStart::From(0), ListStart::After);
+            let (page, more) = m.list_entries(Ino(10), start, all, 7).unwrap();
+            paged.extend(names(&page));
+            after = page.last().map(|e| e.name.clone());
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(paged, want);
+        // After a name that is not (or no longer) there: from where it would be.
+        let gone = "no-such-name";
+        let lk = key::listing_key_of(gone);
+        let (page, _) = m.list_entries(Ino(10), ListStart::After(gone), all, 1000).unwrap();
+        let expect: Vec<_> = want.iter().filter(|n| key::listing_key_of(n) > lk).cloned().collect();
+        assert_eq!(names(&page), expect);
+        // An empty directory, and one whose listing limit is 0.
+        assert_eq!(m.list_entries(Ino(12), ListStart::From(0), all, 10).unwrap(), (vec![], false));
+        assert_eq!(m.list_entries(Ino(10), ListStart::From(0), all, 0).unwrap(), (vec![], true));
+    }
+
+    #[test]
+    fn a_listing_stays_inside_its_range_and_starts_where_asked() {
+        let (_d, m, want) = store_with(64);
+        let lks: Vec<u64> = want.iter().map(|n| key::listing_key_of(n)).collect();
+        // The two halves of a depth-1 split, and a depth-2 partition.
+        for (index, depth) in [(0u32, 1u32), (1, 1), (2, 2), (3, 2)] {
+            let range = shoal_placement::key_range(index, depth);
+            let inside: Vec<_> =
+                want.iter().zip(&lks).filter(|(_, &k)| range.0 <= k && k <= range.1).map(|(n, _)| n.clone()).collect();
+            assert!(!inside.is_empty() && inside.len() < want.len(), "partition {index}/{depth}");
+            let (page, more) = m.list_entries(Ino(10), ListStart::From(0), range, 1000).unwrap();
+            assert_eq!(names(&page), inside, "partition {index}/{depth}");
+            assert!(!more);
+            // `more` says whether entries follow inside the range, not after it.
+            let (page, more) = m.list_entries(Ino(10), ListStart::From(0), range, inside.len() - 1).unwrap();
+            assert_eq!(page.len(), inside.len() - 1);
+            assert!(more);
+            let (page, more) =
+                m.list_entries(Ino(10), ListStart::After(&inside[inside.len() - 1]), range, 1000).unwrap();
+            assert!(page.is_empty() && !more);
+            assert_eq!(m.count_entries(Ino(10), range, u64::MAX).unwrap(), inside.len() as u64);
+            assert_eq!(names(&m.entries_in(Ino(10), range).unwrap()), inside);
+        }
+        // `From(k)`: the first entry whose listing key is at least k.
+        let k = lks[20];
+        let (page, _) = m.list_entries(Ino(10), ListStart::From(k), (0, u64::MAX), 1000).unwrap();
+        assert_eq!(names(&page), want[20..]);
+        let (page, _) = m.list_entries(Ino(10), ListStart::From(k + 1), (0, u64::MAX), 1000).unwrap();
+        assert_eq!(names(&page), want[21..]);
+        // A start below the range begins at the range; one above it lists nothing.
+        let range = (lks[10], lks[30]);
+        let (page, _) = m.list_entries(Ino(10), ListStart::From(0), range, 1000).unwrap();
+        assert_eq!(names(&page), want[10..=30]);
+        let (page, _) = m.list_entries(Ino(10), ListStart::After(&want[2]), range, 1000).unwrap();
+        assert_eq!(names(&page), want[10..=30]);
+        let (page, more) = m.list_entries(Ino(10), ListStart::After(&want[40]), range, 1000).unwrap();
+        assert!(page.is_empty() && !more);
+    }
+
+    #[test]
+    fn counting_entries_stops_at_its_maximum() {
+        let (_d, m, _) = store_with(30);
+        let all = (0, u64::MAX);
+        assert_eq!(m.count_entries(Ino(10), all, u64::MAX).unwrap(), 30);
+        assert_eq!(m.count_entries(Ino(10), all, 30).unwrap(), 30);
+        assert_eq!(m.count_entries(Ino(10), all, 7).unwrap(), 7);
+        assert_eq!(m.count_entries(Ino(10), all, 0).unwrap(), 0);
+        assert_eq!(m.count_entries(Ino(12), all, 10).unwrap(), 0);
+        assert_eq!(m.entries_in(Ino(10), all).unwrap().len(), 30);
+        assert!(m.has_entries(Ino(10)).unwrap());
+        assert!(!m.has_entries(Ino(12)).unwrap());
+    }
+
+    #[test]
+    fn partition_records_round_trip_through_a_transaction_and_the_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = MetaStore::open(&dir.path().join("meta")).unwrap();
+        let p = |depth, sealed| PartitionRecord { depth, sealed, dir: rec(FileKind::Dir) };
+        let mut t = m.txn();
+        assert_eq!(t.partition(Ino(10), 1).unwrap(), None);
+        t.put_partition(Ino(10), 1, p(1, false));
+        t.put_partition(Ino(10), 0, p(1, false));
+        t.put_partition(Ino(9), 6, p(3, true));
+        // A transaction sees its own changes.
+        assert_eq!(t.partition(Ino(10), 1).unwrap(), Some(p(1, false)));
+        t.commit().unwrap();
+        assert_eq!(m.get_partition(Ino(10), 1).unwrap(), Some(p(1, false)));
+        assert_eq!(
+            m.partitions().unwrap(),
+            vec![(Ino(9), 6, p(3, true)), (Ino(10), 0, p(1, false)), (Ino(10), 1, p(1, false))]
+        );
+        let mut t = m.txn();
+        t.delete_partition(Ino(10), 1);
+        assert_eq!(t.partition(Ino(10), 1).unwrap(), None);
+        t.put_partition(Ino(10), 0, p(2, true));
+        t.commit().unwrap();
+        assert_eq!(m.partitions().unwrap(), vec![(Ino(9), 6, p(3, true)), (Ino(10), 0, p(2, true))]);
+        // The directory bitmap is stored with the inode.
+        let mut t = m.txn();
+        t.put_inode(Ino(10), rec(FileKind::Dir));
+        t.commit().unwrap();
+        assert_eq!(m.get_inode(Ino(10)).unwrap().unwrap().bitmap, vec![0b1011]);
     }
 }

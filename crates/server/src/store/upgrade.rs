@@ -6,21 +6,32 @@
 //! versions), so that no record is misread; a store of an older version is upgraded before
 //! the server serves anything.
 //!
+//! The upgrade has two steps, each done in batches (each batch atomic):
+//!
+//! 1. From format 1 or 2: every record value is rewritten in the value encoding of format 3
+//!    (unchanged in format 4).
+//! 2. From formats 1 to 3: every entry moves from its format-3 key (`e` dir name, name
+//!    order) to its format-4 key (`E` dir listing-key name, listing order): the old key is
+//!    deleted and the new one written in the same batch.
+//!
 //! **Crash safety of the upgrade.** Every record value starts with a byte saying how it is
 //! encoded (1: bincode of format 1, 2: MessagePack of format 2, 3: Protocol Buffers of
-//! format 3), so each record tells by itself whether it has been rewritten. The upgrade
-//! rewrites the records that still say 1 or 2, in batches (each batch atomic), then syncs
-//! the log, and only then writes the new version under `m` "format". An interrupted upgrade
-//! leaves the old version, so the server does not serve; the next open carries on with the
-//! records not yet rewritten. No reader ever sees a half-upgraded store: records are only
-//! read by the server once the version is the current one.
+//! formats 3 and 4), so each record tells by itself whether step 1 has rewritten it; and an
+//! entry is, at every instant, under exactly one of its two keys, whose tag tells whether
+//! step 2 has moved it. Step 2 starts only once step 1 has rewritten every value, so it
+//! moves values already in the new encoding (it checks). Once both are done the upgrade
+//! syncs the log, and only then writes the new version under `m` "format". An interrupted
+//! upgrade leaves the old version, so the server does not serve; the next open carries on
+//! with the records not yet rewritten and the entries not yet moved. No reader ever sees a
+//! half-upgraded store: records are only read by the server once the version is the
+//! current one.
 
 use crate::error::{Fail, R};
 use crate::store::meta::{key, MetaStore};
 use crate::store::records::{encode, v1, v2, FORMAT_VERSION, VALUE_BINCODE1, VALUE_MSGPACK, VALUE_PROTOBUF};
 use anyhow::{anyhow, bail};
 use rocksdb::WriteBatch;
-use shoal_proto::ServerId;
+use shoal_proto::{Ino, ServerId};
 use std::path::Path;
 use std::time::Instant;
 
@@ -80,11 +91,16 @@ pub struct Upgraded {
     /// Applied markers dropped because they did not decode (they only deduplicate resent
     /// peer steps, and old ones are pruned anyway).
     pub dropped: u64,
+    /// Entries moved from their format-3 key to their format-4 key.
+    pub moved: u64,
+    /// Entries found under their format-4 key (an earlier upgrade was interrupted).
+    pub moved_before: u64,
 }
 
-/// The record kinds whose values carry a format byte (`x` values are raw bytes and `m`
-/// values big-endian numbers: the same in every format).
-const TAGS: [u8; 6] = [key::INODE, key::ENTRY, key::INTENT, key::APPLIED, key::GC, key::ORPHAN];
+/// The record kinds of formats 1 and 2 whose values carry a format byte (`x` values are raw
+/// bytes and `m` values big-endian numbers: the same in every format). Entries are still
+/// under their format-3 keys while values are rewritten (step 2 moves them after).
+const TAGS: [u8; 6] = [key::INODE, key::ENTRY_V3, key::INTENT, key::APPLIED, key::GC, key::ORPHAN];
 
 /// A decoder of one record kind in one older format.
 type Decoder<T> = fn(&[u8]) -> Result<T, String>;
@@ -105,7 +121,7 @@ fn convert(tag: u8, from: u8, v: &[u8]) -> Result<Option<Vec<u8>>, String> {
     }
     Ok(Some(match tag {
         key::INODE => re(from, v, v1::inode, v2::inode)?,
-        key::ENTRY => re(from, v, v1::entry, v2::entry)?,
+        key::ENTRY_V3 => re(from, v, v1::entry, v2::entry)?,
         key::INTENT => re(from, v, v1::intent, v2::intent)?,
         key::APPLIED => match re(from, v, v1::applied, v2::applied) {
             Ok(a) => a,
@@ -117,9 +133,9 @@ fn convert(tag: u8, from: u8, v: &[u8]) -> Result<Option<Vec<u8>>, String> {
     }))
 }
 
-/// Rewrite every record of an older format (the store says `found`) in the current one,
-/// then set the format version (see the module comment for why an interruption anywhere is
-/// safe). Blocking.
+/// Bring a store of an older format (the store says `found`) to the current one: rewrite
+/// every value of format 1 or 2, move every entry to its format-4 key, then set the format
+/// version (see the module comment for why an interruption anywhere is safe). Blocking.
 pub fn upgrade(meta: &MetaStore, found: u32, dir: &Path) -> R<Upgraded> {
     let start = Instant::now();
     tracing::info!(
@@ -127,6 +143,37 @@ pub fn upgrade(meta: &MetaStore, found: u32, dir: &Path) -> R<Upgraded> {
         dir.display()
     );
     let mut done = Upgraded::default();
+    if found < 3 {
+        rewrite_values(meta, &mut done)?;
+    }
+    done.moved_before = meta.count(key::ENTRY)?;
+    done.moved = move_entries(meta, BATCH, None)?;
+    // Every rewritten record is durable before the version says they all are.
+    meta.sync_wal()?;
+    meta.put_raw(key::FORMAT, &FORMAT_VERSION.to_be_bytes())?;
+    meta.sync_wal()?;
+    let mut note: Vec<String> = done.rewritten.iter().map(|(t, n)| format!("{n} {t:?}")).collect();
+    if done.already > 0 {
+        note.push(format!("{} left from an interrupted upgrade", done.already));
+    }
+    if done.dropped > 0 {
+        note.push(format!("{} undecodable applied markers dropped", done.dropped));
+    }
+    note.push(format!("{} entries moved to listing order", done.moved));
+    if done.moved_before > 0 {
+        note.push(format!("{} entries moved by an interrupted upgrade", done.moved_before));
+    }
+    tracing::info!(
+        "data directory {}: metadata store upgraded to format {FORMAT_VERSION} in {:.1?}; records rewritten: {}",
+        dir.display(),
+        start.elapsed(),
+        note.join(", ")
+    );
+    Ok(done)
+}
+
+/// Step 1: rewrite every value of format 1 or 2 in the current value encoding.
+fn rewrite_values(meta: &MetaStore, done: &mut Upgraded) -> R<()> {
     for tag in TAGS {
         let mut batch = WriteBatch::default();
         let mut n = 0u64;
@@ -168,24 +215,53 @@ pub fn upgrade(meta: &MetaStore, found: u32, dir: &Path) -> R<Upgraded> {
         }
         done.rewritten.push((tag as char, n));
     }
-    // Every rewritten record is durable before the version says they all are.
-    meta.sync_wal()?;
-    meta.put_raw(key::FORMAT, &FORMAT_VERSION.to_be_bytes())?;
-    meta.sync_wal()?;
-    let mut note: Vec<String> = done.rewritten.iter().map(|(t, n)| format!("{n} {t:?}")).collect();
-    if done.already > 0 {
-        note.push(format!("{} left from an interrupted upgrade", done.already));
+    Ok(())
+}
+
+/// The format-4 key of the entry under format-3 key `old` (`e` dir name).
+fn moved_entry_key(old: &[u8]) -> Result<Vec<u8>, String> {
+    let dir = old.get(..9).and_then(key::number).ok_or("key too short")?;
+    let name = std::str::from_utf8(&old[9..]).map_err(|_| "name is not UTF-8")?;
+    if name.is_empty() {
+        return Err("empty name".into());
     }
-    if done.dropped > 0 {
-        note.push(format!("{} undecodable applied markers dropped", done.dropped));
+    Ok(key::entry(Ino(dir), name))
+}
+
+/// Step 2: move every entry still under its format-3 key to its format-4 key, `batch`
+/// entries per atomic batch (the old key deleted, the new one written), and return how
+/// many moved. `stop_after` batches: a test's interruption.
+fn move_entries(meta: &MetaStore, batch: usize, stop_after: Option<usize>) -> R<u64> {
+    let mut b = WriteBatch::default();
+    let (mut in_batch, mut batches, mut moved) = (0usize, 0usize, 0u64);
+    let mut stopped = false;
+    // The scan reads a snapshot of the `e` keys; the `E` keys written meanwhile sort
+    // before them and are not seen.
+    meta.scan(&[key::ENTRY_V3], None, |k, v| {
+        let what = || format!("entry key {}", hex(k));
+        let new = moved_entry_key(k).map_err(|e| Fail::corrupt(format!("{}: {e}", what())))?;
+        if v.first() != Some(&VALUE_PROTOBUF) {
+            return Err(Fail::corrupt(format!("{} has a value not in format 3 after the rewrite", what())));
+        }
+        b.delete(k);
+        b.put(new, v);
+        in_batch += 1;
+        moved += 1;
+        if in_batch >= batch {
+            meta.write(std::mem::take(&mut b))?;
+            in_batch = 0;
+            batches += 1;
+            if stop_after == Some(batches) {
+                stopped = true;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })?;
+    if !stopped && !b.is_empty() {
+        meta.write(b)?;
     }
-    tracing::info!(
-        "data directory {}: metadata store upgraded to format {FORMAT_VERSION} in {:.1?}; records rewritten: {}",
-        dir.display(),
-        start.elapsed(),
-        note.join(", ")
-    );
-    Ok(done)
+    Ok(moved)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -209,13 +285,54 @@ pub fn stored_format(meta_dir: &Path) -> Result<Option<u32>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::meta::{AppliedRecord, EntryRecord, GcRecord, InodeRecord, IntentRecord, OrphanRecord};
+    use crate::store::meta::{
+        AppliedRecord, EntryRecord, GcRecord, InodeRecord, IntentRecord, ListStart, OrphanRecord,
+    };
     use crate::store::records::{decode, Record};
     use shoal_proto::Errno;
+    use std::collections::BTreeMap;
     use std::path::PathBuf;
 
     /// The fixtures: stores of every older format (`tests/fixtures/README.md`).
-    const OLDER: [u32; 2] = [1, 2];
+    const OLDER: [u32; 3] = [1, 2, 3];
+
+    /// The entries under format-3 keys (`e` dir name), by directory.
+    fn v3_entries(meta: &MetaStore) -> BTreeMap<Ino, Vec<String>> {
+        let mut out: BTreeMap<Ino, Vec<String>> = BTreeMap::new();
+        meta.scan(&[key::ENTRY_V3], None, |k, _| {
+            let dir = Ino(key::number(&k[..9]).unwrap());
+            out.entry(dir).or_default().push(String::from_utf8(k[9..].to_vec()).unwrap());
+            Ok(true)
+        })
+        .unwrap();
+        out
+    }
+
+    /// Every entry of `before` is found by a lookup and listed exactly once, in listing
+    /// order, and no entry is left under a format-3 key.
+    fn entries_are_found_and_listed_once(meta: &MetaStore, before: &BTreeMap<Ino, Vec<String>>, what: &str) {
+        assert!(v3_entries(meta).is_empty(), "{what}: entries left under format-3 keys");
+        let mut total = 0;
+        for (dir, names) in before {
+            for name in names {
+                assert!(meta.get_entry(*dir, name).unwrap().is_some(), "{what}: lookup of {name:?} in {dir}");
+            }
+            let (listed, more) = meta.list_entries(*dir, ListStart::From(0), (0, u64::MAX), usize::MAX).unwrap();
+            assert!(!more);
+            let positions: Vec<_> = listed.iter().map(|e| (key::listing_key_of(&e.name), e.name.clone())).collect();
+            let mut sorted = positions.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(positions, sorted, "{what}: {dir} lists in listing order, each name once");
+            let mut got: Vec<_> = listed.into_iter().map(|e| e.name).collect();
+            got.sort();
+            let mut want = names.clone();
+            want.sort();
+            assert_eq!(got, want, "{what}: entries of {dir}");
+            total += names.len() as u64;
+        }
+        assert_eq!(meta.count(key::ENTRY).unwrap(), total, "{what}: no entry doubled");
+    }
 
     fn fixture_dir(format: u32) -> tempfile::TempDir {
         let archive =
@@ -279,18 +396,26 @@ mod tests {
                 let data: PathBuf = dir.path().join(format!("s{id}"));
                 let meta = MetaStore::open(&data.join("meta")).unwrap();
                 assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), format.to_be_bytes());
-                let mut first = None;
-                meta.scan(&[key::INODE], None, |_, v| {
-                    first = Some(decode::<InodeRecord>(&"inode", v));
-                    Ok(false)
-                })
-                .unwrap();
-                let e = first.expect("an inode").unwrap_err();
-                assert_eq!(e.errno, Errno::EIO);
-                assert!(e.message.contains(&format!("still in format {format}")), "{}", e.message);
+                if format < 3 {
+                    let mut first = None;
+                    meta.scan(&[key::INODE], None, |_, v| {
+                        first = Some(decode::<InodeRecord>(&"inode", v));
+                        Ok(false)
+                    })
+                    .unwrap();
+                    let e = first.expect("an inode").unwrap_err();
+                    assert_eq!(e.errno, Errno::EIO);
+                    assert!(e.message.contains(&format!("still in format {format}")), "{}", e.message);
+                }
+                // Entries under their format-3 keys are not where this code looks for them.
+                let before = v3_entries(&meta);
+                assert!(before.values().map(Vec::len).sum::<usize>() > 3, "format {format}: server {id} has entries");
+                let (dir0, names) = before.iter().next().unwrap();
+                assert_eq!(meta.get_entry(*dir0, &names[0]).unwrap(), None);
                 check_and_upgrade(&meta, ServerId(id), &data).unwrap();
                 assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
                 assert!(decode_all(&meta) > 10, "format {format}: server {id} holds records");
+                entries_are_found_and_listed_once(&meta, &before, &format!("format {format}, server {id}"));
             }
         }
     }
@@ -300,7 +425,7 @@ mod tests {
     /// and the store reads exactly as an uninterrupted upgrade leaves it.
     #[test]
     fn an_interrupted_upgrade_resumes_and_ends_as_an_uninterrupted_one() {
-        for format in OLDER {
+        for format in [1, 2] {
             let whole = fixture_dir(format);
             let cut = fixture_dir(format);
             let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
@@ -309,7 +434,7 @@ mod tests {
             let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
             // The first half of the inodes and entries, as the first batches of an upgrade.
             let mut half = WriteBatch::default();
-            for tag in [key::INODE, key::ENTRY] {
+            for tag in [key::INODE, key::ENTRY_V3] {
                 let mut all = Vec::new();
                 meta.scan(&[tag], None, |k, v| {
                     all.push((k.to_vec(), v.to_vec()));
@@ -341,6 +466,52 @@ mod tests {
             };
             assert_eq!(dump(&meta), dump(&whole_meta), "format {format}");
             assert!(decode_all(&meta) > 10);
+        }
+    }
+
+    /// The whole store, key by key.
+    fn dump(m: &MetaStore) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        m.scan(&[], None, |k, v| {
+            out.push((k.to_vec(), v.to_vec()));
+            Ok(true)
+        })
+        .unwrap();
+        out
+    }
+
+    /// An upgrade stopped in the middle of moving the entries to their format-4 keys (some
+    /// batches written, the version still the old one) resumes on the next open: no entry
+    /// is lost or doubled, and the store ends exactly as an uninterrupted upgrade leaves it.
+    #[test]
+    fn an_upgrade_interrupted_while_moving_entries_resumes_and_loses_or_doubles_nothing() {
+        for format in OLDER {
+            let whole = fixture_dir(format);
+            let cut = fixture_dir(format);
+            let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
+            upgrade(&whole_meta, format, whole.path()).unwrap();
+
+            let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+            let before = v3_entries(&meta);
+            let total: usize = before.values().map(Vec::len).sum();
+            assert!(total >= 8, "format {format}: {total} entries");
+            // The upgrade's own steps, stopped after three batches of two entries.
+            let mut done = Upgraded::default();
+            if format < 3 {
+                rewrite_values(&meta, &mut done).unwrap();
+            }
+            assert_eq!(move_entries(&meta, 2, Some(3)).unwrap(), 6);
+            assert_eq!(meta.count(key::ENTRY).unwrap(), 6, "moved so far");
+            assert_eq!(meta.count(key::ENTRY_V3).unwrap(), total as u64 - 6, "still to move");
+            drop(meta);
+
+            let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), format.to_be_bytes(), "still the old format");
+            let done = upgrade(&meta, format, cut.path()).unwrap();
+            assert_eq!((done.moved_before, done.moved), (6, total as u64 - 6));
+            assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
+            entries_are_found_and_listed_once(&meta, &before, &format!("format {format}"));
+            assert_eq!(dump(&meta), dump(&whole_meta), "format {format}");
         }
     }
 }

@@ -152,7 +152,7 @@ async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kin
     })
     .await?;
     if committed {
-        if let Ok((_, part)) = route_read(st, dir, name).await {
+        if let Ok((part, _)) = route_read(st, dir, name).await {
             split::after_insert(st, dir, part);
         }
     }

@@ -101,7 +101,7 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino,
     .await;
     match committed {
         Ok(true) => {
-            if let Ok((_, part)) = route_read(st, dir, name).await {
+            if let Ok((part, _)) = route_read(st, dir, name).await {
                 split::after_insert(st, dir, part);
             }
             End::Done(entry_reply(ino, &rec))

@@ -102,6 +102,7 @@ pub(crate) fn new_inode(
         dir_default: None,
         parent: None,
         target: None,
+        bitmap: Vec::new(),
     }
 }
 

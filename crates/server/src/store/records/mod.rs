@@ -1,4 +1,5 @@
-//! Metadata records as stored (format 3): their own types, separate from the wire types of
+//! Metadata records as stored (formats 3 and 4 store values alike; format 4 changed the
+//! entry keys, see `meta.rs`): their own types, separate from the wire types of
 //! `shoal-proto`, so that a change to a message never changes what is on disk (and the
 //! reverse), with explicit conversions to and from the records the server works with
 //! ([`InodeRecord`], [`EntryRecord`], … in `meta.rs`, which hold wire types).
@@ -20,7 +21,9 @@
 //! Formats 1 and 2 are read only by the upgrade, through [`v1`] and [`v2`].
 
 use crate::error::{Fail, R};
-use crate::store::meta::{AppliedRecord, EntryRecord, GcRecord, InodeRecord, Intent, IntentRecord, OrphanRecord};
+use crate::store::meta::{
+    AppliedRecord, EntryRecord, GcRecord, InodeRecord, Intent, IntentRecord, OrphanRecord, PartitionRecord,
+};
 use prost::Message;
 use shoal_proto::msg::{DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, Reply, Timestamp};
 use shoal_proto::{Ino, ServerId};
@@ -29,9 +32,11 @@ pub mod v1;
 pub mod v2;
 
 /// Version of the metadata format this code writes (under `m` "format"). Stores of formats
-/// 1 and 2 are upgraded in place when opened (`store::upgrade`); newer ones are refused.
-pub const FORMAT_VERSION: u32 = 3;
-/// First byte of every format-3 record value.
+/// 1 to 3 are upgraded in place when opened (`store::upgrade`); newer ones are refused.
+/// Format 4 = format 3's values with entries keyed in listing order (`E` keys), partition
+/// records and the directory bitmap.
+pub const FORMAT_VERSION: u32 = 4;
+/// First byte of every record value of formats 3 and 4 (the value encoding did not change).
 pub const VALUE_PROTOBUF: u8 = 3;
 /// First byte of every format-2 record value (MessagePack follows).
 pub const VALUE_MSGPACK: u8 = v2::VALUE;
@@ -149,15 +154,30 @@ pub struct Inode {
     pub parent: Option<u64>,
     #[prost(string, optional, tag = "13")]
     pub target: Option<String>,
+    /// A directory's partition bitmap (packed little-endian words; empty = never split).
+    #[prost(fixed64, repeated, tag = "14")]
+    pub bitmap: Vec<u64>,
 }
 
-/// `e` dir-ino name.
+/// `E` dir-ino listing-key name (`e` dir-ino name before format 4).
 #[derive(Clone, PartialEq, Eq, Message)]
 pub struct Entry {
     #[prost(uint64, tag = "1")]
     pub ino: u64,
     #[prost(enumeration = "Kind", tag = "2")]
     pub kind: i32,
+}
+
+/// `P` dir-ino index: a partition of a split directory held by this server.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct Partition {
+    #[prost(uint32, tag = "1")]
+    pub depth: u32,
+    #[prost(bool, tag = "2")]
+    pub sealed: bool,
+    /// The directory's attributes (required).
+    #[prost(message, optional, tag = "3")]
+    pub dir: Option<Inode>,
 }
 
 /// An intent's directory entry step (mkdir, rmdir).
@@ -414,6 +434,7 @@ impl Record for InodeRecord {
             dir_default: self.dir_default.as_ref().map(spec_out),
             parent: self.parent.map(|p| p.0),
             target: self.target.clone(),
+            bitmap: self.bitmap.clone(),
         }
     }
     fn from_stored(s: Inode) -> Result<InodeRecord, String> {
@@ -431,7 +452,19 @@ impl Record for InodeRecord {
             dir_default: s.dir_default.map(spec_in).transpose()?,
             parent: s.parent.map(Ino),
             target: s.target,
+            bitmap: s.bitmap,
         })
+    }
+}
+
+impl Record for PartitionRecord {
+    type Stored = Partition;
+    fn to_stored(&self) -> Partition {
+        Partition { depth: self.depth, sealed: self.sealed, dir: Some(self.dir.to_stored()) }
+    }
+    fn from_stored(s: Partition) -> Result<PartitionRecord, String> {
+        let dir = InodeRecord::from_stored(s.dir.ok_or("no directory attributes")?)?;
+        Ok(PartitionRecord { depth: s.depth, sealed: s.sealed, dir })
     }
 }
 
@@ -604,6 +637,7 @@ mod tests {
             dir_default: None,
             parent: None,
             target: None,
+            bitmap: Vec::new(),
         }
     }
 
@@ -627,6 +661,38 @@ mod tests {
         // or target.
         assert_eq!(hex(&bytes), "0310a40318012002280330013a04080510064204080510064a0408051006520708802012020002");
         assert_eq!(decode::<InodeRecord>(&"inode", &bytes).unwrap(), inode());
+    }
+
+    /// Golden vector of a partition record holding a directory inode with a bitmap (format 4).
+    #[test]
+    fn a_partition_record_and_a_bitmap_encode_to_the_documented_bytes() {
+        let t = Timestamp { secs: 1, nsecs: 0 };
+        let dir = InodeRecord {
+            kind: FileKind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 2,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            layout: None,
+            dir_default: None,
+            parent: Some(Ino(1)),
+            target: None,
+            bitmap: vec![5],
+        };
+        let p = PartitionRecord { depth: 2, sealed: true, dir };
+        let bytes = encode(&p);
+        // depth 2, sealed, dir (31 bytes): kind Dir, perm 0o755, nlink 2, times {1, 0},
+        // parent 1, bitmap [5] (field 14, packed fixed64: 8 bytes little-endian).
+        assert_eq!(hex(&bytes), "03080210011a1f080110ed0330023a020801420208014a020801600172080500000000000000");
+        assert_eq!(decode::<PartitionRecord>(&"partition", &bytes).unwrap(), p);
+        // A format-3 inode (no field 14) reads as never split.
+        assert_eq!(decode::<InodeRecord>(&"inode", &encode(&inode())).unwrap().bitmap, Vec::<u64>::new());
+        // A partition record without its directory's attributes is damage, not a default.
+        assert!(decode::<PartitionRecord>(&"partition", &[VALUE_PROTOBUF, 0x08, 0x02]).is_err());
     }
 
     /// A format-2 inode (MessagePack with names: the bytes format 2's golden vector had)
@@ -705,6 +771,7 @@ mod tests {
             let _ = decode::<AppliedRecord>(&"applied", &v);
             let _ = decode::<GcRecord>(&"gc", &v);
             let _ = decode::<OrphanRecord>(&"orphan", &v);
+            let _ = decode::<PartitionRecord>(&"partition", &v);
         }
     }
 

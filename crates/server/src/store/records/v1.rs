@@ -130,6 +130,7 @@ pub fn inode(bytes: &[u8]) -> D<InodeRecord> {
             dir_default: r.opt(Rd::spec)?,
             parent: r.opt(Rd::ino)?,
             target: r.opt(Rd::string)?,
+            bitmap: Vec::new(),
         })
     })
 }
