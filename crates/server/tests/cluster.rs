@@ -344,10 +344,11 @@ async fn mkdir_across_servers_and_rmdir() {
     let a = c.getattr(d).await;
     assert_eq!((a.kind, a.nlink, a.parent), (FileKind::Dir, 2, Some(ROOT_INO)));
     let root = c.getattr(ROOT_INO).await;
-    let subdirs = match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None, from: None }).await.unwrap() {
-        Reply::DirEntries { entries, .. } => entries.len() as u32,
-        other => panic!("{other:?}"),
-    };
+    let subdirs =
+        match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None, from: None }).await.unwrap() {
+            Reply::DirEntries { entries, .. } => entries.len() as u32,
+            other => panic!("{other:?}"),
+        };
     assert_eq!(root.nlink, 2 + subdirs);
     assert_eq!(c.mkdir(ROOT_INO, "d0").await.unwrap_err(), Errno::EEXIST);
 
@@ -1007,9 +1008,7 @@ async fn a_growing_directory_splits_and_answers_misrouted_names_with_its_bitmap(
     let lookup = |server: ServerId, name: String| {
         let c = &c;
         let root = root.clone();
-        async move {
-            c.call_as(server, &root, Op::Lookup { dir: d, name, lease: None }, Bytes::new()).await.map(|(r, _)| r)
-        }
+        async move { c.call_as(server, &root, Op::Lookup { dir: d, name, lease: None }, Bytes::new()).await.map(|(r, _)| r) }
     };
     // The split runs in the background after the 32nd create.
     let mut bitmap = None;
@@ -1046,7 +1045,8 @@ async fn a_growing_directory_splits_and_answers_misrouted_names_with_its_bitmap(
     let mut at = (home, None::<u64>);
     loop {
         let op = Op::ReadDir { dir: d, after: None, limit: 0, lease: None, from: at.1 };
-        let Reply::DirEntries { entries, more, part } = c.call_as(at.0, &root, op, Bytes::new()).await.unwrap().0 else {
+        let Reply::DirEntries { entries, more, part } = c.call_as(at.0, &root, op, Bytes::new()).await.unwrap().0
+        else {
             panic!("not a listing")
         };
         assert!(!more);
@@ -1064,4 +1064,90 @@ async fn a_growing_directory_splits_and_answers_misrouted_names_with_its_bitmap(
     // A listing position in the other's partition, asked of the home: its bitmap.
     let op = Op::ReadDir { dir: d, after: Some(moved), limit: 0, lease: None, from: None };
     assert!(matches!(c.call_as(home, &root, op, Bytes::new()).await.unwrap().0, Reply::Partitions { .. }));
+}
+
+/// Across the partitions of a split directory: a chmod on the home reaches the other
+/// partition's server, a rename from one partition to the other moves the name, and rmdir
+/// sees entries on every server (ENOTEMPTY) and, once all are gone, removes the directory
+/// everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_directory_keeps_permissions_renames_and_rmdir_right() {
+    let c = Cluster::start(2).await;
+    let home = c.home(ROOT_INO);
+    let other = ServerId(1 - home.0);
+    let (dname, d) = c.mkdir_on(ROOT_INO, "big", home).await;
+    let root = Cred::root();
+    let call = |server: ServerId, cred: Cred, op: Op| {
+        let c = &c;
+        async move { c.call_as(server, &cred, op, Bytes::new()).await.map(|(r, _)| r) }
+    };
+    let create = |n: &str| Op::Create { dir: d, name: n.into(), perm: 0o644, exclusive: true, layout: None };
+    let mut names: Vec<String> = (0..32).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        call(home, root.clone(), create(n)).await.unwrap();
+    }
+    let server_of = |n: &str| if half(n) == 1 { other } else { home };
+    // Wait for the split (a moved name is answered with the bitmap at the home).
+    let moved = names.iter().find(|n| half(n) == 1).unwrap().clone();
+    for _ in 0..100 {
+        let r = call(home, root.clone(), Op::Lookup { dir: d, name: moved.clone(), lease: None }).await;
+        if matches!(r, Ok(Reply::Partitions { .. })) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The split directory's link count is reported as unknown.
+    assert_eq!(c.getattr(d).await.nlink, 1);
+
+    // Permissions: world-writable, then not; alice's creates follow on both servers.
+    let in1 = (0..).map(|i| format!("alice{i}")).find(|n| half(n) == 1).unwrap();
+    c.op(Op::SetAttr { ino: d, set: SetAttrs { perm: Some(0o777), ..Default::default() } }).await.unwrap();
+    call(other, alice(), create(&in1)).await.unwrap();
+    names.push(in1);
+    c.op(Op::SetAttr { ino: d, set: SetAttrs { perm: Some(0o755), ..Default::default() } }).await.unwrap();
+    let in1b = (0..).map(|i| format!("bob{i}")).find(|n| half(n) == 1).unwrap();
+    assert_eq!(call(other, alice(), create(&in1b)).await.unwrap_err(), Errno::EACCES);
+
+    // A rename from partition 0 (home) to a name of partition 1 (other).
+    let src = names.iter().find(|n| half(n) == 0).unwrap().clone();
+    let dst = (0..).map(|i| format!("moved{i}")).find(|n| half(n) == 1).unwrap();
+    let op = Op::Rename {
+        src_dir: d,
+        src_name: src.clone(),
+        dst_dir: d,
+        dst_name: dst.clone(),
+        flags: RenameFlags::default(),
+        keep: None,
+    };
+    call(home, root.clone(), op).await.unwrap();
+    assert_eq!(
+        call(home, root.clone(), Op::Lookup { dir: d, name: src.clone(), lease: None }).await.unwrap_err(),
+        Errno::ENOENT
+    );
+    assert!(matches!(
+        call(other, root.clone(), Op::Lookup { dir: d, name: dst.clone(), lease: None }).await.unwrap(),
+        Reply::Entry(_)
+    ));
+    names.retain(|n| *n != src);
+    names.push(dst);
+
+    // rmdir: ENOTEMPTY while either server holds an entry.
+    let rmdir = || Op::Rmdir { dir: ROOT_INO, name: dname.clone() };
+    assert_eq!(c.op(rmdir()).await.unwrap_err(), Errno::ENOTEMPTY);
+    let (on_home, on_other): (Vec<String>, Vec<String>) = names.iter().cloned().partition(|n| server_of(n) == home);
+    for n in &on_home {
+        call(home, root.clone(), Op::Unlink { dir: d, name: n.clone(), keep: None }).await.unwrap();
+    }
+    assert_eq!(c.op(rmdir()).await.unwrap_err(), Errno::ENOTEMPTY, "entries left on the other server");
+    // The failed rmdir unsealed the other server's partition: creating there works.
+    let again = (0..).map(|i| format!("again{i}")).find(|n| half(n) == 1).unwrap();
+    call(other, root.clone(), create(&again)).await.unwrap();
+    for n in on_other.iter().chain([&again]) {
+        call(other, root.clone(), Op::Unlink { dir: d, name: n.clone(), keep: None }).await.unwrap();
+    }
+    c.op(rmdir()).await.unwrap();
+    // Gone everywhere: the other server no longer holds a partition of it.
+    let r = call(other, root.clone(), Op::Lookup { dir: d, name: "x".into(), lease: None }).await;
+    assert_eq!(r.unwrap_err(), Errno::ENOENT);
+    c.no_pending_intents().await;
 }

@@ -223,25 +223,26 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
     let op_id = st.new_op_id();
     let _active = st.activate(op_id);
     let _g = st.locks.lock(&[ino]).await;
-    let reply = st.store(move |st| {
-        let mut txn = st.meta.txn();
-        if split {
-            txn.put_intent(op_id, Intent::PartitionAttr { dir: ino }, now().secs);
-        }
-        let rec = txn.inode_mut(ino)?;
-        if rec.kind != FileKind::Dir {
-            return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
-        }
-        if !perm::is_owner_or_root(&cred, &rec.owner()) {
-            return fail(Errno::EPERM, "only the owner or root may set a directory's layout");
-        }
-        rec.dir_default = if spec == LayoutSpec::default() { None } else { Some(spec) };
-        rec.ctime = now();
-        let rec = rec.clone();
-        txn.commit()?;
-        Ok(Reply::Attr(rec.to_attr(ino, 0)))
-    })
-    .await?;
+    let reply = st
+        .store(move |st| {
+            let mut txn = st.meta.txn();
+            if split {
+                txn.put_intent(op_id, Intent::PartitionAttr { dir: ino }, now().secs);
+            }
+            let rec = txn.inode_mut(ino)?;
+            if rec.kind != FileKind::Dir {
+                return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
+            }
+            if !perm::is_owner_or_root(&cred, &rec.owner()) {
+                return fail(Errno::EPERM, "only the owner or root may set a directory's layout");
+            }
+            rec.dir_default = if spec == LayoutSpec::default() { None } else { Some(spec) };
+            rec.ctime = now();
+            let rec = rec.clone();
+            txn.commit()?;
+            Ok(Reply::Attr(rec.to_attr(ino, 0)))
+        })
+        .await?;
     drop(_g);
     if split {
         crate::steps::drive(st, op_id, &Intent::PartitionAttr { dir: ino }, Default::default()).await?;

@@ -34,41 +34,42 @@ pub async fn create(
     let (made, part) = {
         let (_g, part) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
         let name = name.clone();
-        let made = st.store(move |st| {
-            let mut txn = st.meta.txn();
-            let now = now();
-            let parent = parent_of(st, &mut txn, dir)?;
-            perm::check(&cred, &parent.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
-            if let Some(e) = txn.entry(dir, &name)? {
-                if exclusive {
-                    return Err(exists(dir, &name));
+        let made = st
+            .store(move |st| {
+                let mut txn = st.meta.txn();
+                let now = now();
+                let parent = parent_of(st, &mut txn, dir)?;
+                perm::check(&cred, &parent.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
+                if let Some(e) = txn.entry(dir, &name)? {
+                    if exclusive {
+                        return Err(exists(dir, &name));
+                    }
+                    if e.kind == FileKind::Dir {
+                        return fail(Errno::EISDIR, format!("{name:?} in directory {dir} is a directory"));
+                    }
+                    let rec = if st.is_home(e.ino) { txn.inode(e.ino)?.cloned() } else { None };
+                    return Ok(Made::Existing(e, rec));
                 }
-                if e.kind == FileKind::Dir {
-                    return fail(Errno::EISDIR, format!("{name:?} in directory {dir} is a directory"));
-                }
-                let rec = if st.is_home(e.ino) { txn.inode(e.ino)?.cloned() } else { None };
-                return Ok(Made::Existing(e, rec));
-            }
-            may_change(&cred, dir, &parent)?;
-            let ino = st.alloc_ino(st.id)?;
-            let layout =
-                shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
-                    .map_err(|e| {
-                        Fail::new(
+                may_change(&cred, dir, &parent)?;
+                let ino = st.alloc_ino(st.id)?;
+                let layout =
+                    shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
+                        .map_err(|e| {
+                            Fail::new(
                             e,
                             "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)",
                         )
-                    })?;
-            let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
-            let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
-            rec.layout = Some(layout);
-            txn.put_inode(ino, rec.clone());
-            txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
-            dir_changed(st, &mut txn, dir, now, 0)?;
-            txn.commit()?;
-            Ok(Made::New(ino, rec))
-        })
-        .await?;
+                        })?;
+                let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
+                let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
+                rec.layout = Some(layout);
+                txn.put_inode(ino, rec.clone());
+                txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
+                dir_changed(st, &mut txn, dir, now, 0)?;
+                txn.commit()?;
+                Ok(Made::New(ino, rec))
+            })
+            .await?;
         (made, part)
     };
     if let Made::New(..) = made {

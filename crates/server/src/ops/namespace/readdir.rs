@@ -52,8 +52,7 @@ pub async fn readdir(
                     st.store(move |st| {
                         let mut txn = st.meta.txn();
                         let d = parent_of(st, &mut txn, dir)?;
-                        perm::check(&cred, &d.owner(), R_OK)
-                            .map_err(|e| denied(e, format_args!("directory {dir}")))?;
+                        perm::check(&cred, &d.owner(), R_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
                         let start = match &after {
                             Some(name) => ListStart::After(name),
                             None => ListStart::From(position),

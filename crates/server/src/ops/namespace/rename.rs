@@ -543,7 +543,8 @@ pub async fn resume(
 ) -> End {
     let entry = DirEntry { name: m.dst_name.to_string(), ino: m.ino, kind: m.kind };
     let op = Op::PeerRenameIn { dst_dir: m.dst_dir, dst_name: m.dst_name.to_string(), entry, noreplace, op_id, keep };
-    let (home, answer) = super::split::send_to_entry(st, "rename", "target", m.dst_dir, m.dst_name, cred.as_ref(), op).await;
+    let (home, answer) =
+        super::split::send_to_entry(st, "rename", "target", m.dst_dir, m.dst_name, cred.as_ref(), op).await;
     let finished = match answer {
         // Both names were links of one file: nothing to do (POSIX).
         Ok(Reply::Replaced(Some(old))) if old.ino == m.ino => engine::finish("rename", delete_intent(st, op_id)).await,

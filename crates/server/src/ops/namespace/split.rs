@@ -172,7 +172,8 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
         }
     }
     let home = st.home(dir);
-    if let Err(e) = engine::remote(st, "split", "register", home, None, Op::PeerAddPartition { dir, index: child }).await
+    if let Err(e) =
+        engine::remote(st, "split", "register", home, None, Op::PeerAddPartition { dir, index: child }).await
     {
         // The new partition may hold entries already: only forward from here.
         return End::Kept(Fail::peer(home, e));
@@ -489,7 +490,8 @@ pub async fn resume_partition_attr(st: &Arc<State>, op_id: u64, dir: Ino) -> End
         Err(f) => return End::Kept(f),
     };
     for s in servers {
-        if let Err(e) = engine::remote(st, "setattr", "partitions", s, None, Op::PeerPartitionAttr { attr: attr.clone() }).await
+        if let Err(e) =
+            engine::remote(st, "setattr", "partitions", s, None, Op::PeerPartitionAttr { attr: attr.clone() }).await
         {
             return End::Kept(Fail::peer(s, e));
         }

@@ -21,26 +21,27 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
         return fail(Errno::ENOENT, "symlink target is empty or contains NUL");
     }
     let (g, part) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
-    let reply = st.store(move |st| {
-        let mut txn = st.meta.txn();
-        let now = now();
-        let parent = parent_of(st, &mut txn, dir)?;
-        may_change(&cred, dir, &parent)?;
-        if txn.entry(dir, &name)?.is_some() {
-            return Err(exists(dir, &name));
-        }
-        let ino = st.alloc_ino(st.id)?;
-        let (gid, _) = inherit(&cred, &parent, 0o777, FileKind::Symlink);
-        let mut rec = new_inode(FileKind::Symlink, 0o777, cred.uid, gid, now);
-        rec.size = target.len() as u64;
-        rec.target = Some(target);
-        txn.put_inode(ino, rec.clone());
-        txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::Symlink });
-        dir_changed(st, &mut txn, dir, now, 0)?;
-        txn.commit()?;
-        Ok(entry_reply(ino, &rec))
-    })
-    .await?;
+    let reply = st
+        .store(move |st| {
+            let mut txn = st.meta.txn();
+            let now = now();
+            let parent = parent_of(st, &mut txn, dir)?;
+            may_change(&cred, dir, &parent)?;
+            if txn.entry(dir, &name)?.is_some() {
+                return Err(exists(dir, &name));
+            }
+            let ino = st.alloc_ino(st.id)?;
+            let (gid, _) = inherit(&cred, &parent, 0o777, FileKind::Symlink);
+            let mut rec = new_inode(FileKind::Symlink, 0o777, cred.uid, gid, now);
+            rec.size = target.len() as u64;
+            rec.target = Some(target);
+            txn.put_inode(ino, rec.clone());
+            txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::Symlink });
+            dir_changed(st, &mut txn, dir, now, 0)?;
+            txn.commit()?;
+            Ok(entry_reply(ino, &rec))
+        })
+        .await?;
     drop(g);
     split::after_insert(st, dir, part);
     Ok(reply)

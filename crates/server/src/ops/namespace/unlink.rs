@@ -37,43 +37,44 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: O
         let (step, part) = {
             let (_g, part) = lock_entry(st, dir, &name, false, &inos, &[(dir, &name)], 0).await?;
             let (n2, cred, known) = (name.clone(), cred.clone(), known.clone());
-            let step = st.store(move |st| {
-                let mut txn = st.meta.txn();
-                let now = now();
-                let d = parent_of(st, &mut txn, dir)?.owner();
-                perm::check(&cred, &d, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
-                let e = txn.entry(dir, &n2)?.ok_or_else(|| no_entry(dir, &n2))?;
-                if e.kind == FileKind::Dir {
-                    return fail(Errno::EISDIR, format!("{n2:?} in directory {dir} is a directory"));
-                }
-                let local = st.is_home(e.ino);
-                let _child = if local && !Locks::covers(&inos, e.ino) {
-                    match st.locks.try_lock(e.ino) {
-                        Some(g) => Some(g),
-                        None => return Ok(Step::Done(Unlinked::Relock(e.ino))),
+            let step = st
+                .store(move |st| {
+                    let mut txn = st.meta.txn();
+                    let now = now();
+                    let d = parent_of(st, &mut txn, dir)?.owner();
+                    perm::check(&cred, &d, W_OK | X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
+                    let e = txn.entry(dir, &n2)?.ok_or_else(|| no_entry(dir, &n2))?;
+                    if e.kind == FileKind::Dir {
+                        return fail(Errno::EISDIR, format!("{n2:?} in directory {dir} is a directory"));
                     }
-                } else {
-                    None
-                };
-                if perm::sticky_needs_owner(&cred, &d) {
-                    let o = owner_or_need!(st, &mut txn, &known, e.ino);
-                    if !perm::sticky_allows(&cred, &d, o.uid) {
-                        return fail(Errno::EPERM, format!("directory {dir} is sticky and {n2:?} is not yours"));
+                    let local = st.is_home(e.ino);
+                    let _child = if local && !Locks::covers(&inos, e.ino) {
+                        match st.locks.try_lock(e.ino) {
+                            Some(g) => Some(g),
+                            None => return Ok(Step::Done(Unlinked::Relock(e.ino))),
+                        }
+                    } else {
+                        None
+                    };
+                    if perm::sticky_needs_owner(&cred, &d) {
+                        let o = owner_or_need!(st, &mut txn, &known, e.ino);
+                        if !perm::sticky_allows(&cred, &d, o.uid) {
+                            return fail(Errno::EPERM, format!("directory {dir} is sticky and {n2:?} is not yours"));
+                        }
                     }
-                }
-                txn.delete_entry(dir, &n2);
-                dir_changed(st, &mut txn, dir, now, 0)?;
-                let orphan_of = keeper(keep, e.ino);
-                let out = if local {
-                    Unlinked::Local(drop_link(&mut txn, e.ino, now, orphan_of)?, e.ino)
-                } else {
-                    txn.put_intent(op_id, unlink_intent(e.ino, orphan_of), now.secs);
-                    Unlinked::Remote(e.ino, orphan_of)
-                };
-                txn.commit()?;
-                Ok(Step::Done(out))
-            })
-            .await?;
+                    txn.delete_entry(dir, &n2);
+                    dir_changed(st, &mut txn, dir, now, 0)?;
+                    let orphan_of = keeper(keep, e.ino);
+                    let out = if local {
+                        Unlinked::Local(drop_link(&mut txn, e.ino, now, orphan_of)?, e.ino)
+                    } else {
+                        txn.put_intent(op_id, unlink_intent(e.ino, orphan_of), now.secs);
+                        Unlinked::Remote(e.ino, orphan_of)
+                    };
+                    txn.commit()?;
+                    Ok(Step::Done(out))
+                })
+                .await?;
             (step, part)
         };
         if let Step::Done(Unlinked::Local(..) | Unlinked::Remote(..)) = step {
