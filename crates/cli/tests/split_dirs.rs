@@ -49,7 +49,7 @@ fn counts(listed: &[shoal_client::DirEntry]) -> HashMap<&str, u32> {
 
 /// The partitions of `dir` as `client` knows them, and their servers.
 fn partitions(c: &Cluster, client: &Client, dir: Ino) -> (Bitmap, Vec<shoal_client::ServerId>) {
-    let b = Bitmap::try_from(client.dir_bitmap(dir)).unwrap();
+    let b = client.known_bitmap(dir);
     let servers = b.partitions().map(|p| c.map.partition_home(dir, p)).collect();
     (b, servers)
 }
@@ -89,6 +89,8 @@ async fn four_clients_fill_one_directory_that_splits_over_four_servers_and_every
     let (bitmap, servers) = partitions(&c, &lister, d);
     assert_eq!(bitmap.len(), 4, "4 partitions on 4 servers: {bitmap:?}");
     assert_eq!(servers.iter().collect::<HashSet<_>>().len(), 4, "partitions on {servers:?}");
+    // As the servers hold them now (a fresh client walks the partitions).
+    assert_eq!(c.uncached_client().dir_bitmap(d).await.unwrap(), bitmap);
     // And each server holds about a quarter of the names.
     for (s, st) in admin.status_all().await {
         let entries = st.unwrap().entries;
@@ -177,22 +179,22 @@ async fn a_client_with_a_stale_bitmap_finds_any_entry_in_at_most_two_requests() 
     let stale = c.uncached_client();
     let odd = names[..40].iter().find(|n| name_hash(n) & 1 == 1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while Bitmap::try_from(stale.dir_bitmap(d)).unwrap().len() < 2 {
+    while stale.known_bitmap(d).len() < 2 {
         assert!(Instant::now() < deadline, "the directory never split");
         stale.lookup(d, odd).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(stale.dir_bitmap(d), vec![0b11], "the stale client knows partitions 0 and 1");
+    assert_eq!(Vec::<u64>::from(stale.known_bitmap(d)), vec![0b11], "the stale client knows partitions 0 and 1");
     // The directory grows to 4 partitions (on 4 servers).
     create_all(&writer, d, &names[40..], 200, 2, &AtomicUsize::new(0)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let fresh = c.uncached_client();
-    while Bitmap::try_from(fresh.dir_bitmap(d)).unwrap().len() < 4 {
+    while fresh.known_bitmap(d).len() < 4 {
         assert!(Instant::now() < deadline, "the directory never reached 4 partitions");
         fresh.lookup_many(d, &names[..64]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(stale.dir_bitmap(d), vec![0b11], "still stale");
+    assert_eq!(Vec::<u64>::from(stale.known_bitmap(d)), vec![0b11], "still stale");
     // A name of partition 2 (the stale client sends it to partition 0's server) and one of
     // partition 3 (sent to partition 1's server, which is not the directory's home).
     for low in [0b10u64, 0b11] {
@@ -206,11 +208,49 @@ async fn a_client_with_a_stale_bitmap_finds_any_entry_in_at_most_two_requests() 
             assert_eq!(cost, 2, "the first lookup was misrouted once (the bitmap was stale)");
         }
     }
-    assert_eq!(Bitmap::try_from(stale.dir_bitmap(d)).unwrap().len(), 4, "the client learnt the new bitmap");
+    assert_eq!(stale.known_bitmap(d).len(), 4, "the client learnt the new bitmap");
     // Now every lookup is one request.
     let before = lookups(&admin).await;
     for n in names.iter().take(100) {
         stale.lookup(d, n).await.unwrap();
     }
     assert_eq!(lookups(&admin).await - before, 100);
+}
+
+/// Namespace reads (lookups and listings) the servers answered so far.
+async fn reads(admin: &Client) -> u64 {
+    lookups(admin).await + op_count(admin, "readdir").await.iter().sum::<u64>()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_one_partition_answers_its_names_only_and_is_revoked_by_another_client_s_create() {
+    let c = Cluster::start(4);
+    let admin = c.uncached_client();
+    let d = admin.mkdir("/leased", 0o755).await.unwrap().ino;
+    let names: Vec<String> = (0..400).map(|i| format!("l{i:03}")).collect();
+    create_all(&admin, d, &names, 100, 1, &AtomicUsize::new(0)).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin.known_bitmap(d).len() < 4 {
+        assert!(Instant::now() < deadline, "the directory never reached 4 partitions");
+        admin.lookup_many(d, &names).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let opts =
+        shoal_client::ClientOptions { cache_ttl: Duration::ZERO, dir_lease: Duration::from_secs(10), ..c.options() };
+    let holder = Client::from_config(&c.config, opts).unwrap();
+    // Two missing names in different partitions.
+    let missing = |low: u64| (0..).map(|i| format!("new{i}")).find(|n| name_hash(n) & 0b11 == low).unwrap();
+    let (x, y) = (missing(0b01), missing(0b10));
+    assert_eq!(holder.lookup(d, &x).await.unwrap_err().errno, shoal_client::Errno::ENOENT);
+    let before = reads(&admin).await;
+    for _ in 0..20 {
+        assert_eq!(holder.lookup(d, &x).await.unwrap_err().errno, shoal_client::Errno::ENOENT);
+    }
+    assert_eq!(reads(&admin).await, before, "answered from the lease on x's partition");
+    // y is in another partition: that lease says nothing of it.
+    assert_eq!(holder.lookup(d, &y).await.unwrap_err().errno, shoal_client::Errno::ENOENT);
+    assert!(reads(&admin).await > before, "y was asked of its server");
+    // Another client creates x: the lease is revoked, the holder sees x at once.
+    let made = c.uncached_client().create_at(d, &x, 0o644, true, None).await.unwrap();
+    assert_eq!(holder.lookup(d, &x).await.unwrap().ino, made.ino);
 }
