@@ -325,6 +325,14 @@ pub async fn partitions(st: &Arc<State>, dir: Ino) -> R<Reply> {
 /// that is another server. Counted (`Status`: `misrouted`).
 pub async fn misrouted_reply(st: &Arc<State>, dir: Ino) -> Reply {
     st.counters.misrouted();
+    // A client of before split directories could not decode the answer: tell it why instead.
+    if crate::leases::Leases::caller().is_some_and(|c| !c.partitions) {
+        return Fail::new(
+            Errno::ENOTSUP,
+            format!("directory {dir} is split over servers, which this client does not support (protocol 6 with FEATURE_PARTITIONS needed)"),
+        )
+        .into_reply();
+    }
     let home = st.home(dir);
     let r = if home == st.id {
         partitions(st, dir).await
