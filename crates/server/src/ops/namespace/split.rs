@@ -201,6 +201,11 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
             st.parts.add(dir, child, depth + 1, &attrs);
         }
         st.parts.split_done(dir, index, depth);
+        // A lease granted from now on must name the new depth: a read routed before
+        // `split_done` (with the old, wider partition) may not be granted one.
+        if let Some(leases) = st.meta.leases() {
+            drop(leases.changing(&[shoal_proto::lease::LeaseKey::dir(dir)]));
+        }
         Ok(())
     })
     .await;
