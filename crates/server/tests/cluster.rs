@@ -224,9 +224,12 @@ async fn create_lookup_getattr_unlink() {
     c.op(Op::Symlink { dir: ROOT_INO, name: "s".into(), target: "a".into() }).await.unwrap();
     let s = c.lookup(ROOT_INO, "s").await.unwrap();
     assert_eq!(c.op(Op::ReadLink { ino: s.ino }).await.unwrap(), Reply::Link("a".into()));
-    match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 10, lease: None }).await.unwrap() {
-        Reply::DirEntries { entries, more } => {
-            assert_eq!(entries.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(), ["a", "s"]);
+    match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 10, lease: None, from: None }).await.unwrap() {
+        Reply::DirEntries { entries, more, .. } => {
+            // In listing order (by name hash): compare as a set.
+            let mut names: Vec<_> = entries.iter().map(|e| e.name.as_str()).collect();
+            names.sort();
+            assert_eq!(names, ["a", "s"]);
             assert!(!more);
         }
         other => panic!("{other:?}"),
@@ -341,10 +344,11 @@ async fn mkdir_across_servers_and_rmdir() {
     let a = c.getattr(d).await;
     assert_eq!((a.kind, a.nlink, a.parent), (FileKind::Dir, 2, Some(ROOT_INO)));
     let root = c.getattr(ROOT_INO).await;
-    let subdirs = match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None }).await.unwrap() {
-        Reply::DirEntries { entries, .. } => entries.len() as u32,
-        other => panic!("{other:?}"),
-    };
+    let subdirs =
+        match c.op(Op::ReadDir { dir: ROOT_INO, after: None, limit: 0, lease: None, from: None }).await.unwrap() {
+            Reply::DirEntries { entries, .. } => entries.len() as u32,
+            other => panic!("{other:?}"),
+        };
     assert_eq!(root.nlink, 2 + subdirs);
     assert_eq!(c.mkdir(ROOT_INO, "d0").await.unwrap_err(), Errno::EEXIST);
 
@@ -367,7 +371,7 @@ async fn mkdir_across_servers_and_rmdir() {
 }
 
 async fn find_name(c: &Cluster, dir: Ino, ino: Ino) -> String {
-    match c.op(Op::ReadDir { dir, after: None, limit: 0, lease: None }).await.unwrap() {
+    match c.op(Op::ReadDir { dir, after: None, limit: 0, lease: None, from: None }).await.unwrap() {
         Reply::DirEntries { entries, .. } => entries.into_iter().find(|e| e.ino == ino).unwrap().name,
         other => panic!("{other:?}"),
     }
@@ -913,7 +917,7 @@ async fn concurrent_namespace_changes_stay_consistent() {
     let mut names = 0;
     for &d in &dirs {
         if let Reply::DirEntries { entries, .. } =
-            c.op(Op::ReadDir { dir: d, after: None, limit: 0, lease: None }).await.unwrap()
+            c.op(Op::ReadDir { dir: d, after: None, limit: 0, lease: None, from: None }).await.unwrap()
         {
             for e in &entries {
                 // every entry names a live inode
