@@ -205,7 +205,7 @@ impl Mock {
                     .map(|(n, (ino, kind))| DirEntry { name: n.clone(), ino: *ino, kind: *kind });
                 let entries: Vec<DirEntry> = it.by_ref().take(limit as usize).collect();
                 let more = it.next().is_some();
-                ok(Reply::DirEntries { entries, more })
+                ok(Reply::DirEntries { entries, more, part: None })
             }
             Op::GetAttr { ino } => {
                 route(ino)?;

@@ -189,9 +189,9 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
                 }
             }
             let sealed = txn.partition(dir, index)?.is_some_and(|p| p.sealed);
-            txn.put_partition(dir, index, PartitionRecord { depth: depth + 1, sealed, dir: a2.clone() });
+            txn.put_partition(dir, index, &PartitionRecord { depth: depth + 1, sealed, dir: a2.clone() });
             if local {
-                txn.put_partition(dir, child, PartitionRecord { depth: depth + 1, sealed, dir: a2 });
+                txn.put_partition(dir, child, &PartitionRecord { depth: depth + 1, sealed, dir: a2 });
             }
             txn.delete_intent(op_id);
             txn.commit()
@@ -245,7 +245,7 @@ pub async fn split_in(
             return Ok(());
         }
         let mut txn = st.meta.txn();
-        txn.put_partition(dir, index, PartitionRecord { depth, sealed: false, dir: a2 });
+        txn.put_partition(dir, index, &PartitionRecord { depth, sealed: false, dir: a2 });
         for e in &entries {
             txn.put_entry(dir, &e.name, EntryRecord { ino: e.ino, kind: e.kind });
         }
@@ -452,7 +452,7 @@ pub async fn seal(st: &Arc<State>, dir: Ino, seal: bool, drop: bool) -> R<Reply>
         for (index, _) in &parts {
             if let Some(mut p) = txn.partition(dir, *index)? {
                 p.sealed = seal;
-                txn.put_partition(dir, *index, p);
+                txn.put_partition(dir, *index, &p);
             }
         }
         txn.commit()
@@ -474,7 +474,7 @@ pub async fn partition_attr(st: &Arc<State>, attr: Attr) -> R<Reply> {
         for (index, _) in &parts {
             if let Some(mut p) = txn.partition(dir, *index)? {
                 p.dir = r2.clone();
-                txn.put_partition(dir, *index, p);
+                txn.put_partition(dir, *index, &p);
             }
         }
         txn.commit()
