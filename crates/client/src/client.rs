@@ -5,16 +5,18 @@
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::leases::{Fetch, Learnt, LeaseCache};
+use crate::listing::{Page, Start};
 use crate::open_files::{new_session, OpenFiles};
 use crate::options::ClientOptions;
+use crate::partitions::{too_many_redirects, Bitmaps, MAX_TRIES};
 use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use shoal_placement::{ClusterMap, MapError, ServerState};
 use shoal_proto::lease::LeasedReply;
 use shoal_proto::msg::{
-    Attr, BatchOp, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus, SetAttrs, BATCH_MAX,
-    READDIR_MAX,
+    Attr, BatchOp, BatchReply, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus,
+    SetAttrs, BATCH_MAX, READDIR_MAX,
 };
 use shoal_proto::{Errno, Ino, ServerId};
 use shoal_rpc::{CallError, Pool, PoolOptions};
@@ -45,6 +47,8 @@ struct Shared {
     cap_stash: crate::caps::Stash,
     /// Directory leases held (`leases.rs`).
     leases: Arc<LeaseCache>,
+    /// Partition bitmaps of split directories (`partitions.rs`).
+    bitmaps: Bitmaps,
     /// Where the pools' connections hand servers' notices (kept for a reloaded pool).
     notices: Option<shoal_rpc::NoticeSink>,
 }
@@ -80,6 +84,18 @@ pub(crate) enum To {
     Home(Ino),
     /// A given server (a data object's).
     Server(ServerId),
+    /// The server of the partition of directory `dir` holding names with hash `hash`
+    /// (`name_hash(name)`; for a listing position `key`, `key.reverse_bits()`), by the
+    /// bitmap this client knows (`partitions.rs`). A `Reply::Partitions` answer is merged
+    /// and the request sent again.
+    Entry { dir: Ino, hash: u64 },
+}
+
+impl To {
+    /// Where a request about `dir/name` goes.
+    pub(crate) fn entry(dir: Ino, name: &str) -> To {
+        To::Entry { dir, hash: shoal_placement::name_hash(name) }
+    }
 }
 
 /// Capacity of the whole file system, summed over the servers that answered.
@@ -255,6 +271,7 @@ impl Client {
                 open_files: OpenFiles::default(),
                 cap_stash: crate::caps::Stash::default(),
                 leases: Arc::new(LeaseCache::new(term)),
+                bitmaps: Bitmaps::default(),
                 notices,
             }
         });
@@ -343,18 +360,43 @@ impl Client {
     /// context. A stale-map answer reloads the map (when the client has a config file) and
     /// retries once.
     pub(crate) async fn call(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes)> {
+        self.call_at(to, op, data).await.map(|(reply, data, _)| (reply, data))
+    }
+
+    /// As [`Client::call`], also naming the server that answered.
+    pub(crate) async fn call_at(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
         // A change of directory entries made here revokes no lease of this client: what its
         // leases know is brought up to date from the outcome (`leases.rs`).
-        let Some(touch) = self.shared.leases.begin(&op) else { return self.call_routed(to, op, data).await };
+        let Some(touch) = self.shared.leases.begin(&op) else { return self.call_placed(to, op, data).await };
         let kept = op.clone();
-        let r = self.call_routed(to, op, data).await;
-        self.shared.leases.end(touch, &kept, r.as_ref().map(|(reply, _)| reply).map_err(|e| e.errno));
+        let r = self.call_placed(to, op, data).await;
+        self.shared.leases.end(touch, &kept, r.as_ref().map(|(reply, _, _)| reply).map_err(|e| e.errno));
         r
     }
 
-    async fn call_routed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes)> {
+    /// Send a request about a name of a possibly split directory: on `Reply::Partitions`
+    /// (this client's bitmap was stale) learn the bitmap and send again, at most
+    /// [`MAX_TRIES`] times in all.
+    async fn call_placed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
+        let To::Entry { dir, .. } = to else { return Box::pin(self.call_routed(to, op, data)).await };
+        for _ in 1..MAX_TRIES {
+            match Box::pin(self.call_routed(to, op.clone(), data.clone())).await? {
+                (Reply::Partitions { dir: d, bitmap }, _, _) => self.shared.bitmaps.learn(d, bitmap)?,
+                answer => return Ok(answer),
+            }
+        }
+        match Box::pin(self.call_routed(to, op, data)).await? {
+            (Reply::Partitions { dir: d, bitmap }, _, _) => {
+                self.shared.bitmaps.learn(d, bitmap)?;
+                Err(too_many_redirects(dir))
+            }
+            answer => Ok(answer),
+        }
+    }
+
+    async fn call_routed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
         let pool = self.pool();
-        let server = target(&pool, to);
+        let server = self.target(&pool, to);
         let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
         match (pool.request(server, &self.opts.cred, op, data).await, retry) {
             (Err(e), Some((op, data))) if e.errno() == Errno::ESTALE => {
@@ -368,11 +410,28 @@ impl Client {
                     ));
                 }
                 let pool = self.pool();
-                let server = target(&pool, to);
-                pool.request(server, &self.opts.cred, op, data).await.map_err(|e| server_error(&pool, server, e))
+                let server = self.target(&pool, to);
+                let r = pool.request(server, &self.opts.cred, op, data).await;
+                r.map(|(reply, data)| (reply, data, server)).map_err(|e| server_error(&pool, server, e))
             }
-            (r, _) => r.map_err(|e| server_error(&pool, server, e)),
+            (r, _) => r.map(|(reply, data)| (reply, data, server)).map_err(|e| server_error(&pool, server, e)),
         }
+    }
+
+    /// The server `to` names under `pool`'s map and the bitmaps known.
+    fn target(&self, pool: &Pool, to: To) -> ServerId {
+        match to {
+            To::Home(ino) => pool.map().home_of(ino),
+            To::Server(s) => s,
+            To::Entry { dir, hash } => self.shared.bitmaps.server_for(pool.map(), dir, hash),
+        }
+    }
+
+    /// The partition bitmap this client knows for directory `dir` (partition 0 only for a
+    /// directory it never saw split), as `shoal_placement::Bitmap` words. Requests about
+    /// names of `dir` teach it (a server answering a misrouted one sends the current one).
+    pub fn dir_bitmap(&self, dir: Ino) -> Vec<u64> {
+        self.shared.bitmaps.get(dir).into()
     }
 
     /// Re-read the config file after `failed` got a stale-map answer. True if a newer map
@@ -480,7 +539,7 @@ impl Client {
     /// lease in the background when it is in use and near its end.
     fn leased_entry(&self, dir: Ino, name: &str, now: Instant) -> Option<crate::leases::Known> {
         let known = self.shared.leases.lookup(dir, name, now)?;
-        if let Some(asking) = self.shared.leases.renewal(dir, now) {
+        if let Some(asking) = self.shared.leases.renewal(dir, name, now) {
             let (client, name) = (self.clone(), name.to_string());
             tokio::spawn(async move {
                 let _ = client.lookup_leased(dir, &name, asking).await;
@@ -498,7 +557,12 @@ impl Client {
             return None;
         }
         let asking = self.shared.leases.ask(dir)?;
-        let page = self.readdir_leased(dir, None, crate::leases::LISTING_MAX, Some(asking)).await;
+        // The listing of the partition holding the name (the whole directory unless split),
+        // from its first position.
+        let bitmap = self.shared.bitmaps.get(dir);
+        let index = bitmap.partition_of(shoal_placement::name_hash(name));
+        let first = shoal_placement::key_range(index, bitmap.depth_of(index)).0;
+        let page = self.readdir_one(dir, Start::From(first), crate::leases::LISTING_MAX, Some(asking)).await;
         if page.is_err() {
             return None;
         }
@@ -514,14 +578,18 @@ impl Client {
     /// `Lookup` asking for a lease (`asking`); takes the lease if granted.
     async fn lookup_leased(&self, dir: Ino, name: &str, asking: crate::leases::Asking) -> Result<EntryOut> {
         let op = Op::Lookup { dir, name: name.to_string(), lease: Some(asking.ask) };
-        let server = self.home_of(dir);
-        let (reply, grant) = match self.call(To::Home(dir), op, Bytes::new()).await {
-            Ok((Reply::Leased { lease, reply: LeasedReply::Entry(e) }, _)) => (Ok(e), Some(lease)),
-            Ok((Reply::Leased { lease, reply: LeasedReply::Absent }, _)) => {
+        let mut server = self.home_of(dir);
+        let (reply, grant) = match self.call_at(To::entry(dir, name), op, Bytes::new()).await {
+            Ok((Reply::Leased { lease, reply: LeasedReply::Entry(e) }, _, s)) => {
+                server = s;
+                (Ok(e), Some(lease))
+            }
+            Ok((Reply::Leased { lease, reply: LeasedReply::Absent }, _, s)) => {
+                server = s;
                 (Err(Error::new(Errno::ENOENT, format!("no entry {name:?} in directory {dir}"))), Some(lease))
             }
-            Ok((Reply::Entry(e), _)) => (Ok(e), None),
-            Ok((other, _)) => return Err(unexpected(&other)),
+            Ok((Reply::Entry(e), _, _)) => (Ok(e), None),
+            Ok((other, _, _)) => return Err(unexpected(&other)),
             Err(e) => (Err(e), None),
         };
         let learnt = match &reply {
@@ -544,7 +612,8 @@ impl Client {
         let r = match self.shared.leases.ask(dir) {
             Some(asking) => self.lookup_leased(dir, name, asking).await.map(|e| (Reply::Entry(e), Bytes::new())),
             None => {
-                self.call(To::Home(dir), Op::Lookup { dir, name: name.to_string(), lease: None }, Bytes::new()).await
+                self.call(To::entry(dir, name), Op::Lookup { dir, name: name.to_string(), lease: None }, Bytes::new())
+                    .await
             }
         };
         match r {
@@ -672,7 +741,7 @@ impl Client {
     ) -> Result<Attr> {
         let now = Instant::now();
         let op = Op::Create { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777, exclusive, layout };
-        let (mut reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let (mut reply, _) = self.call(To::entry(dir, name), op, Bytes::new()).await?;
         if let Reply::Entry(EntryOut { cap: cap @ Some(_), .. }) = &mut reply {
             self.cap_stash().put(cap.take().expect("matched Some"));
         }
@@ -689,7 +758,7 @@ impl Client {
     pub(crate) async fn mkdir_in(&self, dir: Ino, name: &str, perm: u32) -> Result<Attr> {
         let now = Instant::now();
         let op = Op::Mkdir { dir, name: name.to_string(), perm: perm & !self.opts.umask & 0o7777 };
-        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let (reply, _) = self.call(To::entry(dir, name), op, Bytes::new()).await?;
         let a = self.attr_from(reply).await?;
         self.entered(dir, name, &a, now);
         Ok(a)
@@ -711,7 +780,7 @@ impl Client {
         }
         let now = Instant::now();
         let op = Op::Symlink { dir, name: name.to_string(), target: target.to_string() };
-        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let (reply, _) = self.call(To::entry(dir, name), op, Bytes::new()).await?;
         let a = self.attr_from(reply).await?;
         self.entered(dir, name, &a, now);
         self.cache().put_link(a.ino, target, now);
@@ -728,7 +797,7 @@ impl Client {
     pub(crate) async fn link_in(&self, ino: Ino, dir: Ino, name: &str) -> Result<Attr> {
         let now = Instant::now();
         let op = Op::Link { ino, dir, name: name.to_string() };
-        let (reply, _) = self.call(To::Home(dir), op, Bytes::new()).await?;
+        let (reply, _) = self.call(To::entry(dir, name), op, Bytes::new()).await?;
         let a = match attr_in(reply)? {
             Ok(a) => a,
             Err(_) => self.getattr_fresh_inner(ino).await?,
@@ -763,7 +832,7 @@ impl Client {
             Op::Unlink { keep, .. } => *keep,
             _ => None,
         };
-        let r = self.call(To::Home(dir), op, Bytes::new()).await;
+        let r = self.call(To::entry(dir, name), op, Bytes::new()).await;
         self.name_removed(dir, name, known.map(|k| k.0), r.as_ref().map(|_| ()).map_err(|e| e.errno), now);
         self.cache().forget_attr(dir);
         expect_ok(r?.0)?;
@@ -885,33 +954,62 @@ impl Client {
         Ok(out)
     }
 
-    /// Send `ops`, all for directory `dir`, to its home server in requests of at most
-    /// [`BATCH_MAX`] operations; one result per operation, in order (a `Reply::Error` for an
-    /// operation becomes its `Err`).
+    /// Send `ops`, all for directory `dir`, to the servers of their names' partitions: one
+    /// request per server and per [`BATCH_MAX`] operations, all in parallel; operations
+    /// answered `Partitions` (a stale bitmap) are sent again, regrouped by the bitmap
+    /// learnt, at most [`MAX_TRIES`] times in all. One result per operation, in the order
+    /// of `ops` (a `Reply::Error` for an operation becomes its `Err`).
     async fn call_batch(&self, dir: Ino, ops: impl Iterator<Item = BatchOp>) -> Result<Vec<Result<Reply>>> {
-        let mut out = Vec::new();
-        let mut ops = ops.peekable();
-        while ops.peek().is_some() {
-            let chunk: Vec<BatchOp> = ops.by_ref().take(BATCH_MAX).collect();
-            let n = chunk.len();
-            let (reply, _) = self.call(To::Home(dir), Op::Batch { ops: chunk }, Bytes::new()).await?;
-            match reply {
-                Reply::Batch(replies) if replies.len() == n => {
-                    out.extend(replies.into_iter().map(|r| match r.into_reply() {
-                        Reply::Error { errno, .. } => Err(Error::bare(errno)),
-                        ok => Ok(ok),
-                    }))
-                }
-                Reply::Batch(replies) => {
-                    return Err(Error::new(
-                        Errno::EPROTO,
-                        format!("a batch of {n} operations answered with {} results", replies.len()),
-                    ))
-                }
-                other => return Err(unexpected(&other)),
+        let ops: Vec<BatchOp> = ops.collect();
+        let mut out: Vec<Option<Result<Reply>>> = (0..ops.len()).map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..ops.len()).collect();
+        for _ in 0..MAX_TRIES {
+            if pending.is_empty() {
+                break;
             }
+            let pool = self.pool();
+            let requests = group_batch(&ops, &pending, |op| self.target(&pool, batch_to(op)));
+            let answers: Vec<(Vec<usize>, Result<(Reply, Bytes)>)> = futures::stream::iter(requests)
+                .map(|idx| {
+                    let chunk: Vec<BatchOp> = idx.iter().map(|&i| ops[i].clone()).collect();
+                    let to = batch_to(&chunk[0]);
+                    async move { (idx, self.call(to, Op::Batch { ops: chunk }, Bytes::new()).await) }
+                })
+                .buffer_unordered(self.max_in_flight())
+                .collect()
+                .await;
+            pending.clear();
+            for (idx, answer) in answers {
+                let n = idx.len();
+                match answer?.0 {
+                    Reply::Batch(replies) if replies.len() == n => {
+                        for (i, r) in idx.into_iter().zip(replies) {
+                            match r {
+                                BatchReply::Partitions { dir: d, bitmap } => {
+                                    self.shared.bitmaps.learn(d, bitmap)?;
+                                    pending.push(i);
+                                }
+                                r => {
+                                    out[i] = Some(match r.into_reply() {
+                                        Reply::Error { errno, .. } => Err(Error::bare(errno)),
+                                        ok => Ok(ok),
+                                    })
+                                }
+                            }
+                        }
+                    }
+                    Reply::Batch(replies) => {
+                        return Err(Error::new(
+                            Errno::EPROTO,
+                            format!("a batch of {n} operations answered with {} results", replies.len()),
+                        ))
+                    }
+                    other => return Err(unexpected(&other)),
+                }
+            }
+            pending.sort_unstable();
         }
-        Ok(out)
+        Ok(out.into_iter().map(|r| r.unwrap_or_else(|| Err(too_many_redirects(dir)))).collect())
     }
 
     /// Rename `src_dir/src_name` to `dst_dir/dst_name` (replacing a compatible target unless
@@ -954,7 +1052,7 @@ impl Client {
             flags,
             keep,
         };
-        let r = self.call(To::Home(src_dir), op, Bytes::new()).await;
+        let r = self.call(To::entry(src_dir, src_name), op, Bytes::new()).await;
         c.forget_entry(src_dir, src_name);
         c.forget_entry(dst_dir, dst_name);
         for (ino, _) in src.iter().chain(dst.iter()) {
@@ -979,7 +1077,8 @@ impl Client {
         Ok(())
     }
 
-    /// All entries of directory `dir` (every page), in the server's (byte) order.
+    /// All entries of directory `dir` (every page), in listing order (by the hash of the
+    /// names: docs/protocol.md, "Listing order"; sort them to show them to people).
     pub async fn readdir_at(&self, dir: Ino) -> Result<Vec<DirEntry>> {
         self.readdir_all(dir).await.map_err(|e| e.within(format_args!("readdir {dir}")))
     }
@@ -1004,38 +1103,49 @@ impl Client {
         self.readdir_page_inner(dir, after, limit).await.map_err(|e| e.within(format_args!("readdir {dir}")))
     }
 
+    /// A page in listing order (`listing.rs`): entries after `after` (from the start
+    /// without), walking on from partition to partition of a split directory until the
+    /// page has entries or the directory ends.
     async fn readdir_page_inner(&self, dir: Ino, after: Option<String>, limit: u32) -> Result<(Vec<DirEntry>, bool)> {
         let limit = limit.clamp(1, READDIR_MAX);
         // A complete listing held under a lease is the directory as it is now.
         if let Some(page) = self.shared.leases.listing(dir, after.as_deref(), limit as usize, Instant::now()) {
             return Ok(page);
         }
-        let asking = if after.is_none() { self.shared.leases.ask(dir) } else { None };
-        self.readdir_leased(dir, after, limit, asking).await
+        // A lease is asked with the first page only (partition 0 from its start).
+        let mut asking = if after.is_none() { self.shared.leases.ask(dir) } else { None };
+        let start = after.map_or(Start::From(0), Start::After);
+        crate::listing::walk(start, limit, |start, n| self.readdir_one(dir, start, n, asking.take())).await
     }
 
-    /// One `ReadDir` page, asking for a lease with `asking` (then taking it, and what the
-    /// page teaches, when granted).
-    async fn readdir_leased(
+    /// One `ReadDir` from `start`, sent to the server of the partition holding it (as this
+    /// client knows the bitmap), asking for a lease with `asking` (then taking it, and what
+    /// the page teaches, when granted).
+    async fn readdir_one(
         &self,
         dir: Ino,
-        after: Option<String>,
+        start: Start,
         limit: u32,
         asking: Option<crate::leases::Asking>,
-    ) -> Result<(Vec<DirEntry>, bool)> {
-        let server = self.home_of(dir);
-        let op = Op::ReadDir { dir, after, limit, lease: asking.as_ref().map(|a| a.ask), from: None };
-        let (entries, more, grant) = match self.call(To::Home(dir), op, Bytes::new()).await? {
-            (Reply::DirEntries { entries, more, .. }, _) => (entries, more, None),
-            (Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more, .. } }, _) => {
-                (entries, more, Some(lease))
+    ) -> Result<Page> {
+        let to = To::Entry { dir, hash: start.key().reverse_bits() };
+        let (after, from) = match start {
+            Start::After(name) => (Some(name), None),
+            // Key 0 is the default: not sent, as before split directories.
+            Start::From(k) => (None, (k != 0).then_some(k)),
+        };
+        let op = Op::ReadDir { dir, after, limit, lease: asking.as_ref().map(|a| a.ask), from };
+        let (entries, more, part, grant, server) = match self.call_at(to, op, Bytes::new()).await? {
+            (Reply::DirEntries { entries, more, part }, _, s) => (entries, more, part, None, s),
+            (Reply::Leased { lease, reply: LeasedReply::DirEntries { entries, more, part } }, _, s) => {
+                (entries, more, part, Some(lease), s)
             }
-            (other, _) => return Err(unexpected(&other)),
+            (other, _, _) => return Err(unexpected(&other)),
         };
         if let Some(asking) = asking {
             self.shared.leases.install(asking, server, grant, Learnt::Listing(entries.clone(), more));
         }
-        Ok((entries, more))
+        Ok(Page { entries, more, part })
     }
 
     /// The target of symlink `ino`.
@@ -1179,11 +1289,28 @@ impl Client {
     }
 }
 
-fn target(pool: &Pool, to: To) -> ServerId {
-    match to {
-        To::Home(ino) => pool.map().home_of(ino),
-        To::Server(s) => s,
+/// Where one operation of a batch goes.
+fn batch_to(op: &BatchOp) -> To {
+    match op {
+        BatchOp::Create { dir, name, .. }
+        | BatchOp::Mkdir { dir, name, .. }
+        | BatchOp::Symlink { dir, name, .. }
+        | BatchOp::Unlink { dir, name }
+        | BatchOp::Rmdir { dir, name }
+        | BatchOp::Lookup { dir, name } => To::entry(*dir, name),
+        BatchOp::GetAttr { ino } => To::Home(*ino),
     }
+}
+
+/// The operations `pending` (indexes into `ops`, ascending) grouped by the server `server_of`
+/// names, each group cut into requests of at most [`BATCH_MAX`]; indexes stay ascending
+/// within a request, so results go back to the caller's order.
+fn group_batch(ops: &[BatchOp], pending: &[usize], server_of: impl Fn(&BatchOp) -> ServerId) -> Vec<Vec<usize>> {
+    let mut by_server: std::collections::BTreeMap<ServerId, Vec<usize>> = Default::default();
+    for &i in pending {
+        by_server.entry(server_of(&ops[i])).or_default().push(i);
+    }
+    by_server.into_values().flat_map(|idx| idx.chunks(BATCH_MAX).map(<[usize]>::to_vec).collect::<Vec<_>>()).collect()
 }
 
 /// Name an unreachable server in the error; hand other errnos on bare.
@@ -1288,6 +1415,80 @@ mod tests {
         assert_eq!(e.to_string(), "rmdir /d: Directory not empty (server s1: directory 7 is not empty)");
         let plain = CallError::Server { errno: Errno::ENOENT, message: Errno::ENOENT.description() };
         assert_eq!(server_error(&pool, ServerId(1), plain).to_string(), "No such file or directory");
+    }
+
+    #[test]
+    fn batches_are_grouped_by_the_partition_server_of_each_name_in_the_callers_order() {
+        let map = ClusterMap::local(4, 1, Path::new("/tmp"));
+        let client = Client::new(map.clone(), ClientOptions::default());
+        let dir = Ino(42);
+        let names: Vec<String> = (0..3 * BATCH_MAX).map(|i| format!("n{i}")).collect();
+        let ops: Vec<BatchOp> = names.iter().map(|n| BatchOp::Lookup { dir, name: n.clone() }).collect();
+        let all: Vec<usize> = (0..ops.len()).collect();
+        let pool = client.pool();
+        // Unsplit (no bitmap known): everything to the home, in BATCH_MAX chunks, in order.
+        let groups = group_batch(&ops, &all, |op| client.target(&pool, batch_to(op)));
+        assert_eq!(groups.len(), 3);
+        assert_eq!(groups.concat(), all);
+        // Split in 4: each request holds names of one server only, none bigger than
+        // BATCH_MAX, ascending, and every operation is in exactly one request.
+        let mut b = shoal_placement::Bitmap::new();
+        b.split(0).unwrap();
+        b.split(0).unwrap();
+        b.split(1).unwrap();
+        client.shared.bitmaps.learn(dir, b.clone().into()).unwrap();
+        assert_eq!(client.dir_bitmap(dir), Vec::<u64>::from(b.clone()));
+        let groups = group_batch(&ops, &all, |op| client.target(&pool, batch_to(op)));
+        let mut seen: Vec<usize> = Vec::new();
+        let mut servers = std::collections::HashSet::new();
+        for g in &groups {
+            assert!(!g.is_empty() && g.len() <= BATCH_MAX);
+            assert!(g.windows(2).all(|w| w[0] < w[1]));
+            let server = map.entry_home(dir, &b, &names[g[0]]).1;
+            assert!(g.iter().all(|&i| map.entry_home(dir, &b, &names[i]).1 == server));
+            servers.insert(server);
+            seen.extend(g);
+        }
+        seen.sort();
+        assert_eq!(seen, all);
+        assert_eq!(servers.len(), 4);
+        // A retry round regroups only what is pending.
+        let pending = vec![1, 5, 9];
+        let groups = group_batch(&ops, &pending, |op| client.target(&pool, batch_to(op)));
+        let mut again: Vec<usize> = groups.concat();
+        again.sort();
+        assert_eq!(again, pending);
+        // A GetAttr goes to the inode's home.
+        assert!(matches!(batch_to(&BatchOp::GetAttr { ino: Ino(7) }), To::Home(Ino(7))));
+    }
+
+    #[test]
+    fn a_name_is_routed_by_the_learnt_bitmap() {
+        let map = ClusterMap::local(4, 1, Path::new("/tmp"));
+        let client = Client::new(map.clone(), ClientOptions::default());
+        let pool = client.pool();
+        let dir = Ino(1234);
+        let name = (0..100)
+            .map(|i| format!("x{i}"))
+            .find(|n| {
+                map.entry_home(
+                    dir,
+                    &{
+                        let mut b = shoal_placement::Bitmap::new();
+                        b.split(0).unwrap();
+                        b
+                    },
+                    n,
+                )
+                .1 != map.home_of(dir)
+            })
+            .expect("some name moves");
+        assert_eq!(client.target(&pool, To::entry(dir, &name)), map.home_of(dir), "unsplit: the home");
+        let mut b = shoal_placement::Bitmap::new();
+        b.split(0).unwrap();
+        client.shared.bitmaps.learn(dir, b.clone().into()).unwrap();
+        assert_eq!(client.target(&pool, To::entry(dir, &name)), map.entry_home(dir, &b, &name).1);
+        assert_ne!(client.target(&pool, To::entry(dir, &name)), map.home_of(dir));
     }
 
     #[test]

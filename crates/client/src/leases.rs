@@ -26,10 +26,21 @@
 //!
 //! Bounds: at most [`MAX_DIRS`] directories tracked, [`MAX_NAMES`] names over all leases;
 //! past them, nothing more is learnt (a lease that cannot learn a change is dropped).
+//!
+//! Split directories (docs/architecture.md, "Split directories"): a lease covers one
+//! partition (its grant's `key.partition` at `depth`: the names whose hash has that index in
+//! its low `depth` bits), so a directory may hold several, one per partition asked about
+//! (overlapping ones replace each other). A lookup is answered only by the lease covering
+//! its name, a negative one only when that lease holds its partition's complete listing.
+//! Whole listings are answered from a lease only for an unsplit directory (a lease at depth
+//! 0): a split directory's listing always asks its servers. Names are kept in listing
+//! order (listing key, then name), the order servers list in, so that a listing answered
+//! here and one continued at a server after the lease ends page the same way.
 
 use parking_lot::Mutex;
+use shoal_placement::{listing_key, name_hash};
 use shoal_proto::lease::{LeaseAsk, LeaseGrant, LeaseRef, Notice};
-use shoal_proto::msg::{BatchOp, DirEntry, FileKind, Op, Reply};
+use shoal_proto::msg::{BatchOp, DirEntry, FileKind, Op, PartRef, Reply};
 use shoal_proto::{Errno, Ino, ServerId};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -46,13 +57,33 @@ pub(crate) const LISTING_MAX: u32 = 1024;
 /// What a lease says about one name: `Some((ino, kind))`, or `None` (no such name).
 pub(crate) type Known = Option<(Ino, FileKind)>;
 
+/// Where a name sorts in a listing (and in `Held::names`).
+type Pos = (u64, String);
+
+fn pos(name: &str) -> Pos {
+    (listing_key(name_hash(name)), name.to_string())
+}
+
+/// Whether partition `part` holds names with hash `hash`.
+fn covers(part: PartRef, hash: u64) -> bool {
+    part.depth == 0 || part.depth >= 64 || hash & ((1u64 << part.depth) - 1) == u64::from(part.index)
+}
+
+/// Whether two partitions share names (one is the other or an ancestor of it).
+fn overlap(a: PartRef, b: PartRef) -> bool {
+    let d = a.depth.min(b.depth).min(32);
+    d == 0 || (a.index ^ b.index) & ((1u64 << d) - 1) as u32 == 0
+}
+
 struct Held {
     id: u64,
     server: ServerId,
     expires: Instant,
-    /// Every name of the directory is in `names` (absent ones are absent).
+    /// The partition the lease covers (index 0 at depth 0: the whole directory).
+    part: PartRef,
+    /// Every name of the partition is in `names` (absent ones are absent).
     complete: bool,
-    names: BTreeMap<String, Known>,
+    names: BTreeMap<Pos, Known>,
 }
 
 #[derive(Default)]
@@ -64,7 +95,8 @@ struct DirState {
     /// Bumped by every change of this client and every revocation: a lease reply is taken
     /// only if it did not move while the reply was on its way.
     epoch: u64,
-    lease: Option<Held>,
+    /// At most one per partition; none overlapping another.
+    leases: Vec<Held>,
     /// The server refused a lease (the directory is busy): ask for none until then.
     refused_until: Option<Instant>,
     /// A lookup found a name missing here: the next unanswered lookup fetches the listing.
@@ -88,13 +120,18 @@ impl DirState {
     fn idle(&self, now: Instant) -> bool {
         self.inflight == 0
             && self.asking == 0
-            && self.lease.as_ref().is_none_or(|l| l.expires <= now)
+            && self.leases.iter().all(|l| l.expires <= now)
             && self.refused_until.is_none_or(|r| r <= now)
             && self.big_until.is_none_or(|r| r <= now)
     }
 
     fn names(&self) -> usize {
-        self.lease.as_ref().map_or(0, |l| l.names.len())
+        self.leases.iter().map(|l| l.names.len()).sum()
+    }
+
+    /// The live lease covering names with `hash`.
+    fn covering(&self, hash: u64, now: Instant) -> Option<&Held> {
+        self.leases.iter().find(|l| l.expires > now && covers(l.part, hash))
     }
 }
 
@@ -108,20 +145,21 @@ impl Inner {
     /// Drop `dir`'s state when it holds nothing worth keeping.
     fn settle(&mut self, dir: Ino, now: Instant) {
         if let Some(s) = self.dirs.get_mut(&dir) {
-            if s.lease.as_ref().is_some_and(|l| l.expires <= now) {
-                self.names -= s.names();
-                s.lease = None;
-            }
+            let before = s.names();
+            s.leases.retain(|l| l.expires > now);
+            self.names -= before - s.names();
             if s.idle(now) {
                 self.dirs.remove(&dir);
             }
         }
     }
 
-    fn drop_lease(&mut self, dir: Ino) {
+    /// Drop the leases of `dir` that `doomed` picks.
+    fn drop_leases(&mut self, dir: Ino, doomed: impl Fn(&Held) -> bool) {
         if let Some(s) = self.dirs.get_mut(&dir) {
-            self.names -= s.names();
-            s.lease = None;
+            let before = s.names();
+            s.leases.retain(|l| !doomed(l));
+            self.names -= before - s.names();
         }
     }
 }
@@ -179,16 +217,18 @@ impl LeaseCache {
     /// expired, or a name it did not learn).
     pub(crate) fn lookup(&self, dir: Ino, name: &str, now: Instant) -> Option<Known> {
         let inner = self.inner.lock();
-        let l = inner.dirs.get(&dir)?.lease.as_ref().filter(|l| l.expires > now)?;
-        match l.names.get(name) {
+        let p = pos(name);
+        let l = inner.dirs.get(&dir)?.covering(p.0.reverse_bits(), now)?;
+        match l.names.get(&p) {
             Some(k) => Some(*k),
             None if l.complete => Some(None),
             None => None,
         }
     }
 
-    /// The whole directory, if a lease holds its complete listing: entries with names
-    /// after `after`, at most `limit` (0: all), and whether more follow.
+    /// The whole directory, if a lease holds its complete listing (an unsplit directory
+    /// only): entries after the name `after` in listing order, at most `limit` (0: all),
+    /// and whether more follow.
     pub(crate) fn listing(
         &self,
         dir: Ino,
@@ -197,25 +237,25 @@ impl LeaseCache {
         now: Instant,
     ) -> Option<(Vec<DirEntry>, bool)> {
         let inner = self.inner.lock();
-        let l = inner.dirs.get(&dir)?.lease.as_ref().filter(|l| l.expires > now && l.complete)?;
+        let l = inner.dirs.get(&dir)?.leases.iter().find(|l| l.expires > now && l.complete && l.part.depth == 0)?;
         let range = match after {
-            Some(a) => l.names.range::<str, _>((std::ops::Bound::Excluded(a), std::ops::Bound::Unbounded)),
-            None => l.names.range::<str, _>(..),
+            Some(a) => l.names.range((std::ops::Bound::Excluded(pos(a)), std::ops::Bound::Unbounded)),
+            None => l.names.range(..),
         };
-        let mut present = range.filter_map(|(n, k)| k.map(|(ino, kind)| DirEntry { name: n.clone(), ino, kind }));
+        let mut present = range.filter_map(|((_, n), k)| k.map(|(ino, kind)| DirEntry { name: n.clone(), ino, kind }));
         let limit = if limit == 0 { usize::MAX } else { limit };
         let page: Vec<DirEntry> = present.by_ref().take(limit).collect();
         let more = present.next().is_some();
         Some((page, more))
     }
 
-    /// A renewal of `dir`'s lease, when one is due: the lease is in use (this lookup was
-    /// answered from it) and a third of its term or less is left.
-    pub(crate) fn renewal(self: &Arc<Self>, dir: Ino, now: Instant) -> Option<Asking> {
+    /// A renewal of the lease covering `dir/name`, when one is due: the lease is in use
+    /// (this lookup was answered from it) and a third of its term or less is left.
+    pub(crate) fn renewal(self: &Arc<Self>, dir: Ino, name: &str, now: Instant) -> Option<Asking> {
         {
             let mut inner = self.inner.lock();
             let s = inner.dirs.get_mut(&dir)?;
-            let l = s.lease.as_ref()?;
+            let l = s.covering(name_hash(name), now)?;
             if s.renewing || l.expires > now + self.ask / 3 {
                 return None;
             }
@@ -288,31 +328,43 @@ impl LeaseCache {
         if expires <= now {
             return;
         }
-        let keep = s.lease.as_ref().is_some_and(|l| l.id == grant.id && l.server == server && l.expires > now);
-        if !keep {
-            inner.names -= s.names();
-            s.lease = Some(Held { id: grant.id, server, expires, complete: false, names: BTreeMap::new() });
-        }
+        let part = PartRef { index: grant.key.partition, depth: grant.depth };
+        let held =
+            s.leases.iter().position(|l| l.id == grant.id && l.server == server && l.part == part && l.expires > now);
+        let at = match held {
+            Some(at) => at,
+            None => {
+                // A lease on a partition replaces those it overlaps (the same partition
+                // before a split, or its parent).
+                let before = s.names();
+                s.leases.retain(|l| !overlap(l.part, part));
+                inner.names -= before - s.names();
+                s.leases.push(Held { id: grant.id, server, expires, part, complete: false, names: BTreeMap::new() });
+                s.leases.len() - 1
+            }
+        };
         let room = MAX_NAMES.saturating_sub(inner.names);
-        let l = s.lease.as_mut().expect("set above");
+        let l = &mut s.leases[at];
         l.expires = l.expires.max(expires);
         let before = l.names.len();
         match learnt {
             Learnt::Name(name, known) => {
-                if room > 0 {
-                    l.names.insert(name, known);
+                if room > 0 && covers(part, name_hash(&name)) {
+                    l.names.insert(pos(&name), known);
                 }
             }
+            // A page from the partition's first position: all of it when `more` is false.
             Learnt::Listing(entries, more) => {
-                if !more && entries.len() <= room + before {
-                    l.names = entries.into_iter().map(|e| (e.name, Some((e.ino, e.kind)))).collect();
+                let entries = entries.into_iter().filter(|e| covers(part, name_hash(&e.name)));
+                if !more && entries.clone().count() <= room + before {
+                    l.names = entries.map(|e| (pos(&e.name), Some((e.ino, e.kind)))).collect();
                     l.complete = true;
                 } else {
                     if more {
                         s.big_until = Some(now + self.ask);
                     }
-                    for e in entries.into_iter().take(room) {
-                        l.names.insert(e.name, Some((e.ino, e.kind)));
+                    for e in entries.take(room) {
+                        l.names.insert(pos(&e.name), Some((e.ino, e.kind)));
                     }
                 }
             }
@@ -351,17 +403,19 @@ impl LeaseCache {
             s.inflight = s.inflight.saturating_sub(1);
             s.epoch += 1;
             let full = inner.names >= MAX_NAMES;
-            match (outcome, s.lease.as_mut()) {
+            let p = pos(name);
+            let hash = p.0.reverse_bits();
+            match (outcome, s.leases.iter_mut().find(|l| covers(l.part, hash))) {
                 (_, None) | (Outcome::Unchanged, _) => {}
                 (Outcome::Now(k), Some(l)) => {
-                    if l.names.insert(name.clone(), k).is_none() {
+                    if l.names.insert(p, k).is_none() {
                         inner.names += 1;
                         if full {
-                            inner.drop_lease(*dir);
+                            inner.drop_leases(*dir, |l| covers(l.part, hash));
                         }
                     }
                 }
-                (Outcome::Unknown, Some(_)) => inner.drop_lease(*dir),
+                (Outcome::Unknown, Some(_)) => inner.drop_leases(*dir, |l| covers(l.part, hash)),
             }
             inner.settle(*dir, now);
         }
@@ -382,9 +436,7 @@ impl LeaseCache {
                     if let Some(s) = inner.dirs.get_mut(&key.dir) {
                         // Also a reply granting this lease that is still on its way is void.
                         s.epoch += 1;
-                        if s.lease.as_ref().is_some_and(|l| l.id == id && l.server == server) {
-                            inner.drop_lease(key.dir);
-                        }
+                        inner.drop_leases(key.dir, |l| l.id == id && l.server == server);
                     }
                     dropped.push(key.dir);
                 }
@@ -395,14 +447,14 @@ impl LeaseCache {
                 let held: Vec<Ino> = inner
                     .dirs
                     .iter()
-                    .filter(|(_, s)| s.lease.as_ref().is_some_and(|l| l.server == server))
+                    .filter(|(_, s)| s.leases.iter().any(|l| l.server == server))
                     .map(|(d, _)| *d)
                     .collect();
                 for d in held {
                     if let Some(s) = inner.dirs.get_mut(&d) {
                         s.epoch += 1;
                     }
-                    inner.drop_lease(d);
+                    inner.drop_leases(d, |l| l.server == server);
                     dropped.push(d);
                 }
             }
@@ -472,6 +524,9 @@ fn outcomes(op: &Op, reply: Result<&Reply, Errno>, names: &[(Ino, String)]) -> V
     let one = |op: &Op, r: Result<&Reply, Errno>| -> Outcome {
         match (op, r) {
             (_, Err(e)) if refused(e) => Outcome::Unchanged,
+            // Sent to a server not holding the name's partition: nothing happened (the
+            // request goes again, and is accounted for then).
+            (_, Ok(Reply::Partitions { .. })) => Outcome::Unchanged,
             (Op::Unlink { .. } | Op::Rmdir { .. }, Err(Errno::ENOENT)) => Outcome::Now(None),
             (_, Err(Errno::ENOENT)) => Outcome::Unchanged,
             (_, Err(_)) => Outcome::Unknown,
