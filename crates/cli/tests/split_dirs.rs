@@ -47,9 +47,14 @@ fn counts(listed: &[shoal_client::DirEntry]) -> HashMap<&str, u32> {
     seen
 }
 
+/// The bitmap of `dir` as `client` has learnt it.
+fn known(client: &Client, dir: Ino) -> Bitmap {
+    Bitmap::try_from(client.dir_bitmap(dir)).expect("a valid bitmap")
+}
+
 /// The partitions of `dir` as `client` knows them, and their servers.
 fn partitions(c: &Cluster, client: &Client, dir: Ino) -> (Bitmap, Vec<shoal_client::ServerId>) {
-    let b = client.known_bitmap(dir);
+    let b = known(client, dir);
     let servers = b.partitions().map(|p| c.map.partition_home(dir, p)).collect();
     (b, servers)
 }
@@ -90,7 +95,7 @@ async fn four_clients_fill_one_directory_that_splits_over_four_servers_and_every
     assert_eq!(bitmap.len(), 4, "4 partitions on 4 servers: {bitmap:?}");
     assert_eq!(servers.iter().collect::<HashSet<_>>().len(), 4, "partitions on {servers:?}");
     // As the servers hold them now (a fresh client walks the partitions).
-    assert_eq!(c.uncached_client().dir_bitmap(d).await.unwrap(), bitmap);
+    assert_eq!(c.uncached_client().fetch_bitmap(d).await.unwrap(), bitmap);
     // And each server holds about a quarter of the names.
     for (s, st) in admin.status_all().await {
         let entries = st.unwrap().entries;
@@ -179,22 +184,22 @@ async fn a_client_with_a_stale_bitmap_finds_any_entry_in_at_most_two_requests() 
     let stale = c.uncached_client();
     let odd = names[..40].iter().find(|n| name_hash(n) & 1 == 1).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while stale.known_bitmap(d).len() < 2 {
+    while known(&stale, d).len() < 2 {
         assert!(Instant::now() < deadline, "the directory never split");
         stale.lookup(d, odd).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(Vec::<u64>::from(stale.known_bitmap(d)), vec![0b11], "the stale client knows partitions 0 and 1");
+    assert_eq!(Vec::<u64>::from(known(&stale, d)), vec![0b11], "the stale client knows partitions 0 and 1");
     // The directory grows to 4 partitions (on 4 servers).
     create_all(&writer, d, &names[40..], 200, 2, &AtomicUsize::new(0)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     let fresh = c.uncached_client();
-    while fresh.known_bitmap(d).len() < 4 {
+    while known(&fresh, d).len() < 4 {
         assert!(Instant::now() < deadline, "the directory never reached 4 partitions");
         fresh.lookup_many(d, &names[..64]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(Vec::<u64>::from(stale.known_bitmap(d)), vec![0b11], "still stale");
+    assert_eq!(Vec::<u64>::from(known(&stale, d)), vec![0b11], "still stale");
     // A name of partition 2 (the stale client sends it to partition 0's server) and one of
     // partition 3 (sent to partition 1's server, which is not the directory's home).
     for low in [0b10u64, 0b11] {
@@ -208,7 +213,7 @@ async fn a_client_with_a_stale_bitmap_finds_any_entry_in_at_most_two_requests() 
             assert_eq!(cost, 2, "the first lookup was misrouted once (the bitmap was stale)");
         }
     }
-    assert_eq!(stale.known_bitmap(d).len(), 4, "the client learnt the new bitmap");
+    assert_eq!(known(&stale, d).len(), 4, "the client learnt the new bitmap");
     // Now every lookup is one request.
     let before = lookups(&admin).await;
     for n in names.iter().take(100) {
@@ -230,7 +235,7 @@ async fn a_lease_on_one_partition_answers_its_names_only_and_is_revoked_by_anoth
     let names: Vec<String> = (0..400).map(|i| format!("l{i:03}")).collect();
     create_all(&admin, d, &names, 100, 1, &AtomicUsize::new(0)).await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while admin.known_bitmap(d).len() < 4 {
+    while known(&admin, d).len() < 4 {
         assert!(Instant::now() < deadline, "the directory never reached 4 partitions");
         admin.lookup_many(d, &names).await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -427,22 +427,23 @@ impl Client {
         }
     }
 
-    /// The partition bitmap this client has learnt of directory `dir` (partition 0 only for
-    /// a directory it never saw split), without a request. Requests about names of `dir`
-    /// teach it: a server answering a misrouted one sends the current bitmap.
-    pub fn known_bitmap(&self, dir: Ino) -> shoal_placement::Bitmap {
-        self.shared.bitmaps.get(dir)
+    /// The partition bitmap this client has learnt of directory `dir`, as
+    /// `shoal_placement::Bitmap` words (`[1]`: partition 0 only, for a directory it never
+    /// saw split), without a request. Requests about names of `dir` teach it: a server
+    /// answering a misrouted one sends the current bitmap. [`Client::fetch_bitmap`] asks.
+    pub fn dir_bitmap(&self, dir: Ino) -> Vec<u64> {
+        self.shared.bitmaps.get(dir).into()
     }
 
     /// The partitions of directory `dir` as its servers hold them now: one `ReadDir` of at
     /// most one entry from the first listing key of each partition in turn (each reply
     /// names the partition holding that position and its depth, so the walk meets every
     /// partition once). Needs read permission on `dir`. What it finds is learnt for routing.
-    pub async fn dir_bitmap(&self, dir: Ino) -> Result<shoal_placement::Bitmap> {
-        self.dir_bitmap_inner(dir).await.map_err(|e| e.within(format_args!("partitions of directory {dir}")))
+    pub async fn fetch_bitmap(&self, dir: Ino) -> Result<shoal_placement::Bitmap> {
+        self.fetch_bitmap_inner(dir).await.map_err(|e| e.within(format_args!("partitions of directory {dir}")))
     }
 
-    async fn dir_bitmap_inner(&self, dir: Ino) -> Result<shoal_placement::Bitmap> {
+    async fn fetch_bitmap_inner(&self, dir: Ino) -> Result<shoal_placement::Bitmap> {
         let mut found = shoal_placement::Bitmap::new();
         let mut key = Some(0u64);
         while let Some(k) = key {
@@ -1468,7 +1469,7 @@ mod tests {
         b.split(0).unwrap();
         b.split(1).unwrap();
         client.shared.bitmaps.learn(dir, b.clone().into()).unwrap();
-        assert_eq!(client.known_bitmap(dir), b);
+        assert_eq!(client.dir_bitmap(dir), Vec::<u64>::from(b.clone()));
         let groups = group_batch(&ops, &all, |op| client.target(&pool, batch_to(op)));
         let mut seen: Vec<usize> = Vec::new();
         let mut servers = std::collections::HashSet::new();

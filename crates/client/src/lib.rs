@@ -51,7 +51,7 @@
 //! A big directory's entries are split over servers by the hash of their names. The client
 //! learns each split directory's partition bitmap from the servers' answers and sends every
 //! request about a name to the server of its partition (at most two requests with a stale
-//! bitmap); [`Client::known_bitmap`] is what it learnt, [`Client::dir_bitmap`] asks. Listings
+//! bitmap); [`Client::dir_bitmap`] is what it learnt, [`Client::fetch_bitmap`] asks. Listings
 //! ([`Client::readdir_page`], [`Client::readdir_at`]) come in *listing order* — by the hash
 //! of the names, not by name — and list every entry exactly once even while the directory
 //! splits; sort them to show them to people.

@@ -53,6 +53,9 @@ pub struct Caller {
     pub session: u64,
     /// Present when the connection negotiated `FEATURE_LEASES`.
     pub sink: Option<NoticeSink>,
+    /// The connection negotiated `FEATURE_PARTITIONS` (or is a peer's): it can take
+    /// `Reply::Partitions`.
+    pub partitions: bool,
 }
 
 /// Revocations a request's commits started, which its reply waits for.

@@ -32,7 +32,7 @@ use crate::tls_conn::{self, ConnRead, ConnWrite};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind};
-use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC, FEATURE_LEASES};
+use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC, FEATURE_LEASES, FEATURE_PARTITIONS};
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::{Errno, Ino};
 use std::collections::VecDeque;
@@ -286,7 +286,8 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
     let handle = Box::pin(dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.crcs.clone(), redo.from_peer));
     // The caller, for directory leases: who may be granted one, whose change it is; the
     // reply waits for the revocations its commits started (`leases::scope`).
-    let caller = crate::leases::Caller { session: conn.session, sink: redo.notices.clone() };
+    let caller =
+        crate::leases::Caller { session: conn.session, sink: redo.notices.clone(), partitions: conn.partitions };
     let (reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
         let once = Box::pin(st.replies.once(conn.session, redo.request_id, handle));
         commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller, once))).await
@@ -453,6 +454,7 @@ async fn serve_conn(
         session,
         data_crc: agreed.features & FEATURE_DATA_CRC != 0,
         leases: agreed.features & FEATURE_LEASES != 0,
+        partitions: from_peer || agreed.features & FEATURE_PARTITIONS != 0,
     };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
     let _connected = st.sessions.connected(session);
@@ -516,6 +518,8 @@ struct ConnInfo {
     data_crc: bool,
     /// The client takes directory leases and their revocation notices (`FEATURE_LEASES`).
     leases: bool,
+    /// The sender routes names of split directories itself (`FEATURE_PARTITIONS`, or a peer).
+    partitions: bool,
 }
 
 /// The connection's halves once its first byte says which protocol it speaks: TLS (a

@@ -234,10 +234,17 @@ impl Partitions {
         self.changed.notify_waiters();
     }
 
-    /// End a freeze without a split (the split could not start).
+    /// End a freeze without a split (the split could not be made). A directory that had
+    /// never split is whole on its home again, with no partition record.
     pub fn unfreeze(&self, dir: Ino) {
-        if let Some(h) = self.held.write().get_mut(&dir) {
-            h.frozen = None;
+        {
+            let mut held = self.held.write();
+            if let Some(h) = held.get_mut(&dir) {
+                h.frozen = None;
+                if h.parts.len() == 1 && h.parts.get(&0) == Some(&Part { depth: 0, sealed: false }) {
+                    held.remove(&dir);
+                }
+            }
         }
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.changed.notify_waiters();

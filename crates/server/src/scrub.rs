@@ -230,6 +230,32 @@ mod tests {
         k[0] = b'?';
         assert!(check_record(&k, &entry).is_err());
         assert_eq!(check_record(key::FORMAT, &1u32.to_be_bytes()), Ok(()));
+        // A format-3 entry key (name order) has no place in a format-4 store.
+        let mut old = vec![key::ENTRY_V3, 0, 0, 0, 0, 0, 0, 0, 1];
+        old.push(b'a');
+        assert!(check_record(&old, &entry).is_err());
+        // Partition records: a partition under its key, not an entry or a short key.
+        let t = shoal_proto::msg::Timestamp { secs: 1, nsecs: 0 };
+        let dir = meta::InodeRecord {
+            kind: shoal_proto::msg::FileKind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 2,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            layout: None,
+            dir_default: None,
+            parent: None,
+            target: None,
+            bitmap: vec![3],
+        };
+        let part = meta::encode(&meta::PartitionRecord { depth: 1, sealed: false, dir });
+        assert_eq!(check_record(&key::partition(Ino(1), 1), &part), Ok(()));
+        assert!(check_record(&key::partition(Ino(1), 1), &entry).is_err());
+        assert!(check_record(&key::partition(Ino(1), 1)[..12], &part).is_err());
         assert_eq!(printable(&[b'e', 0, 0x41]), "e\\x00A");
     }
 }

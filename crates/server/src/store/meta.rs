@@ -1050,9 +1050,9 @@ impl<'a> Txn<'a> {
         Ok(p)
     }
 
-    pub fn put_partition(&mut self, dir: Ino, index: u32, rec: PartitionRecord) {
-        self.batch.put(key::partition(dir, index), encode(&rec));
-        self.partitions.insert((dir, index), Some(rec));
+    pub fn put_partition(&mut self, dir: Ino, index: u32, rec: &PartitionRecord) {
+        self.batch.put(key::partition(dir, index), encode(rec));
+        self.partitions.insert((dir, index), Some(rec.clone()));
     }
 
     pub fn delete_partition(&mut self, dir: Ino, index: u32) {
@@ -1354,9 +1354,9 @@ mod tests {
         let p = |depth, sealed| PartitionRecord { depth, sealed, dir: rec(FileKind::Dir) };
         let mut t = m.txn();
         assert_eq!(t.partition(Ino(10), 1).unwrap(), None);
-        t.put_partition(Ino(10), 1, p(1, false));
-        t.put_partition(Ino(10), 0, p(1, false));
-        t.put_partition(Ino(9), 6, p(3, true));
+        t.put_partition(Ino(10), 1, &p(1, false));
+        t.put_partition(Ino(10), 0, &p(1, false));
+        t.put_partition(Ino(9), 6, &p(3, true));
         // A transaction sees its own changes.
         assert_eq!(t.partition(Ino(10), 1).unwrap(), Some(p(1, false)));
         t.commit().unwrap();
@@ -1368,7 +1368,7 @@ mod tests {
         let mut t = m.txn();
         t.delete_partition(Ino(10), 1);
         assert_eq!(t.partition(Ino(10), 1).unwrap(), None);
-        t.put_partition(Ino(10), 0, p(2, true));
+        t.put_partition(Ino(10), 0, &p(2, true));
         t.commit().unwrap();
         assert_eq!(m.partitions().unwrap(), vec![(Ino(9), 6, p(3, true)), (Ino(10), 0, p(2, true))]);
         // The directory bitmap is stored with the inode.

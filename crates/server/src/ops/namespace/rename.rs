@@ -64,7 +64,9 @@ pub(super) fn replace_target(
     keep: Option<KeepOpen>,
 ) -> R<Option<Ino>> {
     if t.kind == FileKind::Dir {
-        if st.is_home(t.ino) {
+        // A split target directory is removed through its home's `PeerRmdirObject`, which
+        // checks every partition (even when that home is this server).
+        if st.is_home(t.ino) && !st.parts.is_split(t.ino) {
             if st.meta.has_entries(t.ino)? {
                 return fail(Errno::ENOTEMPTY, format!("target directory {} is not empty", t.ino));
             }
@@ -75,7 +77,7 @@ pub(super) fn replace_target(
                 _ => return Ok(Some(t.ino)),
             }
         }
-        dir_nlink_dec(txn, dst_dir)?;
+        dir_changed(st, txn, dst_dir, now, -1)?;
     } else if st.is_home(t.ino) {
         if let Some(g) = drop_link(txn, t.ino, now, keeper(keep, t.ino))? {
             after.gc.push((t.ino, g));

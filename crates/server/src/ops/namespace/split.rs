@@ -189,9 +189,9 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
                 }
             }
             let sealed = txn.partition(dir, index)?.is_some_and(|p| p.sealed);
-            txn.put_partition(dir, index, PartitionRecord { depth: depth + 1, sealed, dir: a2.clone() });
+            txn.put_partition(dir, index, &PartitionRecord { depth: depth + 1, sealed, dir: a2.clone() });
             if local {
-                txn.put_partition(dir, child, PartitionRecord { depth: depth + 1, sealed, dir: a2 });
+                txn.put_partition(dir, child, &PartitionRecord { depth: depth + 1, sealed, dir: a2 });
             }
             txn.delete_intent(op_id);
             txn.commit()
@@ -201,6 +201,11 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
             st.parts.add(dir, child, depth + 1, &attrs);
         }
         st.parts.split_done(dir, index, depth);
+        // A lease granted from now on must name the new depth: a read routed before
+        // `split_done` (with the old, wider partition) may not be granted one.
+        if let Some(leases) = st.meta.leases() {
+            drop(leases.changing(&[shoal_proto::lease::LeaseKey::dir(dir)]));
+        }
         Ok(())
     })
     .await;
@@ -240,7 +245,7 @@ pub async fn split_in(
             return Ok(());
         }
         let mut txn = st.meta.txn();
-        txn.put_partition(dir, index, PartitionRecord { depth, sealed: false, dir: a2 });
+        txn.put_partition(dir, index, &PartitionRecord { depth, sealed: false, dir: a2 });
         for e in &entries {
             txn.put_entry(dir, &e.name, EntryRecord { ino: e.ino, kind: e.kind });
         }
@@ -325,6 +330,14 @@ pub async fn partitions(st: &Arc<State>, dir: Ino) -> R<Reply> {
 /// that is another server. Counted (`Status`: `misrouted`).
 pub async fn misrouted_reply(st: &Arc<State>, dir: Ino) -> Reply {
     st.counters.misrouted();
+    // A client of before split directories could not decode the answer: tell it why instead.
+    if crate::leases::Leases::caller().is_some_and(|c| !c.partitions) {
+        return Fail::new(
+            Errno::ENOTSUP,
+            format!("directory {dir} is split over servers, which this client does not support (protocol 6 with FEATURE_PARTITIONS needed)"),
+        )
+        .into_reply();
+    }
     let home = st.home(dir);
     let r = if home == st.id {
         partitions(st, dir).await
@@ -439,7 +452,7 @@ pub async fn seal(st: &Arc<State>, dir: Ino, seal: bool, drop: bool) -> R<Reply>
         for (index, _) in &parts {
             if let Some(mut p) = txn.partition(dir, *index)? {
                 p.sealed = seal;
-                txn.put_partition(dir, *index, p);
+                txn.put_partition(dir, *index, &p);
             }
         }
         txn.commit()
@@ -461,7 +474,7 @@ pub async fn partition_attr(st: &Arc<State>, attr: Attr) -> R<Reply> {
         for (index, _) in &parts {
             if let Some(mut p) = txn.partition(dir, *index)? {
                 p.dir = r2.clone();
-                txn.put_partition(dir, *index, p);
+                txn.put_partition(dir, *index, &p);
             }
         }
         txn.commit()
