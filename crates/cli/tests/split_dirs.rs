@@ -259,3 +259,17 @@ async fn a_lease_on_one_partition_answers_its_names_only_and_is_revoked_by_anoth
     let made = c.uncached_client().create_at(d, &x, 0o644, true, None).await.unwrap();
     assert_eq!(holder.lookup(d, &x).await.unwrap().ino, made.ino);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shoal_ls_prints_every_name_of_a_split_directory_sorted() {
+    let c = Cluster::start(4);
+    let admin = c.uncached_client();
+    let d = admin.mkdir("/many", 0o755).await.unwrap().ino;
+    let mut names: Vec<String> = (0..500).map(|i| format!("m{i:03}")).collect();
+    create_all(&admin, d, &names, 100, 1, &AtomicUsize::new(0)).await;
+    assert!(admin.fetch_bitmap(d).await.unwrap().len() > 1, "the directory split");
+    let (code, out, err) = c.shoal(&["ls", "/many"]);
+    assert_eq!(code, 0, "{err}");
+    names.sort();
+    assert_eq!(out.lines().collect::<Vec<_>>(), names, "every name once, in name order");
+}
