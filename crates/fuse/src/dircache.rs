@@ -130,6 +130,9 @@ impl DirCache {
         a.mtime = later(a.mtime, now);
         a.ctime = later(a.ctime, now);
         a.nlink = match nlink {
+            // A directory split over servers reports 1 ("unknown", as POSIX allows), and
+            // its servers keep it so whatever is made or removed in it.
+            _ if a.nlink == 1 => 1,
             // The servers keep a directory's count at 2 or more.
             n if n < 0 => a.nlink.saturating_sub(n.unsigned_abs()).max(2),
             n => a.nlink.saturating_add(n as u32),
@@ -202,6 +205,16 @@ mod tests {
         assert_eq!(c.get(7).unwrap().0.nlink, 2, "never below 2");
         c.removed(1, "d");
         assert!(c.get(7).is_none());
+    }
+
+    #[test]
+    fn a_split_directory_keeps_its_unknown_link_count() {
+        let c = DirCache::new(Duration::from_secs(60));
+        c.fetched(&dir(9, 1), Instant::now(), None);
+        c.changed(9, 1);
+        assert_eq!(c.get(9).unwrap().0.nlink, 1, "a subdirectory made in a split directory");
+        c.changed(9, -1);
+        assert_eq!(c.get(9).unwrap().0.nlink, 1, "and removed");
     }
 
     #[test]
