@@ -119,10 +119,20 @@ pub struct DecileRates {
 impl DecileRates {
     /// From the phase's start (driver's clock) and every worker's timeline (on the same
     /// clock). `None` with fewer than 10 operations (a tenth would be less than one), or
-    /// when a tenth took no measurable time (its rate would be infinite).
+    /// when a tenth took no measurable time (its rate would be infinite: all operations at
+    /// the start).
     pub fn of(start_ns: u64, timelines: &[Timeline]) -> Option<DecileRates> {
         let mut events: Vec<(u64, u64)> = timelines.iter().flat_map(|t| t.events()).filter(|e| e.1 > 0).collect();
         events.sort_unstable();
+        // Operations that completed at one instant (a batch, a page of a listing) are one
+        // event: they count as spread over the time since the instant before.
+        events.dedup_by(|later, earlier| {
+            let same = later.0 == earlier.0;
+            if same {
+                earlier.1 += later.1;
+            }
+            same
+        });
         let total: u64 = events.iter().map(|e| e.1).sum();
         if total < 10 {
             return None;
@@ -141,9 +151,9 @@ impl DecileRates {
     }
 }
 
-/// The instant (ns, fractional) at which `x` operations had completed: the operations a
-/// mark stands for are taken to have completed evenly between the mark before it (or the
-/// start) and it.
+/// The instant (ns, fractional) at which `x` operations had completed: the operations of
+/// an event (a mark, or several at one instant) are taken to have completed evenly between
+/// the event before it (or the start) and it.
 fn instant_of(start_ns: u64, events: &[(u64, u64)], x: f64) -> f64 {
     let mut done = 0u64;
     let mut prev = start_ns as f64;
@@ -225,11 +235,23 @@ mod tests {
     }
 
     #[test]
-    fn operations_all_at_one_instant_have_no_finite_rate() {
-        // All at the start: both tenths took no time.
+    fn operations_at_one_instant_count_as_spread_since_the_one_before() {
+        // All at the start: both tenths took no time, no finite rate.
         assert_eq!(DecileRates::of(7, &[exact(&[7; 20])]), None);
-        // All at one later instant: the first tenth has a rate, the last took no time.
-        assert_eq!(DecileRates::of(0, &[exact(&[1000; 20])]), None);
+        // All at one later instant (one batch, one page): 20 in 1 µs, at both ends.
+        let d = DecileRates::of(0, &[exact(&[1000; 20])]).unwrap();
+        assert!(close(d.first_ops_s, 2e7) && close(d.last_ops_s, 2e7), "{d:?}");
+        assert!(close(d.last_over_first, 1.0), "{d:?}");
+        // Batches of 10 from two workers: 10 at 1 ms, 10 at 2 ms (worker a), 10 more at
+        // 2 ms and 10 at 4 ms (worker b). First tenth (4 ops): part of the 10 spread over
+        // the first ms → 10,000/s. Last tenth: part of the 10 spread over the 2 ms before
+        // 4 ms → 5,000/s.
+        let a = exact(&[[1_000_000; 10], [2_000_000; 10]].concat());
+        let b = exact(&[[2_000_000; 10], [4_000_000; 10]].concat());
+        let d = DecileRates::of(0, &[a, b]).unwrap();
+        assert!(close(d.first_ops_s, 10_000.0), "{d:?}");
+        assert!(close(d.last_ops_s, 5000.0), "{d:?}");
+        assert!(close(d.last_over_first, 0.5), "{d:?}");
     }
 
     #[test]
