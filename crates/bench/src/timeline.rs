@@ -48,7 +48,7 @@ impl Recorder {
         // Marks whose count lies in (c0, c1]: multiples of the stride, and the end.
         let first = c0 / self.stride; // mark j stands for count min((j+1)·stride, expected)
         let last = (c1 - 1) / self.stride;
-        let reached_end_of_last = c1 == self.expected || c1 % self.stride == 0;
+        let reached_end_of_last = c1 == self.expected || c1.is_multiple_of(self.stride);
         let upto = if reached_end_of_last { last + 1 } else { last };
         if first >= upto {
             return;
