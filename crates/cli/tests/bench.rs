@@ -248,6 +248,62 @@ fn md_hard_shared_directory_reads_back_every_byte() {
     assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
 }
 
+/// The `list` phase lists every name once (shared directory: process 0 lists it; else each
+/// process its own) and counts entries; every phase reports the rates of its first and last
+/// 10 % of operations and their ratio, per run and as a median per target.
+#[test]
+fn md_list_phase_and_the_rates_of_the_first_and_last_tenth() {
+    let c = Cluster::start(4);
+    let local = tempfile::tempdir().unwrap();
+    for shared in [true, false] {
+        let targets = format!("native,native@4,posix:{}", local.path().display());
+        let mut args = vec!["bench", "md", "-T", &targets, "-n", "2", "-N", "300"];
+        args.extend(["--phases", "create,list,stat,unlink", "--json", "-q"]);
+        if shared {
+            args.push("--shared-dir");
+        }
+        let r = run_json(&c, &args);
+        assert_eq!(runs(&r).len(), 3);
+        for run in runs(&r) {
+            let labels: Vec<&str> =
+                run["phases"].as_array().unwrap().iter().map(|p| p["label"].as_str().unwrap()).collect();
+            assert_eq!(labels, vec!["create", "list", "stat", "unlink"], "{}", run["target"]);
+            for p in run["phases"].as_array().unwrap() {
+                // The list phase's operations are the entries listed: every file once.
+                assert_eq!(u(&p["ops"]), 600, "shared {shared}: {p}");
+                let d = &p["deciles"];
+                for key in ["first_ops_s", "last_ops_s", "last_over_first"] {
+                    let v = d[key].as_f64().unwrap_or(f64::NAN);
+                    assert!(v.is_finite() && v > 0.0, "shared {shared}, {}: {key} = {v} in {p}", run["target"]);
+                }
+                let ratio = f(&d["last_ops_s"]) / f(&d["first_ops_s"]);
+                assert!((ratio - f(&d["last_over_first"])).abs() <= 1e-9 * ratio, "{d}");
+            }
+            if run["target"] != "posix" {
+                // Listing is ReadDir requests, a page (up to 4,096 entries) per partition at most.
+                let list = &phase(run, "list")["servers"];
+                assert!(f(&list["ops_per_op"]["readdir"]) > 0.0, "{list}");
+            }
+        }
+        let summary = r["summary"].as_array().unwrap();
+        assert_eq!(summary.len(), 4 * 3);
+        for row in summary {
+            let v = f(&row["last_over_first"]);
+            assert!(v.is_finite() && v > 0.0, "{row}");
+        }
+    }
+    assert_eq!(shoal_ls(&c, "/shoal-bench").len(), 0, "the runs cleaned up");
+    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
+    // The table shows the column; list is a phase name `--help` knows.
+    let (code, out, err) =
+        c.shoal(&["bench", "md", "-T", "native", "-n", "2", "-N", "50", "--phases", "create,list,unlink", "-q"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(out.contains("last/first 10%") && out.contains("list"), "{out}");
+    let (code, _, err) = c.shoal(&["bench", "md", "--phases", "create,lst"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("list"), "{err}");
+}
+
 #[test]
 fn compare_sweep_and_plots() {
     let c = Cluster::start(2);
