@@ -122,6 +122,11 @@ impl BlockingClient {
         self.client.home_of(ino)
     }
 
+    /// The partition bitmap learnt of directory `dir` (see [`Client::dir_bitmap`]).
+    pub fn dir_bitmap(&self, dir: Ino) -> Vec<u64> {
+        self.client.dir_bitmap(dir)
+    }
+
     /// Forget every cached entry, attribute and symlink target.
     pub fn clear_cache(&self) {
         self.client.clear_cache()
@@ -170,6 +175,7 @@ impl BlockingClient {
         fn rename_at(&self, src_dir: Ino, src_name: &str, dst_dir: Ino, dst_name: &str, flags: RenameFlags) -> Result<()>;
         fn readdir_at(&self, dir: Ino) -> Result<Vec<DirEntry>>;
         fn readdir_page(&self, dir: Ino, after: Option<String>, limit: u32) -> Result<(Vec<DirEntry>, bool)>;
+        fn fetch_bitmap(&self, dir: Ino) -> Result<shoal_placement::Bitmap>;
         fn readlink_at(&self, ino: Ino) -> Result<String>;
         fn access(&self, ino: Ino, mask: u32) -> Result<()>;
         fn set_dir_layout(&self, dir: Ino, spec: LayoutSpec) -> Result<()>;

@@ -427,11 +427,40 @@ impl Client {
         }
     }
 
-    /// The partition bitmap this client knows for directory `dir` (partition 0 only for a
-    /// directory it never saw split), as `shoal_placement::Bitmap` words. Requests about
-    /// names of `dir` teach it (a server answering a misrouted one sends the current one).
+    /// The partition bitmap this client has learnt of directory `dir`, as
+    /// `shoal_placement::Bitmap` words (`[1]`: partition 0 only, for a directory it never
+    /// saw split), without a request. Requests about names of `dir` teach it: a server
+    /// answering a misrouted one sends the current bitmap. [`Client::fetch_bitmap`] asks.
     pub fn dir_bitmap(&self, dir: Ino) -> Vec<u64> {
         self.shared.bitmaps.get(dir).into()
+    }
+
+    /// The partitions of directory `dir` as its servers hold them now: one `ReadDir` of at
+    /// most one entry from the first listing key of each partition in turn (each reply
+    /// names the partition holding that position and its depth, so the walk meets every
+    /// partition once). Needs read permission on `dir`. What it finds is learnt for routing.
+    pub async fn fetch_bitmap(&self, dir: Ino) -> Result<shoal_placement::Bitmap> {
+        self.fetch_bitmap_inner(dir).await.map_err(|e| e.within(format_args!("partitions of directory {dir}")))
+    }
+
+    async fn fetch_bitmap_inner(&self, dir: Ino) -> Result<shoal_placement::Bitmap> {
+        let mut found = shoal_placement::Bitmap::new();
+        let mut key = Some(0u64);
+        while let Some(k) = key {
+            let page = self.readdir_one(dir, Start::From(k), 1, None).await?;
+            // A server without split directories: one partition.
+            let Some(part) = page.part else { return Ok(found) };
+            found.insert(part.index).map_err(|e| Error::new(Errno::EPROTO, e.to_string()))?;
+            key = shoal_placement::key_after(part.index, part.depth);
+            if key.is_some_and(|next| next <= k) {
+                return Err(Error::new(
+                    Errno::EPROTO,
+                    format!("a page of partition {} does not hold its start", part.index),
+                ));
+            }
+        }
+        self.shared.bitmaps.learn(dir, found.clone().into())?;
+        Ok(found)
     }
 
     /// Re-read the config file after `failed` got a stale-map answer. True if a newer map
@@ -969,7 +998,7 @@ impl Client {
             }
             let pool = self.pool();
             let requests = group_batch(&ops, &pending, |op| self.target(&pool, batch_to(op)));
-            let answers: Vec<(Vec<usize>, Result<(Reply, Bytes)>)> = futures::stream::iter(requests)
+            let answers: Vec<BatchAnswer> = futures::stream::iter(requests)
                 .map(|idx| {
                     let chunk: Vec<BatchOp> = idx.iter().map(|&i| ops[i].clone()).collect();
                     let to = batch_to(&chunk[0]);
@@ -1289,6 +1318,9 @@ impl Client {
     }
 }
 
+/// The indexes of the operations one batch request carried, and its answer.
+type BatchAnswer = (Vec<usize>, Result<(Reply, Bytes)>);
+
 /// Where one operation of a batch goes.
 fn batch_to(op: &BatchOp) -> To {
     match op {
@@ -1489,6 +1521,12 @@ mod tests {
         client.shared.bitmaps.learn(dir, b.clone().into()).unwrap();
         assert_eq!(client.target(&pool, To::entry(dir, &name)), map.entry_home(dir, &b, &name).1);
         assert_ne!(client.target(&pool, To::entry(dir, &name)), map.home_of(dir));
+    }
+
+    #[test]
+    fn the_client_offers_split_directories_in_hello() {
+        let opts = pool_options(&ClientOptions::default(), 1, None);
+        assert_ne!(opts.features & shoal_proto::hello::FEATURE_PARTITIONS, 0);
     }
 
     #[test]

@@ -564,3 +564,108 @@ fn outcomes(op: &Op, reply: Result<&Reply, Errno>, names: &[(Ino, String)]) -> V
         op => names.iter().map(|_| one(op, reply)).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::lease::LeaseKey;
+
+    const DIR: Ino = Ino(40);
+
+    fn cache() -> Arc<LeaseCache> {
+        Arc::new(LeaseCache::new(Duration::from_secs(30)))
+    }
+
+    fn grant(id: u64, index: u32, depth: u32) -> Option<LeaseGrant> {
+        Some(LeaseGrant { id, key: LeaseKey { dir: DIR, partition: index }, ms: 30_000, depth })
+    }
+
+    fn entry(name: &str, ino: u64) -> DirEntry {
+        DirEntry { name: name.to_string(), ino: Ino(ino), kind: FileKind::File }
+    }
+
+    /// Names with hash bit 0 clear (partition 0 at depth 1) and set (partition 1).
+    fn halves() -> (Vec<String>, Vec<String>) {
+        let all: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+        all.into_iter().partition(|n| name_hash(n) & 1 == 0)
+    }
+
+    /// Install the complete listing `names` of partition `index` at `depth` as lease `id`.
+    fn listing(c: &Arc<LeaseCache>, id: u64, index: u32, depth: u32, names: &[String]) {
+        let asking = c.ask(DIR).unwrap();
+        let entries = names.iter().enumerate().map(|(i, n)| entry(n, 100 + i as u64)).collect();
+        c.install(asking, ServerId(index), grant(id, index, depth), Learnt::Listing(entries, false));
+    }
+
+    #[test]
+    fn an_unsplit_directory_s_lease_answers_every_name_and_the_listing() {
+        let c = cache();
+        let (even, odd) = halves();
+        listing(&c, 1, 0, 0, &even);
+        let now = Instant::now();
+        assert!(matches!(c.lookup(DIR, &even[0], now), Some(Some(_))));
+        assert_eq!(c.lookup(DIR, &odd[0], now), Some(None), "complete: absent names are absent");
+        let (page, more) = c.listing(DIR, None, 0, now).unwrap();
+        assert!(!more);
+        assert_eq!(page.len(), even.len());
+        let keys: Vec<Pos> = page.iter().map(|e| pos(&e.name)).collect();
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "listing order, as servers list");
+        // Pages continue after a name, in the same order.
+        let (first, more) = c.listing(DIR, None, 3, now).unwrap();
+        assert!(more);
+        let (rest, _) = c.listing(DIR, Some(&first[2].name), 0, now).unwrap();
+        assert_eq!(first.len() + rest.len(), page.len());
+        assert_eq!(rest[0].name, page[3].name);
+    }
+
+    #[test]
+    fn a_partition_s_lease_answers_only_the_names_of_its_partition() {
+        let c = cache();
+        let (even, odd) = halves();
+        listing(&c, 7, 1, 1, &odd);
+        let now = Instant::now();
+        assert!(matches!(c.lookup(DIR, &odd[0], now), Some(Some(_))));
+        assert_eq!(c.lookup(DIR, &format!("{}x", odd[0]), now).is_some(), name_hash(&format!("{}x", odd[0])) & 1 == 1);
+        for n in &even {
+            assert_eq!(c.lookup(DIR, n, now), None, "{n} is in the other partition: ask its server");
+        }
+        assert!(c.listing(DIR, None, 0, now).is_none(), "no whole listing of a split directory from leases");
+        // A second partition's lease sits beside the first.
+        listing(&c, 8, 0, 1, &even);
+        assert!(matches!(c.lookup(DIR, &even[0], now), Some(Some(_))));
+        assert!(matches!(c.lookup(DIR, &odd[0], now), Some(Some(_))));
+        // Revoking one leaves the other.
+        c.notice(
+            ServerId(1),
+            Some(Notice::Revoke { leases: vec![LeaseRef { id: 7, key: LeaseKey { dir: DIR, partition: 1 } }] }),
+        );
+        assert_eq!(c.lookup(DIR, &odd[0], now), None);
+        assert!(matches!(c.lookup(DIR, &even[0], now), Some(Some(_))));
+        // A lease on an overlapping partition (the whole directory) replaces it.
+        listing(&c, 9, 0, 0, &even);
+        assert_eq!(c.inner.lock().dirs[&DIR].leases.len(), 1);
+    }
+
+    #[test]
+    fn a_misrouted_request_changes_nothing_a_lease_knows() {
+        let c = cache();
+        let (even, _) = halves();
+        listing(&c, 1, 0, 0, &even);
+        let op = Op::Unlink { dir: DIR, name: even[0].clone(), keep: None };
+        let touch = c.begin(&op).unwrap();
+        c.end(touch, &op, Ok(&Reply::Partitions { dir: DIR, bitmap: vec![0b11] }));
+        assert!(matches!(c.lookup(DIR, &even[0], Instant::now()), Some(Some(_))), "the lease is kept, the name too");
+    }
+
+    #[test]
+    fn partitions_cover_and_overlap_by_their_low_bits() {
+        assert!(covers(PartRef { index: 0, depth: 0 }, 0xdead));
+        assert!(covers(PartRef { index: 1, depth: 1 }, 0b101));
+        assert!(!covers(PartRef { index: 1, depth: 1 }, 0b100));
+        assert!(covers(PartRef { index: 0b10, depth: 2 }, 0b110));
+        assert!(overlap(PartRef { index: 0, depth: 0 }, PartRef { index: 3, depth: 2 }));
+        assert!(overlap(PartRef { index: 1, depth: 1 }, PartRef { index: 3, depth: 2 }));
+        assert!(!overlap(PartRef { index: 0, depth: 1 }, PartRef { index: 3, depth: 2 }));
+        assert!(!overlap(PartRef { index: 1, depth: 2 }, PartRef { index: 3, depth: 2 }));
+    }
+}

@@ -46,6 +46,16 @@
 //! cached lookup is not re-checked for search permission on its directory until it
 //! expires (as the kernel's dentry cache).
 //!
+//! # Split directories
+//!
+//! A big directory's entries are split over servers by the hash of their names. The client
+//! learns each split directory's partition bitmap from the servers' answers and sends every
+//! request about a name to the server of its partition (at most two requests with a stale
+//! bitmap); [`Client::dir_bitmap`] is what it learnt, [`Client::fetch_bitmap`] asks. Listings
+//! ([`Client::readdir_page`], [`Client::readdir_at`]) come in *listing order* — by the hash
+//! of the names, not by name — and list every entry exactly once even while the directory
+//! splits; sort them to show them to people.
+//!
 //! # Durability
 //!
 //! [`File::close`] (and [`File::fsync`]) make written data and the file size durable on
@@ -80,7 +90,7 @@ pub use error::{Error, Result};
 pub use file::{File, MAX_APPEND, MAX_PIECE, READAHEAD_CHUNK};
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
-pub use shoal_placement::ClusterMap;
+pub use shoal_placement::{Bitmap, ClusterMap};
 pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
     ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp,

@@ -117,13 +117,18 @@ async fn children(client: &Client, loc: &Loc) -> Result<Vec<String>> {
             }
             v
         }
-        Loc::Shoal(p) => client
-            .readdir(p)
-            .await
-            .with_context(|| format!("cannot list {}", loc.show()))?
-            .into_iter()
-            .map(|e| e.name)
-            .collect(),
+        Loc::Shoal(p) => {
+            let mut v: Vec<String> = client
+                .readdir(p)
+                .await
+                .with_context(|| format!("cannot list {}", loc.show()))?
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            // Listings come in listing order (by name hash); the plan goes by name.
+            v.sort();
+            v
+        }
     })
 }
 
