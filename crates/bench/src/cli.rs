@@ -51,7 +51,9 @@ const IO_EXAMPLES: &str = "Examples:
   shoal bench io -F -T native --sweep transfer=64K,256K,1M,4M --plot bw.svg
   mpirun -np 8 shoal bench io -F -t 1M -b 256M -e -R      # one benchmark process per MPI rank
 Targets: native[:CONFIG], fuse:MOUNTPOINT, local[:DIR], tmpfs[:DIR], posix:DIR; a suffix @K runs K
-operations in flight per process (async calls on native, threads on POSIX targets).";
+operations in flight per process (async calls on native, threads on POSIX targets).
+The column last/first 10% is the rate of a phase's last 10 % of transfers (all processes, by
+completion time) over that of its first 10 %: 1.00 = the rate held to the end of the phase.";
 
 const MD_EXAMPLES: &str = "Examples:
   shoal bench md -N 10000                                 # mdtest easy: a directory per process, empty files
@@ -60,6 +62,10 @@ const MD_EXAMPLES: &str = "Examples:
   shoal bench md --shared-dir --size 3901 -N 2000 --verify # mdtest hard: shared directory, 3901-byte files
   shoal bench md -N 2000 --sweep procs=1,2,4 --plot md.svg
   mpirun -np 8 shoal bench md -N 10000                    # one benchmark process per MPI rank
+  shoal bench md --shared-dir -n 4 -N 250000 --phases create,list,stat,unlink -T native,tmpfs
+                                                          # a million files in one directory (bench/million.sh)
+The column last/first 10% is the rate of a phase's last 10 % of operations (all processes, by
+completion time) over that of its first 10 %: 1.00 = the rate held to the end of the phase.
 native#B (before any @K): B operations per request, as one batch (create of empty files, stat
 and unlink; the other phases send one operation per request).
 Under mpirun (more than one rank) every rank is one benchmark process and rank 0 reports:
@@ -93,6 +99,9 @@ pub struct CommonArgs {
     /// Print the results as JSON on standard output (progress bars stay on stderr).
     #[arg(long)]
     pub json: bool,
+    /// Also write the results as JSON to FILE (the tables are still printed).
+    #[arg(long, value_name = "FILE")]
+    pub json_file: Option<PathBuf>,
     /// Run once per value: KEY=V1,V2,… with KEY transfer, block, procs, in-flight, files or size.
     #[arg(long, value_name = "KEY=VALUES")]
     pub sweep: Option<String>,
@@ -193,8 +202,10 @@ pub struct MdArgs {
     /// Bytes written into each file at create and read in the read phase (mdtest -w/-e).
     #[arg(long, default_value = "0", value_parser = parse_size)]
     pub size: u64,
-    /// Phases, in order, from: mkdir, create, stat, read, unlink, rmdir (default: create, stat,
-    /// read when --size > 0, unlink).
+    /// Phases, in order, from: mkdir, create, list, stat, read, unlink, rmdir (default: create,
+    /// stat, read when --size > 0, unlink). list: each process lists its directory (in a shared
+    /// directory, process 0 lists it once) and the run fails unless every name made there is
+    /// listed exactly once; its rate is entries listed per second.
     #[arg(long, value_delimiter = ',')]
     pub phases: Vec<String>,
     /// Add mkdir (first) and rmdir (last): directories made and removed like files.
@@ -282,13 +293,14 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
                 phases.push(match p.as_str() {
                     "mkdir" => PhaseKind::Mkdir,
                     "create" => PhaseKind::Create,
+                    "list" | "ls" | "readdir" => PhaseKind::List,
                     "stat" => PhaseKind::Stat,
                     "read" => PhaseKind::ReadFiles,
                     "unlink" | "remove" | "delete" => PhaseKind::Unlink,
                     "rmdir" => PhaseKind::Rmdir,
                     other => {
                         return Err(usage(format!(
-                            "unknown md phase {other:?} (mkdir, create, stat, read, unlink, rmdir)"
+                            "unknown md phase {other:?} (mkdir, create, list, stat, read, unlink, rmdir)"
                         )))
                     }
                 });
@@ -485,15 +497,13 @@ async fn run_ranks(
                 println!("chart written to {}", p.display());
             }
         }
-        if c.json {
+        if c.json || c.json_file.is_some() {
             let json: Vec<serde_json::Value> =
                 points.iter().map(|(v, r)| serde_json::json!({ "value": v, "report": r })).collect();
-            println!(
-                "{}",
-                serde_json::to_string_pretty(
-                    &serde_json::json!({ "sweep": format!("{key:?}").to_lowercase(), "points": json })
-                )?
-            );
+            let text = serde_json::to_string_pretty(
+                &serde_json::json!({ "sweep": format!("{key:?}").to_lowercase(), "points": json }),
+            )?;
+            write_json(c, &text)?;
         }
         return Ok(());
     }
@@ -504,11 +514,21 @@ async fn run_ranks(
             println!("chart written to {}", p.display());
         }
     }
-    if c.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    }
+    write_json(c, &serde_json::to_string_pretty(&r)?)?;
     if r.runs.iter().flat_map(|t| &t.phases).any(|p| p.verify_errors > 0) {
         bail!("data verification failed: some reads did not return what was written");
+    }
+    Ok(())
+}
+
+/// The JSON report: on standard output with --json, into the file of --json-file.
+fn write_json(c: &CommonArgs, text: &str) -> Result<()> {
+    if c.json {
+        println!("{text}");
+    }
+    if let Some(f) = &c.json_file {
+        std::fs::write(f, format!("{text}\n"))
+            .map_err(|e| anyhow::anyhow!("cannot write the JSON report to {}: {e}", f.display()))?;
     }
     Ok(())
 }

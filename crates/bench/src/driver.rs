@@ -382,6 +382,7 @@ async fn lock_step(
                 // Back onto the driver's clock.
                 r.start_ns = link::shift(r.start_ns, -ranks.offset(rank));
                 r.end_ns = link::shift(r.end_ns, -ranks.offset(rank));
+                r.timeline = std::mem::take(&mut r.timeline).shifted(-ranks.offset(rank));
                 counts[rank] = r.ops;
                 pb.set_position(counts.iter().sum());
                 results[rank] = Some(r);

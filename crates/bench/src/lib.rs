@@ -9,6 +9,8 @@
 //! * [`mpi`]: under `mpirun`, every rank is a worker: rendezvous, clock offsets.
 //! * [`counters`]: differences of the servers' counters and the FPFS load figures.
 //! * [`report`], [`plot`]: tables, JSON, SVG/PNG charts. [`suite`]: the standard set.
+//! * [`timeline`]: when operations complete, and the rate of a phase's first and last tenth.
+//! * [`listing`]: the md `list` phase's check that every name is listed exactly once.
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
 
 pub mod cli;
@@ -17,12 +19,14 @@ pub mod counters;
 pub mod driver;
 pub mod hist;
 pub mod link;
+pub mod listing;
 pub mod mpi;
 pub mod pattern;
 pub mod plot;
 pub mod report;
 pub mod spec;
 pub mod suite;
+pub mod timeline;
 pub mod worker;
 
 pub use cli::{run, BenchCmd, UsageError};

@@ -4,6 +4,7 @@
 use crate::counters::ServerSummary;
 use crate::hist::Histogram;
 use crate::spec::{PhaseKind, Workload};
+use crate::timeline::DecileRates;
 use crate::worker::PhaseResult;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -63,6 +64,11 @@ pub struct PhaseReport {
     pub caches_dropped: Option<bool>,
     /// The servers' counters during the phase (native and FUSE targets).
     pub servers: Option<ServerSummary>,
+    /// The rate of the phase's first and last 10 % of operations (all processes, by
+    /// completion time), and their ratio: whether the rate held up to the end. `None` with
+    /// fewer than 10 operations.
+    #[serde(default)]
+    pub deciles: Option<DecileRates>,
 }
 
 impl PhaseReport {
@@ -77,6 +83,7 @@ impl PhaseReport {
             hist.merge(&r.hist);
         }
         let per_s = |x: f64| if wall_s > 0.0 { x / wall_s } else { 0.0 };
+        let timelines: Vec<_> = results.iter().map(|r| r.timeline.clone()).collect();
         PhaseReport {
             label: label.to_string(),
             kind,
@@ -95,6 +102,7 @@ impl PhaseReport {
             machine_cpu_s: None,
             caches_dropped: None,
             servers: None,
+            deciles: DecileRates::of(start, &timelines),
         }
     }
 
@@ -142,6 +150,10 @@ pub struct SummaryRow {
     pub peer_requests_per_op: Option<f64>,
     pub requests_max_min: Option<f64>,
     pub requests_max_mean: Option<f64>,
+    /// Median of the phases' `deciles.last_over_first`: the rate of the last 10 % of the
+    /// operations over that of the first 10 %.
+    #[serde(default)]
+    pub last_over_first: Option<f64>,
 }
 
 /// Everything one `shoal bench io|md` invocation measured.
@@ -227,6 +239,7 @@ pub fn summarize(runs: &[TargetRun]) -> Vec<SummaryRow> {
                 peer_requests_per_op: srv(&|s| Some(s.peer_requests_per_op)),
                 requests_max_min: srv(&|s| s.requests_max_min),
                 requests_max_mean: srv(&|s| s.requests_max_mean),
+                last_over_first: median_opt(reps.iter().map(|p| p.deciles.map(|d| d.last_over_first)).collect()),
             });
         }
     }
@@ -310,6 +323,9 @@ pub fn describe(w: &Workload, procs: u64, in_flight: usize) -> String {
     }
 }
 
+/// Column of the rate of a phase's last 10 % of operations over that of its first 10 %.
+const LAST_FIRST: &str = "last/first 10%";
+
 /// The table of one run: a line per phase.
 pub fn run_table(run: &TargetRun) -> String {
     let mut s = String::new();
@@ -318,11 +334,12 @@ pub fn run_table(run: &TargetRun) -> String {
     if io {
         let _ = writeln!(
             s,
-            "  {:<11} {:>9} {:>9} {:>8} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>17}",
+            "  {:<11} {:>9} {:>9} {:>8} {:>14} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>17}",
             "phase",
             "MiB/s",
             "IOPS",
             "time(s)",
+            LAST_FIRST,
             "open",
             "close",
             "lat p50",
@@ -334,11 +351,12 @@ pub fn run_table(run: &TargetRun) -> String {
         for p in &run.phases {
             let _ = writeln!(
                 s,
-                "  {:<11} {:>9} {:>9} {:>8.3} {:>7.3} {:>7.3} {:>9} {:>9} {:>9} {:>8} {:>17}",
+                "  {:<11} {:>9} {:>9} {:>8.3} {:>14} {:>7.3} {:>7.3} {:>9} {:>9} {:>9} {:>8} {:>17}",
                 p.label,
                 fmt_rate(p.mib_s),
                 fmt_rate(p.ops_s),
                 p.wall_s,
+                fmt_opt(p.deciles.map(|d| d.last_over_first), 2),
                 p.open_s,
                 p.close_s,
                 fmt_us(p.latency.p50_us),
@@ -351,16 +369,17 @@ pub fn run_table(run: &TargetRun) -> String {
     } else {
         let _ = writeln!(
             s,
-            "  {:<11} {:>10} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>17}",
-            "phase", "ops/s", "time(s)", "lat p50", "p90", "p99", "max", "verified", "cpu/op cl/srv/all"
+            "  {:<11} {:>10} {:>8} {:>14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>17}",
+            "phase", "ops/s", "time(s)", LAST_FIRST, "lat p50", "p90", "p99", "max", "verified", "cpu/op cl/srv/all"
         );
         for p in &run.phases {
             let _ = writeln!(
                 s,
-                "  {:<11} {:>10} {:>8.3} {:>9} {:>9} {:>9} {:>9} {:>8} {:>17}",
+                "  {:<11} {:>10} {:>8.3} {:>14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>17}",
                 p.label,
                 fmt_rate(p.ops_s),
                 p.wall_s,
+                fmt_opt(p.deciles.map(|d| d.last_over_first), 2),
                 fmt_us(p.latency.p50_us),
                 fmt_us(p.latency.p90_us),
                 fmt_us(p.latency.p99_us),
@@ -449,13 +468,13 @@ pub fn summary_table(rows: &[SummaryRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<11} {:<10} {:>10} {:>19} {:>4} {:>7} {:>7} {:>7} {:>8} {:>8}",
-        "phase", "target", "median", "min-max", "runs", "xlocal", "xtmpfs", "req/op", "max/min", "max/mean"
+        "{:<11} {:<10} {:>10} {:>19} {:>4} {:>7} {:>7} {:>7} {:>8} {:>8} {:>14}",
+        "phase", "target", "median", "min-max", "runs", "xlocal", "xtmpfs", "req/op", "max/min", "max/mean", LAST_FIRST
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<11} {:<10} {:>10} {:>19} {:>4} {:>7} {:>7} {:>7} {:>8} {:>8}",
+            "{:<11} {:<10} {:>10} {:>19} {:>4} {:>7} {:>7} {:>7} {:>8} {:>8} {:>14}",
             r.phase,
             r.target,
             format!("{} {}", fmt_rate(r.median), if r.unit == "MiB/s" { "MiB/s" } else { "op/s" }),
@@ -466,6 +485,7 @@ pub fn summary_table(rows: &[SummaryRow]) -> String {
             fmt_opt(r.client_requests_per_op.map(|c| c + r.peer_requests_per_op.unwrap_or(0.0)), 2),
             fmt_opt(r.requests_max_min, 2),
             fmt_opt(r.requests_max_mean, 2),
+            fmt_opt(r.last_over_first, 2),
         );
     }
     s
@@ -498,6 +518,7 @@ mod tests {
                 machine_cpu_s: None,
                 caches_dropped: None,
                 servers: None,
+                deciles: Some(DecileRates { first_ops_s: v, last_ops_s: v / 2.0, last_over_first: 0.5 }),
             }],
         }
     }
@@ -521,6 +542,11 @@ mod tests {
         assert_eq!(rows[0].vs_local, None);
         assert!((rows[1].vs_tmpfs.unwrap() - 1.0).abs() < 1e-9);
         assert!(summary_table(&rows).contains("0.40"));
+        // The ratio of the last tenth's rate to the first's: a median, in both tables.
+        assert_eq!(rows[0].last_over_first, Some(0.5));
+        assert!(summary_table(&rows).contains("last/first 10%"));
+        let table = run_table(&runs[0]);
+        assert!(table.contains("last/first 10%") && table.contains(" 0.50 "), "{table}");
         assert_eq!(median(&mut [3.0, 1.0, 2.0, 10.0]), 2.5);
     }
 }

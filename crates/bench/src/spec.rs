@@ -254,6 +254,9 @@ pub enum PhaseKind {
     Stat,
     ReadFiles,
     Unlink,
+    /// md: list the directory and check that every name made there is listed exactly once
+    /// (see [`listing`](crate::listing)); the rate is entries listed per second.
+    List,
 }
 
 impl PhaseKind {
@@ -267,6 +270,7 @@ impl PhaseKind {
             PhaseKind::Stat => "stat",
             PhaseKind::ReadFiles => "read",
             PhaseKind::Unlink => "unlink",
+            PhaseKind::List => "list",
         }
     }
 

@@ -721,8 +721,8 @@ fn markdown(
     for c in results {
         let _ = writeln!(s, "## {}\n", c.case);
         let _ = writeln!(s, "{} ({:.0} s for all runs)\n", c.description, c.seconds);
-        let _ = writeln!(s, "| phase | target | median | min – max | xlocal | xtmpfs | p50 latency | p99 latency | CPU/op clients | CPU/op servers | CPU/op machine | requests/op | load max/min | max/mean |");
-        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "| phase | target | median | min – max | xlocal | xtmpfs | p50 latency | p99 latency | CPU/op clients | CPU/op servers | CPU/op machine | requests/op | load max/min | max/mean | last/first 10 % |");
+        let _ = writeln!(s, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &c.report.summary {
             let med = |f: &dyn Fn(&report::PhaseReport) -> Option<f64>| {
                 let mut v: Vec<f64> = c
@@ -741,7 +741,7 @@ fn markdown(
             let lat = |f: &dyn Fn(&report::Latency) -> f64| med(&|p| Some(f(&p.latency)));
             let _ = writeln!(
                 s,
-                "| {} | {} | {} {} | {} – {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} {} | {} – {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.phase,
                 r.target,
                 fmt_rate(r.median),
@@ -758,6 +758,7 @@ fn markdown(
                 opt(r.client_requests_per_op.map(|x| x + r.peer_requests_per_op.unwrap_or(0.0))),
                 opt(r.requests_max_min),
                 opt(r.requests_max_mean),
+                opt(r.last_over_first),
             );
         }
         // Per-server figures of the last run of each Shoal target.

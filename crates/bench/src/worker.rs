@@ -18,8 +18,10 @@
 use crate::clock::{mono_ns, wait_until};
 use crate::hist::Histogram;
 use crate::link::{Inbox, Outbox};
+use crate::listing::{Checklist, Contents};
 use crate::pattern;
 use crate::spec::*;
+use crate::timeline::{Recorder, Timeline};
 use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
 use rand::seq::SliceRandom;
@@ -57,6 +59,9 @@ pub struct PhaseResult {
     /// CPU time (user + system) the worker process used during the phase.
     #[serde(default)]
     pub cpu_ns: u64,
+    /// When the operations completed (for the rates of the phase's first and last tenth).
+    #[serde(default)]
+    pub timeline: Timeline,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -196,6 +201,8 @@ pub struct Worker {
     out: Option<Outbox>,
     /// Set by the driver's process to stop a phase early (rank 0's worker after a failure).
     stop: Arc<AtomicBool>,
+    /// md: what the phases so far have made (what a `list` phase expects to see).
+    contents: Mutex<Contents>,
 }
 
 impl Worker {
@@ -243,6 +250,7 @@ impl Worker {
             progress: Arc::new(AtomicU64::new(0)),
             out: None,
             stop: Arc::new(AtomicBool::new(false)),
+            contents: Mutex::new(Contents::default()),
         })
     }
 
@@ -260,6 +268,7 @@ impl Worker {
         };
         reporter.finish();
         let mut r = r.with_context(|| format!("rank {} phase {}", self.job.rank, phase.label))?;
+        self.contents.lock().unwrap().after(phase.kind);
         r.rank = self.job.rank;
         r.cpu_ns = crate::clock::self_cpu_ns().saturating_sub(cpu0);
         r.hist.seal();
@@ -321,7 +330,8 @@ impl Worker {
         let bad = AtomicU64::new(0);
         let file_ref = &file;
         let path = &path;
-        let hist = run_async(order.len() as u64, self.in_flight(), &self.progress, &self.stop, |i| {
+        let marks = Recorder::new(order.len() as u64);
+        let hist = run_async(order.len() as u64, self.in_flight(), &self.progress, &marks, &self.stop, |i| {
             let off = io.offset(owner, nprocs, order[i as usize]);
             let pool = &pool;
             let verified = &verified;
@@ -369,6 +379,7 @@ impl Worker {
         r.ops = hist.count;
         r.bytes = hist.count * io.transfer;
         r.hist = hist;
+        r.timeline = marks.finish();
         r.verified_bytes = verified.into_inner();
         r.verify_errors = bad.into_inner();
         Ok(r)
@@ -395,7 +406,8 @@ impl Worker {
         let pool: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
         let verified = AtomicU64::new(0);
         let bad = AtomicU64::new(0);
-        let hist = run_sync(order.len() as u64, self.in_flight(), &self.progress, &self.stop, |i| {
+        let marks = Recorder::new(order.len() as u64);
+        let hist = run_sync(order.len() as u64, self.in_flight(), &self.progress, &marks, &self.stop, |i| {
             let off = io.offset(owner, nprocs, order[i as usize]);
             let mut buf = pool.lock().unwrap().pop().unwrap_or_else(|| vec![0u8; t]);
             let dt;
@@ -434,6 +446,7 @@ impl Worker {
         r.ops = hist.count;
         r.bytes = hist.count * io.transfer;
         r.hist = hist;
+        r.timeline = marks.finish();
         r.verified_bytes = verified.into_inner();
         r.verify_errors = bad.into_inner();
         Ok(r)
@@ -454,6 +467,9 @@ impl Worker {
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
         let (verified_ref, bad_ref) = (&verified, &bad);
         let (own_path, peer_path) = (&own_path, &peer_path);
+        if kind == PhaseKind::List {
+            return self.native_list(n, md).await;
+        }
         if let Some(b) = self.job.target.batch {
             let batchable =
                 matches!(kind, PhaseKind::Stat | PhaseKind::Unlink) || (kind == PhaseKind::Create && size == 0);
@@ -461,7 +477,8 @@ impl Worker {
                 return self.native_md_batched(n, md, kind, b as u64).await;
             }
         }
-        let hist = run_async(md.files, self.in_flight(), &self.progress, &self.stop, |i| async move {
+        let marks = Recorder::new(md.files);
+        let hist = run_async(md.files, self.in_flight(), &self.progress, &marks, &self.stop, |i| async move {
             let t0 = mono_ns();
             match kind {
                 PhaseKind::Create => {
@@ -492,6 +509,7 @@ impl Worker {
                     n.meta.mkdir_at(own_dir, &md_subdir_name(rank, i), 0o755).await?;
                 }
                 PhaseKind::Rmdir => n.meta.rmdir_at(own_dir, &md_subdir_name(rank, i)).await?,
+                PhaseKind::List => bail!("list is not an operation per item"),
                 PhaseKind::Write | PhaseKind::Read => bail!("not a metadata phase"),
             }
             Ok(mono_ns() - t0)
@@ -501,6 +519,7 @@ impl Worker {
         r.ops = hist.count;
         r.bytes = if matches!(kind, PhaseKind::Create | PhaseKind::ReadFiles) { hist.count * md.size } else { 0 };
         r.hist = hist;
+        r.timeline = marks.finish();
         r.verified_bytes = verified.into_inner();
         r.verify_errors = bad.into_inner();
         Ok(r)
@@ -517,7 +536,8 @@ impl Worker {
         let peer_dir = n.peer_dir.expect("resolved at setup");
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
         let batches = md.files.div_ceil(b);
-        let hist = run_async_units(batches, self.in_flight(), &self.progress, &self.stop, |c| async move {
+        let marks = Recorder::new(md.files);
+        let hist = run_async_units(batches, self.in_flight(), &self.progress, &marks, &self.stop, |c| async move {
             let items = c * b..((c + 1) * b).min(md.files);
             let count = items.end - items.start;
             let t0 = mono_ns();
@@ -548,12 +568,106 @@ impl Worker {
         r.end_ns = mono_ns();
         r.ops = hist.count;
         r.hist = hist;
+        r.timeline = marks.finish();
         Ok(r)
+    }
+
+    /// The `list` phase on the native client: one `ReadDir` request per page (the client's
+    /// largest), every name checked ([`listing`](crate::listing)). Operations are entries
+    /// listed; the latency is that of one page.
+    async fn native_list(&self, n: &Native, md: &MdSpec) -> Result<PhaseResult> {
+        let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
+        let shown = format!("{}/{}", self.job.run_dir, md_dir_name(md, self.job.rank));
+        let Some(mut check) = self.checklist(md, &shown) else {
+            r.end_ns = mono_ns();
+            return Ok(r);
+        };
+        let dir = n.own_dir.expect("resolved at setup");
+        let marks = Recorder::new(check.expected());
+        let mut hist = Histogram::new();
+        let mut after: Option<String> = None;
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(stopped());
+            }
+            let t0 = mono_ns();
+            let (page, more) =
+                n.meta.readdir_page(dir, after.take(), u32::MAX).await.with_context(|| format!("list {shown}"))?;
+            hist.record(mono_ns() - t0);
+            for e in &page {
+                check.see(&e.name)?;
+            }
+            let count = page.len() as u64;
+            r.ops += count;
+            self.progress.fetch_add(count, Ordering::Relaxed);
+            marks.record(count);
+            match page.last() {
+                Some(e) if more => after = Some(e.name.clone()),
+                _ => break,
+            }
+        }
+        check.finish()?;
+        r.end_ns = mono_ns();
+        r.hist = hist;
+        r.timeline = marks.finish();
+        Ok(r)
+    }
+
+    /// What this rank's listing of `dir` must show: every rank's items when it is rank 0 in
+    /// a shared directory (the other ranks list nothing), else its own.
+    fn checklist(&self, md: &MdSpec, dir: &str) -> Option<Checklist> {
+        let rank = self.job.rank;
+        let ranks = match (md.shared_dir, rank) {
+            (true, 0) => 0..self.job.nprocs,
+            (true, _) => return None,
+            (false, _) => rank..rank + 1,
+        };
+        Some(Checklist::new(dir, ranks, md.files, *self.contents.lock().unwrap()))
     }
 
     // ---------------------------------------------------------------- metadata, POSIX
 
+    /// The `list` phase through the kernel: `readdir(3)` until the end, every name checked.
+    /// Operations are entries listed; the latency is that of one `readdir(3)` call (most
+    /// return an entry from the buffer of the last `getdents64`).
+    fn posix_list(&self, run_dir: &std::path::Path, md: &MdSpec) -> Result<PhaseResult> {
+        let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
+        let dir = run_dir.join(md_dir_name(md, self.job.rank));
+        let shown = dir.display().to_string();
+        let Some(mut check) = self.checklist(md, &shown) else {
+            r.end_ns = mono_ns();
+            return Ok(r);
+        };
+        let marks = Recorder::new(check.expected());
+        let mut hist = Histogram::new();
+        let mut entries = std::fs::read_dir(&dir).with_context(|| format!("list {shown}"))?;
+        loop {
+            if self.stop.load(Ordering::Relaxed) {
+                return Err(stopped());
+            }
+            let t0 = mono_ns();
+            let Some(e) = entries.next() else { break };
+            hist.record(mono_ns() - t0);
+            let name = e.with_context(|| format!("list {shown}"))?.file_name();
+            let name = name
+                .to_str()
+                .ok_or_else(|| anyhow!("the listing of {shown} shows a name that is not UTF-8: {name:?}"))?;
+            check.see(name)?;
+            r.ops += 1;
+            self.progress.fetch_add(1, Ordering::Relaxed);
+            marks.record(1);
+        }
+        check.finish()?;
+        r.end_ns = mono_ns();
+        r.hist = hist;
+        r.timeline = marks.finish();
+        Ok(r)
+    }
+
     fn posix_md(&self, run_dir: &std::path::Path, md: &MdSpec, kind: PhaseKind) -> Result<PhaseResult> {
+        if kind == PhaseKind::List {
+            return self.posix_list(run_dir, md);
+        }
         let rank = self.job.rank;
         let peer = peer_rank(&self.job, md.shift);
         let own = run_dir.join(md_dir_name(md, rank));
@@ -564,7 +678,8 @@ impl Worker {
         let verified = AtomicU64::new(0);
         let bad = AtomicU64::new(0);
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
-        let hist = run_sync(md.files, self.in_flight(), &self.progress, &self.stop, |i| {
+        let marks = Recorder::new(md.files);
+        let hist = run_sync(md.files, self.in_flight(), &self.progress, &marks, &self.stop, |i| {
             let t0 = mono_ns();
             match kind {
                 PhaseKind::Create => {
@@ -621,6 +736,7 @@ impl Worker {
                     let p = format!("{own}/{}", md_subdir_name(rank, i));
                     std::fs::remove_dir(&p).with_context(|| format!("rmdir {p}"))?;
                 }
+                PhaseKind::List => bail!("list is not an operation per item"),
                 PhaseKind::Write | PhaseKind::Read => bail!("not a metadata phase"),
             }
             Ok(mono_ns() - t0)
@@ -629,6 +745,7 @@ impl Worker {
         r.ops = hist.count;
         r.bytes = if matches!(kind, PhaseKind::Create | PhaseKind::ReadFiles) { hist.count * md.size } else { 0 };
         r.hist = hist;
+        r.timeline = marks.finish();
         r.verified_bytes = verified.into_inner();
         r.verify_errors = bad.into_inner();
         Ok(r)
@@ -692,8 +809,8 @@ fn stopped() -> anyhow::Error {
 }
 
 /// Run `op(0..n)` with `k` calls in flight (threads when k > 1); each call returns its
-/// latency. Stops at the first error, or when `stop` is set.
-fn run_sync<F>(n: u64, k: usize, progress: &AtomicU64, stop: &AtomicBool, op: F) -> Result<Histogram>
+/// latency, and its completion is counted in `progress` and `marks`. Stops at the first error, or when `stop` is set.
+fn run_sync<F>(n: u64, k: usize, progress: &AtomicU64, marks: &Recorder, stop: &AtomicBool, op: F) -> Result<Histogram>
 where
     F: Fn(u64) -> Result<u64> + Sync,
 {
@@ -705,6 +822,7 @@ where
             }
             h.record(op(i)?);
             progress.fetch_add(1, Ordering::Relaxed);
+            marks.record(1);
         }
         return Ok(h);
     }
@@ -732,6 +850,7 @@ where
                             }
                         }
                         progress.fetch_add(1, Ordering::Relaxed);
+                        marks.record(1);
                     }
                 })
             })
@@ -747,12 +866,19 @@ where
 
 /// Run `op(0..n)` with `k` futures in flight; each returns its latency. Stops at the
 /// first error, or when `stop` is set.
-async fn run_async<F, Fut>(n: u64, k: usize, progress: &AtomicU64, stop: &AtomicBool, op: F) -> Result<Histogram>
+async fn run_async<F, Fut>(
+    n: u64,
+    k: usize,
+    progress: &AtomicU64,
+    marks: &Recorder,
+    stop: &AtomicBool,
+    op: F,
+) -> Result<Histogram>
 where
     F: Fn(u64) -> Fut,
     Fut: std::future::Future<Output = Result<u64>>,
 {
-    run_async_units(n, k, progress, stop, |i| {
+    run_async_units(n, k, progress, marks, stop, |i| {
         let one = op(i);
         async move { Ok((one.await?, 1)) }
     })
@@ -761,7 +887,14 @@ where
 
 /// [`run_async`] for units of several operations (a batch): each `op(i)` returns its
 /// latency and how many operations it did, each counted with that latency.
-async fn run_async_units<F, Fut>(n: u64, k: usize, progress: &AtomicU64, stop: &AtomicBool, op: F) -> Result<Histogram>
+async fn run_async_units<F, Fut>(
+    n: u64,
+    k: usize,
+    progress: &AtomicU64,
+    marks: &Recorder,
+    stop: &AtomicBool,
+    op: F,
+) -> Result<Histogram>
 where
     F: Fn(u64) -> Fut,
     Fut: std::future::Future<Output = Result<(u64, u64)>>,
@@ -772,6 +905,7 @@ where
             h.record(ns);
         }
         progress.fetch_add(count, Ordering::Relaxed);
+        marks.record(count);
     };
     if k <= 1 {
         for i in 0..n {
@@ -884,6 +1018,7 @@ mod tests {
                 for w in &ws {
                     let r = w.run(&phase(kind), 0).await.unwrap();
                     assert_eq!(r.ops, 50);
+                    assert_eq!((r.timeline.ops, r.timeline.marks_ns.len()), (50, 50));
                     assert_eq!(r.verify_errors, 0);
                     if kind == PhaseKind::ReadFiles {
                         assert_eq!(r.verified_bytes, 50 * md.size);
@@ -899,5 +1034,37 @@ mod tests {
             }
             assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
         }
+    }
+
+    /// The list phase: in a shared directory rank 0 lists every rank's names, each once
+    /// (its operations are the entries), the others list nothing; a name the benchmark did
+    /// not make, or one missing, fails the phase naming it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn posix_list_checks_every_name_exactly_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let md = MdSpec { files: 30, shared_dir: true, size: 0, shift: false, verify: false };
+        let shared = dir.path().join(md_dir_name(&md, 0));
+        std::fs::create_dir_all(&shared).unwrap();
+        let mut ws = Vec::new();
+        for rank in 0..2 {
+            ws.push(Worker::setup(job(dir.path(), Workload::Md(md.clone()), rank, 2, 1)).await.unwrap());
+        }
+        // Before anything is made the directory must be empty, and is.
+        assert_eq!(ws[0].run(&phase(PhaseKind::List), 0).await.unwrap().ops, 0);
+        for w in &ws {
+            w.run(&phase(PhaseKind::Create), 0).await.unwrap();
+        }
+        let r0 = ws[0].run(&phase(PhaseKind::List), 0).await.unwrap();
+        assert_eq!((r0.ops, r0.timeline.ops), (60, 60));
+        assert_eq!(r0.hist.count, 60, "the latency of each readdir(3) that returned an entry");
+        assert_eq!(ws[1].run(&phase(PhaseKind::List), 0).await.unwrap().ops, 0);
+
+        std::fs::write(shared.join("stray"), b"").unwrap();
+        let e = format!("{:#}", ws[0].run(&phase(PhaseKind::List), 0).await.unwrap_err());
+        assert!(e.contains("\"stray\", which the benchmark did not make there"), "{e}");
+        std::fs::remove_file(shared.join("stray")).unwrap();
+        std::fs::remove_file(shared.join(md_item_name(1, 7))).unwrap();
+        let e = format!("{:#}", ws[0].run(&phase(PhaseKind::List), 0).await.unwrap_err());
+        assert!(e.contains("misses 1 of the 60 names") && e.contains("\"f.1.7\""), "{e}");
     }
 }

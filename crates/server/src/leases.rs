@@ -341,6 +341,20 @@ impl Leases {
     /// is granted until the returned guard is dropped (after the write); every holder but
     /// the caller's session is revoked, and the request's reply waits for them (`scope`).
     pub fn changing(&self, keys: &[LeaseKey]) -> Changing<'_> {
+        self.revoke(keys, true)
+    }
+
+    /// As [`Leases::changing`] for a change that moves entries between servers rather than
+    /// changing the directory (a split, `ops/namespace/split.rs`): holders are revoked (what
+    /// they hold names the old partition), but this is no contention on the directory, so
+    /// leases are granted again at once.
+    pub fn reshaping(&self, keys: &[LeaseKey]) -> Changing<'_> {
+        self.revoke(keys, false)
+    }
+
+    /// Revoke the holders of `keys`; `contended`: the entries change under other holders'
+    /// feet, so no lease is handed out on them for a lease period.
+    fn revoke(&self, keys: &[LeaseKey], contended: bool) -> Changing<'_> {
         let session = Leases::caller().map_or(0, |c| c.session);
         let now = Instant::now();
         let mut notices: Vec<(NoticeSink, LeaseRef)> = Vec::new();
@@ -373,7 +387,9 @@ impl Leases {
                 if others {
                     // Others' leases were in the way: do not hand them out again at once
                     // (a shared directory being written would revoke them at every change).
-                    s.quiet_until = Some(now + self.max);
+                    if contended {
+                        s.quiet_until = Some(now + self.max);
+                    }
                     s.pending.push(revocation.clone());
                 }
             }

@@ -938,6 +938,7 @@ impl MetaStore {
             entries: HashMap::new(),
             partitions: HashMap::new(),
             changed_dirs: Vec::new(),
+            reshaping: false,
         }
     }
 }
@@ -955,6 +956,8 @@ pub struct Txn<'a> {
     partitions: HashMap<(Ino, u32), Option<PartitionRecord>>,
     /// Directories whose entries this batch changes: their leases are revoked at commit.
     changed_dirs: Vec<Ino>,
+    /// The batch moves entries between servers (a split): see [`Txn::reshaping`].
+    reshaping: bool,
 }
 
 impl<'a> Txn<'a> {
@@ -1018,6 +1021,12 @@ impl<'a> Txn<'a> {
         let e = self.meta.get_entry(dir, name)?;
         self.entries.insert((dir, name.to_string()), e);
         Ok(e)
+    }
+
+    /// This batch moves entries between servers without changing the directory (a split):
+    /// leases are revoked, but granted again at once (`Leases::reshaping`).
+    pub fn reshaping(&mut self) {
+        self.reshaping = true;
     }
 
     /// Note that `dir`'s entries change (see `changed_dirs`).
@@ -1122,7 +1131,7 @@ impl<'a> Txn<'a> {
         let _changing = match self.meta.leases() {
             Some(l) if !self.changed_dirs.is_empty() => {
                 let keys: Vec<_> = self.changed_dirs.iter().map(|d| shoal_proto::lease::LeaseKey::dir(*d)).collect();
-                Some(l.changing(&keys))
+                Some(if self.reshaping { l.reshaping(&keys) } else { l.changing(&keys) })
             }
             _ => None,
         };

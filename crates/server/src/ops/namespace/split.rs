@@ -183,6 +183,7 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
         let a2 = attrs.clone();
         st.store(move |st| {
             let mut txn = st.meta.txn();
+            txn.reshaping();
             if !local {
                 for e in st.meta.entries_in(dir, range_of(moved))? {
                     txn.delete_entry(dir, &e.name);
@@ -204,7 +205,7 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, index: u32, depth: u3
         // A lease granted from now on must name the new depth: a read routed before
         // `split_done` (with the old, wider partition) may not be granted one.
         if let Some(leases) = st.meta.leases() {
-            drop(leases.changing(&[shoal_proto::lease::LeaseKey::dir(dir)]));
+            drop(leases.reshaping(&[shoal_proto::lease::LeaseKey::dir(dir)]));
         }
         Ok(())
     })
@@ -245,6 +246,7 @@ pub async fn split_in(
             return Ok(());
         }
         let mut txn = st.meta.txn();
+        txn.reshaping();
         txn.put_partition(dir, index, &PartitionRecord { depth, sealed: false, dir: a2 });
         for e in &entries {
             txn.put_entry(dir, &e.name, EntryRecord { ino: e.ino, kind: e.kind });
