@@ -154,6 +154,22 @@ pub struct SummaryRow {
     /// operations over that of the first 10 %.
     #[serde(default)]
     pub last_over_first: Option<f64>,
+    /// Median of the requests per operation that directory splits cost ([`split_requests`]),
+    /// included in the figures above.
+    #[serde(default)]
+    pub split_requests_per_op: Option<f64>,
+}
+
+/// Requests per operation owed to directories splitting over servers rather than to the
+/// operations themselves: requests sent with a view from before a split and answered with
+/// the new bitmap (`misrouted`), the split's own steps between servers, and for a name a
+/// split moved (its inode stayed where it was made) the stat's `getattr` at the inode's
+/// server or the unlink's `peer_link_delta` there.
+pub fn split_requests(s: &ServerSummary) -> f64 {
+    ["misrouted", "peer_split_in", "peer_add_partition", "peer_partitions", "peer_link_delta", "getattr"]
+        .iter()
+        .map(|op| s.ops_per_op.get(*op).copied().unwrap_or(0.0))
+        .sum()
 }
 
 /// Everything one `shoal bench io|md` invocation measured.
@@ -240,6 +256,7 @@ pub fn summarize(runs: &[TargetRun]) -> Vec<SummaryRow> {
                 requests_max_min: srv(&|s| s.requests_max_min),
                 requests_max_mean: srv(&|s| s.requests_max_mean),
                 last_over_first: median_opt(reps.iter().map(|p| p.deciles.map(|d| d.last_over_first)).collect()),
+                split_requests_per_op: srv(&|s| Some(split_requests(s))),
             });
         }
     }

@@ -631,8 +631,8 @@ fn mpirun_ranks_are_the_benchmark_processes() {
     assert!(left.is_empty(), "{left:?}");
 
     // The whole cycle with the human report, -n given as the MPI size: one rank prints it,
-    // and every operation is one request.
-    let (code, out, err) = mpirun_shoal(&c, 3, &["bench", "md", "-n", "3", "-N", "40", "-q"], &[]).unwrap();
+    // and every operation is one request (30 files a directory: below the split threshold).
+    let (code, out, err) = mpirun_shoal(&c, 3, &["bench", "md", "-n", "3", "-N", "30", "-q"], &[]).unwrap();
     assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
     assert_eq!(out.matches("mdtest: 3 processes").count(), 1, "{out}");
     assert_eq!(out.matches("mpirun: 3 ranks").count(), 1, "{out}");
