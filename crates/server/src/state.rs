@@ -308,7 +308,7 @@ impl State {
             return Err(e.errno);
         }
         self.counters.peer_sent();
-        self.pool.call(server, cred, op, Bytes::new()).await.map(|(r, _)| r)
+        self.peer_call(server, cred, op, Bytes::new()).await
     }
 
     /// Send a `Write` of `data` to another server (an append's pieces on objects held
@@ -317,7 +317,29 @@ impl State {
     /// ours, and the append publishes its size only after every piece is acknowledged.
     pub async fn peer_write(self: &Arc<Self>, server: ServerId, op: Op, data: Bytes) -> Result<Reply, Errno> {
         self.counters.peer_sent();
-        self.pool.call(server, &Cred::root(), op, data).await.map(|(r, _)| r)
+        self.peer_call(server, &Cred::root(), op, data).await
+    }
+
+    /// One call to another server. Callers act on the errno alone, so a failure of the
+    /// connection itself (unreachable, timed out, or refused during the handshake: a key
+    /// that does not verify) is logged here with its reason, which the errno cannot carry.
+    async fn peer_call(&self, server: ServerId, cred: &Cred, op: Op, data: Bytes) -> Result<Reply, Errno> {
+        let name = op.name();
+        match self.pool.request(server, cred, op, data).await {
+            Ok((reply, _)) => Ok(reply),
+            Err(e) => {
+                // A refused handshake is a configuration fault worth a warning; an
+                // unreachable peer is reported by whoever waits on it.
+                if let shoal_rpc::CallError::Transport { errno, .. } = &e {
+                    if matches!(*errno, Errno::EACCES | Errno::EPERM) {
+                        tracing::warn!("{name} to server {server}: {e}");
+                    } else {
+                        tracing::debug!("{name} to server {server}: {e}");
+                    }
+                }
+                Err(e.errno())
+            }
+        }
     }
 
     /// Attributes of any inode: from the local store or from its home server.
