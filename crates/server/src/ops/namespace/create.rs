@@ -1,4 +1,20 @@
 //! `create(dir, name)`: a file whose inode is homed here, entry and inode in one batch.
+//!
+//! Where a create's server CPU goes (perf with call graphs on the 4 servers of
+//! `shoal bench md -T native#16@1`, 40,000 creates into 2 split directories, 2026-11-24;
+//! shares of the servers' samples, about 41 µs per create in all):
+//!
+//! * RocksDB's write, 30 %: the memtable's skip-list inserts take 21 % for 3 records (the
+//!   inode, the entry, the directory's inode with its new times). Inode numbers are random
+//!   and entry keys are name hashes, so each insert searches the list from the top. The
+//!   WAL record takes 4 %. The records are small (an inode is 39 bytes of protobuf).
+//! * RocksDB reads, 7 %: the parent's attributes, and the absence of the name and of the
+//!   drawn inode number. The memtable's and the tables' bloom filters answer the misses.
+//! * The kernel's TCP and epoll, about 25 %, shared by the 16 creates of a batch. Batching
+//!   cannot share them further: a batch into a split directory goes out as one request
+//!   per partition server.
+//! * The reply, 4 %: named MessagePack of the attributes and the capability, 358 bytes.
+//!   The capability's HMAC-SHA256 is 2 %, and the allocator 4 %.
 
 use super::*;
 use crate::error::{fail, Fail, R};
