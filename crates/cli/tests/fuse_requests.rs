@@ -273,3 +273,47 @@ fn unaligned_47008_byte_pwrites_send_the_kernel_no_capability_checks() {
     drop(f);
     assert_eq!(fs::metadata(m.p("f")).unwrap().size(), (N + 1) * T);
 }
+
+#[test]
+fn an_unaligned_47008_byte_write_is_one_request_to_the_mount_and_one_to_a_server() {
+    if skip_without_fuse() {
+        return;
+    }
+    const N: u64 = 40;
+    const T: u64 = 47_008;
+    let c = Cluster::start(2);
+    let m = Mount::with_log(&c, LONG, "info,fuser::request=debug");
+    let buf: Vec<u8> = (0..T).map(|i| (i % 251) as u8).collect();
+    let count = |what: &str| m.log_text().lines().filter(|l| l.contains(what)).count();
+    // Write-only, as IOR opens for its write phase: every write bypasses the page cache.
+    let f = OpenOptions::new().create(true).write(true).truncate(true).open(m.p("f")).unwrap();
+    f.write_at(&buf, 0).unwrap();
+    let kernel_writes = count(" WRITE fh ");
+    let per = per_call(&c, N, || {
+        for k in 1..=N {
+            f.write_at(&buf, k * T).unwrap();
+        }
+        // The client's write-behind has sent them all once fsync returns.
+        f.sync_all().unwrap();
+    });
+    let kernel_writes = count(" WRITE fh ") - kernel_writes;
+    assert_eq!(kernel_writes as u64, N, "the kernel sent {kernel_writes} WRITE requests for {N} pwrites");
+    // One server write each; a write crossing a stripe boundary (1 MiB) is two pieces.
+    let server_writes = per.get("write").copied().unwrap_or(0.0) * N as f64;
+    let crossings = (1..=N).filter(|k| (k * T) >> 20 != ((k + 1) * T - 1) >> 20).count() as f64;
+    assert_eq!(server_writes, N as f64 + crossings, "server requests per pwrite: {per:?}");
+    drop(f);
+    // The bytes are where they were written, read back through the page cache.
+    let back = fs::read(m.p("f")).unwrap();
+    assert_eq!(back.len() as u64, (N + 1) * T);
+    for k in 0..=N {
+        assert!(back[(k * T) as usize..((k + 1) * T) as usize] == buf[..], "transfer {k} reads back wrong");
+    }
+    // A read-write descriptor keeps the page cache (it may be mapped): its unaligned writes
+    // may reach the mount in two requests, and read back what they wrote.
+    let g = OpenOptions::new().read(true).write(true).open(m.p("f")).unwrap();
+    g.write_at(&buf[..100], 3).unwrap();
+    let mut first = vec![0u8; 103];
+    g.read_exact_at(&mut first, 0).unwrap();
+    assert_eq!(&first[3..], &buf[..100]);
+}
