@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 const SERVERS: u32 = 2;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    common::manifest_dir().join("tests/fixtures")
 }
 
 /// FNV-1a over a file's bytes: enough to tell that every byte came back.

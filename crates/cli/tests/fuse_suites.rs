@@ -13,7 +13,7 @@ fn pjdfstest_and_fsx_pass() {
     if fuse_common::skip_without_fuse() {
         return;
     }
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root = common::manifest_dir().join("../..");
     let start = std::time::Instant::now();
     let out = Command::new("bash")
         .arg(root.join("scripts/posix-suites.sh"))

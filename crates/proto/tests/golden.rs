@@ -587,7 +587,11 @@ fn variants<T: Deserialize<'static>>() -> BTreeSet<String> {
 // ---- the file ----
 
 fn path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/vectors.hex")
+    // CARGO_MANIFEST_DIR as cargo sets it when it runs the test, not as it was when the test
+    // was built: checkouts sharing one target directory (CI's fresh clones) may run a binary
+    // built from another checkout, whose folder may be gone.
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    dir.unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR"))).join("tests/golden/vectors.hex")
 }
 
 fn hex(b: &[u8]) -> String {

@@ -406,3 +406,13 @@ impl Drop for Identityd {
         }
     }
 }
+
+/// This package's folder (`crates/cli`) as cargo sets `CARGO_MANIFEST_DIR` when it runs the
+/// test, not as it was when the test was built: checkouts that share one target directory
+/// (CI's fresh clones) may run a test binary built from another checkout, whose folder may
+/// be gone or hold other files.
+pub fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}

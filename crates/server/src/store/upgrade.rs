@@ -335,8 +335,10 @@ mod tests {
     }
 
     fn fixture_dir(format: u32) -> tempfile::TempDir {
-        let archive =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../cli/tests/fixtures/format-{format}.tar.gz"));
+        // The package's folder as cargo gives it at run time (see crates/cli/tests/common).
+        let dir = std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from);
+        let dir = dir.unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf());
+        let archive = dir.join(format!("../cli/tests/fixtures/format-{format}.tar.gz"));
         let dir = tempfile::tempdir().unwrap();
         let status =
             std::process::Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(dir.path()).status().unwrap();
