@@ -64,11 +64,19 @@ async fn a_concurrent_reader_never_sees_both_names_or_neither_during_cross_serve
 
     let current = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
-    let (cur, fin, f2) = (current.clone(), done.clone(), fs.clone());
+    // Answers the reader has recorded so far. The renamer never runs more than a few
+    // renames ahead of the reader, so that however the two are scheduled, every rename is
+    // watched (the reader keeps asking while the renamer waits and while it renames).
+    let answers = Arc::new(AtomicUsize::new(0));
+    let (cur, fin, f2, heard) = (current.clone(), done.clone(), fs.clone(), answers.clone());
     let renamer = tokio::spawn(async move {
         for i in 0..RENAMES {
             cur.store(i, Ordering::SeqCst);
             f2.rename_at(src, &format!("a{i}"), dst, &format!("b{i}"), RenameFlags::default()).await.unwrap();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while heard.load(Ordering::SeqCst) < 2 * (i + 1) && std::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
         }
         fin.store(true, Ordering::SeqCst);
     });
@@ -86,6 +94,7 @@ async fn a_concurrent_reader_never_sees_both_names_or_neither_during_cross_serve
             seen.push((i, Seen::Source(listed(&reader, src, &a).await)));
         }
         round += 1;
+        answers.store(seen.len(), Ordering::SeqCst);
     }
     renamer.await.unwrap();
 
