@@ -247,7 +247,7 @@ fn directory_times_follow_changes_made_through_the_mount() {
 }
 
 #[test]
-fn unaligned_47008_byte_pwrites_send_the_kernel_no_capability_checks() {
+fn an_unaligned_47008_byte_write_is_one_request_to_the_mount_and_one_to_a_server_with_no_capability_checks() {
     if skip_without_fuse() {
         return;
     }
@@ -256,39 +256,15 @@ fn unaligned_47008_byte_pwrites_send_the_kernel_no_capability_checks() {
     let c = Cluster::start(2);
     // Every FUSE request the kernel sends is logged, one line each.
     let m = Mount::with_log(&c, LONG, "info,fuser::request=debug");
-    let f = OpenOptions::new().create(true).write(true).truncate(true).open(m.p("f")).unwrap();
-    let buf = vec![7u8; T as usize];
-    // The first write of a file may still be checked (the kernel then remembers the file has
-    // no privileges to drop until its attributes change).
-    f.write_at(&buf, 0).unwrap();
-    let count = |what: &str| m.log_text().lines().filter(|l| l.contains(what)).count();
-    let (checks, writes) = (count("GETXATTR name \"security.capability\""), count(" WRITE fh "));
-    for k in 1..=N {
-        f.write_at(&buf, k * T).unwrap();
-    }
-    let writes = count(" WRITE fh ") - writes;
-    assert!(writes as u64 >= N, "the log shows {writes} WRITE requests for {N} pwrites");
-    let checks = count("GETXATTR name \"security.capability\"") - checks;
-    assert_eq!(checks, 0, "{N} pwrites of {T} bytes sent {checks} security.capability lookups");
-    drop(f);
-    assert_eq!(fs::metadata(m.p("f")).unwrap().size(), (N + 1) * T);
-}
-
-#[test]
-fn an_unaligned_47008_byte_write_is_one_request_to_the_mount_and_one_to_a_server() {
-    if skip_without_fuse() {
-        return;
-    }
-    const N: u64 = 40;
-    const T: u64 = 47_008;
-    let c = Cluster::start(2);
-    let m = Mount::with_log(&c, LONG, "info,fuser::request=debug");
     let buf: Vec<u8> = (0..T).map(|i| (i % 251) as u8).collect();
     let count = |what: &str| m.log_text().lines().filter(|l| l.contains(what)).count();
+    const CAPS: &str = "GETXATTR name \"security.capability\"";
     // Write-only, as IOR opens for its write phase: every write bypasses the page cache.
     let f = OpenOptions::new().create(true).write(true).truncate(true).open(m.p("f")).unwrap();
+    // The first write of a file may still be checked for privileges to drop (the kernel then
+    // remembers the file has none until its attributes change).
     f.write_at(&buf, 0).unwrap();
-    let kernel_writes = count(" WRITE fh ");
+    let (kernel_writes, checks) = (count(" WRITE fh "), count(CAPS));
     let per = per_call(&c, N, || {
         for k in 1..=N {
             f.write_at(&buf, k * T).unwrap();
@@ -298,6 +274,8 @@ fn an_unaligned_47008_byte_write_is_one_request_to_the_mount_and_one_to_a_server
     });
     let kernel_writes = count(" WRITE fh ") - kernel_writes;
     assert_eq!(kernel_writes as u64, N, "the kernel sent {kernel_writes} WRITE requests for {N} pwrites");
+    let checks = count(CAPS) - checks;
+    assert_eq!(checks, 0, "{N} pwrites of {T} bytes sent {checks} security.capability lookups");
     // One server write each; a write crossing a stripe boundary (1 MiB) is two pieces. (A
     // run on CI counted one more than that once; through the page cache it would be 2N.)
     let server_writes = per.get("write").copied().unwrap_or(0.0) * N as f64;
