@@ -161,6 +161,10 @@ pub struct EntryOut {
     /// capability of the file (`cap.rs`), so that a create-and-write needs no `Open`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap: Option<Capability>,
+    /// A lease on `attr` (`lease.rs`, "Attribute leases"), for a client that negotiated
+    /// `FEATURE_ATTR_LEASES`, when the inode's home answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attr_lease: Option<crate::lease::LeaseGrant>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

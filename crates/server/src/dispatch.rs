@@ -138,7 +138,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
                 min_version,
                 max_version,
                 features,
-                shoal_proto::hello::default_features(),
+                shoal_proto::hello::server_features(),
             )
             .map_err(|m| Fail::new(Errno::EPROTO, m))?;
             Reply::Hello {

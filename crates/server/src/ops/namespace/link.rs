@@ -42,7 +42,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: rec.kind });
                 dir_changed(st, &mut txn, dir, now, 0)?;
                 txn.commit()?;
-                Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None }))
+                Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None, attr_lease: None }))
             })
             .await?;
         drop(g);
@@ -125,7 +125,7 @@ pub async fn resume(
         attr.nlink = n;
     }
     attr.ctime = now();
-    End::Done(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None }))
+    End::Done(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None, attr_lease: None }))
 }
 
 /// Finish of a cross-server link, after `PeerLinkDelta(+1)` succeeded: commit the entry,
