@@ -121,6 +121,12 @@ impl AttrLeases {
         (h.expires > now).then(|| (h.attr.clone(), h.expires))
     }
 
+    /// The attributes `ino` had when its last lease ended, if it ran out rather than being
+    /// revoked or dropped by a change of this client: exact then, a hint now.
+    pub(crate) fn last(&self, ino: Ino) -> Option<Attr> {
+        self.inner.lock().held.get(&ino).map(|h| h.attr.clone())
+    }
+
     /// When the lease on `ino` ends, if one is held.
     pub(crate) fn expires(&self, ino: Ino, now: Instant) -> Option<Instant> {
         self.inner.lock().held.get(&ino).map(|h| h.expires).filter(|e| *e > now)

@@ -407,6 +407,19 @@ impl Client {
         self.shared.attr_leases.get(ino, Instant::now())
     }
 
+    /// The attributes of `ino` as of when this client's last lease on them ran out (not
+    /// revoked, not changed by this client since): a hint, not the truth (a FUSE mount
+    /// answers a lookup with them, telling the kernel to ask again before it uses them).
+    pub fn last_leased_attr(&self, ino: Ino) -> Option<Attr> {
+        self.shared.attr_leases.last(ino)
+    }
+
+    /// What this client's lease on `dir` says `name` is (`Some(None)`: no such name), when
+    /// a lease answers it.
+    pub fn leased_name(&self, dir: Ino, name: &str) -> Option<Option<(Ino, FileKind)>> {
+        self.shared.leases.lookup(dir, name, Instant::now())
+    }
+
     /// When the lease on the attributes of `ino` ends, if one is held.
     pub fn attr_lease_end(&self, ino: Ino) -> Option<Instant> {
         self.shared.attr_leases.expires(ino, Instant::now())
@@ -721,7 +734,9 @@ impl Client {
                 self.cache().put_entry(dir, name, None, now);
                 Some(Err(Error::bare(Errno::ENOENT)))
             }
-            Some((ino, kind)) => Some(Ok(EntryOut { ino, kind, attr: self.cache().attr(ino, now), cap: None, attr_lease: None })),
+            Some((ino, kind)) => {
+                Some(Ok(EntryOut { ino, kind, attr: self.cache().attr(ino, now), cap: None, attr_lease: None }))
+            }
         }
     }
 

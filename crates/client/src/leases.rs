@@ -645,7 +645,9 @@ mod tests {
         // Revoking one leaves the other.
         c.notice(
             ServerId(1),
-            Some(Notice::Revoke { leases: vec![LeaseRef { id: 7, key: LeaseKey { dir: DIR, partition: 1, attrs: false } }] }),
+            Some(Notice::Revoke {
+                leases: vec![LeaseRef { id: 7, key: LeaseKey { dir: DIR, partition: 1, attrs: false } }],
+            }),
         );
         assert_eq!(c.lookup(DIR, &odd[0], now), None);
         assert!(matches!(c.lookup(DIR, &even[0], now), Some(Some(_))));

@@ -321,7 +321,9 @@ impl Shared {
         // request; its capability is fetched when it first reads or writes (a file opened
         // and closed without I/O costs the servers nothing).
         let file = match self.root.leased_attr(ino) {
-            Some((attr, _)) if attr.kind == FileKind::File => self.root.open_with_attr(attr, OpenFlags::read_write())?,
+            Some((attr, _)) if attr.kind == FileKind::File => {
+                self.root.open_with_attr(attr, OpenFlags::read_write())?
+            }
             _ => self.root.open_ino(ino, OpenFlags::read_write()).await?,
         };
         let mut map = self.nodes.lock();
@@ -1108,6 +1110,20 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         self.spawn(move |sh| async move {
+            // A name the directory lease answers, whose attribute lease ran out: the kernel
+            // gets the name for the rest of the directory lease and the last leased
+            // attributes with no lifetime, so it asks again (`getattr`) before it uses them
+            // for a `stat` or a permission check, while an unlink or a path walk through
+            // the name costs no server request.
+            if let Some(Some((ino, _))) = sh.root.leased_name(Ino(parent.0), &name) {
+                if sh.root.attr_lease_end(ino).is_none() {
+                    if let Some(a) = sh.root.last_leased_attr(ino) {
+                        let entry = sh.kernel.entry_ttl(&sh.root, parent.0, &name, false);
+                        let f = sh.present(a).await;
+                        return reply.entry_with_ttls(&Duration::ZERO, &entry, &f, Generation(0));
+                    }
+                }
+            }
             let asked = Instant::now();
             match sh.user(who).lookup(Ino(parent.0), &name).await {
                 Ok(a) => {

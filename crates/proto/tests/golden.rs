@@ -149,7 +149,7 @@ fn ops() -> Vec<Op> {
         Op::Status,
         Op::PeerMkdirObject { attr: dir_attr(), op_id: 77 },
         Op::PeerRmdirObject { ino: Ino(9), op_id: 78 },
-        Op::PeerLinkDelta { ino: FILE, delta: -1, op_id: 79, orphan_of: Some(0xfeed) },
+        Op::PeerLinkDelta { ino: FILE, delta: -1, op_id: 79, orphan_of: Some(0xfeed), session: None },
         Op::PeerRenameIn {
             dst_dir: Ino(2),
             dst_name: "y".into(),
@@ -444,6 +444,16 @@ fn samples() -> Vec<(String, Sample)> {
     // Attribute leases: a leased `GetAttr` answer, an entry carrying its attribute lease,
     // and the revocation of one.
     let attr_grant = LeaseGrant { id: 11, key: LeaseKey::attrs(Ino(42)), ms: 5000, depth: 0 };
+    v.push((
+        "Op.PeerLinkDelta+session".into(),
+        Sample::Request(request(Op::PeerLinkDelta {
+            ino: FILE,
+            delta: -1,
+            op_id: 79,
+            orphan_of: None,
+            session: Some(0x5e55_10a0),
+        })),
+    ));
     v.push((
         "Reply.Leased+attrs".into(),
         Sample::Reply(Reply::Leased { lease: attr_grant, reply: LeasedReply::Attr(attr()) }),

@@ -355,7 +355,13 @@ impl Leases {
     /// `ticket` (taken before the request read it), or last changed by this request's own
     /// commits (`caller.commits`: the attributes in the reply are those it wrote), and no
     /// change or revocation of it is in progress.
-    pub fn grant_attrs(&self, reply: &mut shoal_proto::msg::Reply, ticket: ReadTicket, caller: &Caller, home: impl Fn(shoal_proto::Ino) -> bool) {
+    pub fn grant_attrs(
+        &self,
+        reply: &mut shoal_proto::msg::Reply,
+        ticket: ReadTicket,
+        caller: &Caller,
+        home: impl Fn(shoal_proto::Ino) -> bool,
+    ) {
         use shoal_proto::lease::LeasedReply;
         use shoal_proto::msg::Reply;
         let own: Vec<u64> = caller.commits.as_ref().map(|c| c.lock().clone()).unwrap_or_default();
@@ -375,7 +381,13 @@ impl Leases {
         }
     }
 
-    fn grant_attr(&self, ino: shoal_proto::Ino, ticket: ReadTicket, own: &[u64], caller: &Caller) -> Option<LeaseGrant> {
+    fn grant_attr(
+        &self,
+        ino: shoal_proto::Ino,
+        ticket: ReadTicket,
+        own: &[u64],
+        caller: &Caller,
+    ) -> Option<LeaseGrant> {
         if self.max.is_zero() {
             return None;
         }

@@ -301,8 +301,14 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
         }
         _ => None,
     };
+    // A peer's step carried out for a client's request counts as that client's change (its
+    // own attribute lease is not revoked: it drops it itself).
+    let session = match &redo.req.op {
+        Op::PeerLinkDelta { session: Some(s), .. } if conn.from_peer => *s,
+        _ => conn.session,
+    };
     let caller = crate::leases::Caller {
-        session: conn.session,
+        session,
         sink: redo.notices.clone(),
         partitions: conn.partitions,
         commits: attr_leases.as_ref().map(|_| Default::default()),
