@@ -2,6 +2,7 @@
 //! request to the server placement names, plus cache upkeep). Path-level operations are in
 //! `path_ops.rs`, file I/O in `file.rs`.
 
+use crate::attr_leases::AttrLeases;
 use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::leases::{Fetch, Learnt, LeaseCache};
@@ -13,7 +14,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
 use shoal_placement::{ClusterMap, MapError, ServerState};
-use shoal_proto::lease::LeasedReply;
+use shoal_proto::lease::{LeasedReply, Notice};
 use shoal_proto::msg::{
     Attr, BatchOp, BatchReply, DirEntry, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, ServerStatus,
     SetAttrs, BATCH_MAX, READDIR_MAX,
@@ -51,7 +52,28 @@ struct Shared {
     bitmaps: Bitmaps,
     /// Where the pools' connections hand servers' notices (kept for a reloaded pool).
     notices: Option<shoal_rpc::NoticeSink>,
+    /// Attribute leases held (`attr_leases.rs`).
+    attr_leases: Arc<AttrLeases>,
+    /// Told of every revocation before it is acknowledged (a FUSE mount drops what the
+    /// kernel caches): [`Client::on_revoke`].
+    on_revoke: RwLock<Option<RevokeHook>>,
 }
+
+/// What a revocation (or a lost connection) took away: leases on the entries of these
+/// directories and on the attributes of these inodes. Handed to a [`Client::on_revoke`]
+/// hook before the revocation is acknowledged.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Revoked {
+    /// Directories whose entry leases went.
+    pub dirs: Vec<Ino>,
+    /// Inodes whose attribute leases went.
+    pub inodes: Vec<Ino>,
+}
+
+/// A hook told of revocations: returns a future that completes once what depended on the
+/// leases is dropped (the acknowledgement waits for it, see [`Client::on_revoke`]).
+pub type RevokeHook =
+    Arc<dyn Fn(Revoked) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// Handle to a Shoal cluster. Cheap to clone (clones share connections and cache),
 /// `Send + Sync`. Every call is an `async fn`; [`BlockingClient`](crate::BlockingClient)
@@ -141,6 +163,31 @@ fn reply_name(reply: &Reply) -> &'static str {
     }
 }
 
+/// Whether `op` changes no inode record (for attribute leases: `attr_leases.rs`).
+pub(crate) fn reads_only(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Hello { .. }
+            | Op::Authenticate { .. }
+            | Op::Lookup { .. }
+            | Op::ReadDir { .. }
+            | Op::GetAttr { .. }
+            | Op::ReadLink { .. }
+            | Op::Access { .. }
+            | Op::GetXattr { .. }
+            | Op::ListXattr { .. }
+            | Op::Read { .. }
+            | Op::Fsync { .. }
+            | Op::Open { .. }
+            | Op::StatFs
+            | Op::Status
+            | Op::ScrubStart
+            | Op::ScrubStatus
+            | Op::LeaseAck { .. }
+            | Op::ReleaseOrphan { .. }
+    )
+}
+
 /// An unexpected reply variant: a protocol error, never a panic.
 pub(crate) fn unexpected(reply: &Reply) -> Error {
     Error::new(Errno::EPROTO, format!("unexpected {} reply", reply_name(reply)))
@@ -159,7 +206,12 @@ fn map_error(e: MapError) -> Error {
 }
 
 fn pool_options(opts: &ClientOptions, session: u64, notices: Option<shoal_rpc::NoticeSink>) -> PoolOptions {
+    let mut features = shoal_proto::hello::default_features();
+    if opts.attr_leases {
+        features |= shoal_proto::hello::FEATURE_ATTR_LEASES;
+    }
     PoolOptions {
+        features,
         timeout: opts.timeout,
         connections_per_server: opts.connections_per_server.max(1),
         client_name: format!("shoal-client pid {}", std::process::id()),
@@ -181,15 +233,30 @@ fn lease_term(opts: &ClientOptions) -> std::time::Duration {
 fn notice_sink(shared: std::sync::Weak<Shared>) -> shoal_rpc::NoticeSink {
     shoal_rpc::NoticeSink(Arc::new(move |server, notice| {
         let Some(sh) = shared.upgrade() else { return };
+        let inodes = match &notice {
+            Some(Notice::Revoke { leases }) => sh.attr_leases.revoked(server, leases),
+            None => sh.attr_leases.lost(server),
+        };
+        for &ino in &inodes {
+            sh.cache.forget_attr(ino);
+        }
         let (dirs, ids) = sh.leases.notice(server, notice);
-        for d in dirs {
+        for &d in &dirs {
             sh.cache.forget_dir(d);
         }
-        if ids.is_empty() {
+        let hook = sh.on_revoke.read().clone();
+        let told = hook.filter(|_| !dirs.is_empty() || !inodes.is_empty()).map(|h| h(Revoked { dirs, inodes }));
+        if ids.is_empty() && told.is_none() {
             return;
         }
         let weak = Arc::downgrade(&sh);
         tokio::spawn(async move {
+            if let Some(told) = told {
+                told.await;
+            }
+            if ids.is_empty() {
+                return;
+            }
             let Some(sh) = weak.upgrade() else { return };
             let pool = sh.pool.read().clone();
             drop(sh);
@@ -273,6 +340,8 @@ impl Client {
                 leases: Arc::new(LeaseCache::new(term)),
                 bitmaps: Bitmaps::default(),
                 notices,
+                attr_leases: Arc::new(AttrLeases::new(opts.attr_leases && !term.is_zero())),
+                on_revoke: RwLock::new(None),
             }
         });
         Client { shared, opts: Arc::new(opts) }
@@ -323,6 +392,44 @@ impl Client {
         self.pool().map().home_of(ino)
     }
 
+    /// Call `hook` with every revocation of this client's leases (and every loss of a
+    /// connection, which may have lost one), before the revocation is acknowledged: the
+    /// change that revoked them waits until the future `hook` returns is done. The hook runs
+    /// on a connection's reader, so it must only start the work and return at once.
+    pub fn on_revoke(&self, hook: RevokeHook) {
+        *self.shared.on_revoke.write() = Some(hook);
+    }
+
+    /// The attributes of `ino` under an attribute lease of this client, with the lease's
+    /// end (`ClientOptions::attr_leases`): exact until then, unless this client changes
+    /// the inode itself.
+    pub fn leased_attr(&self, ino: Ino) -> Option<(Attr, Instant)> {
+        self.shared.attr_leases.get(ino, Instant::now())
+    }
+
+    /// The attributes of `ino` as of when this client's last lease on them ran out (not
+    /// revoked, not changed by this client since): a hint, not the truth (a FUSE mount
+    /// answers a lookup with them, telling the kernel to ask again before it uses them).
+    pub fn last_leased_attr(&self, ino: Ino) -> Option<Attr> {
+        self.shared.attr_leases.last(ino)
+    }
+
+    /// What this client's lease on `dir` says `name` is (`Some(None)`: no such name), when
+    /// a lease answers it.
+    pub fn leased_name(&self, dir: Ino, name: &str) -> Option<Option<(Ino, FileKind)>> {
+        self.shared.leases.lookup(dir, name, Instant::now())
+    }
+
+    /// When the lease on the attributes of `ino` ends, if one is held.
+    pub fn attr_lease_end(&self, ino: Ino) -> Option<Instant> {
+        self.shared.attr_leases.expires(ino, Instant::now())
+    }
+
+    /// When the directory lease that answers lookups of `dir/name` ends, if one does.
+    pub fn entry_lease_end(&self, dir: Ino, name: &str) -> Option<Instant> {
+        self.shared.leases.answering(dir, name, Instant::now())
+    }
+
     /// Forget every cached entry, attribute and symlink target.
     pub fn clear_cache(&self) {
         self.shared.cache.clear();
@@ -365,6 +472,33 @@ impl Client {
 
     /// As [`Client::call`], also naming the server that answered.
     pub(crate) async fn call_at(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
+        if !self.shared.attr_leases.enabled() {
+            return self.call_entries(to, op, data).await;
+        }
+        // Nor does a change of an inode made here revoke this client's lease on it: the
+        // lease is dropped around the request (`attr_leases.rs`).
+        let changing = self.shared.attr_leases.begin(&op, |dir, name| self.named(dir, name));
+        let sent = self.shared.attr_leases.sent();
+        let mut r = self.call_entries(to, op, data).await;
+        if let (Some(sent), Ok((reply, _, server))) = (sent, r.as_mut()) {
+            self.shared.attr_leases.take(sent, *server, reply);
+        }
+        if let Some(changing) = changing {
+            self.shared.attr_leases.end(changing, r.as_ref().ok().map(|(reply, _, _)| reply));
+        }
+        r
+    }
+
+    /// What this client knows `dir/name` to be, from a lease or the cache.
+    fn named(&self, dir: Ino, name: &str) -> Option<Ino> {
+        let now = Instant::now();
+        match self.shared.leases.lookup(dir, name, now) {
+            Some(known) => known.map(|(ino, _)| ino),
+            None => self.cache().entry(dir, name, now).flatten().map(|(ino, _)| ino),
+        }
+    }
+
+    async fn call_entries(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
         // A change of directory entries made here revokes no lease of this client: what its
         // leases know is brought up to date from the outcome (`leases.rs`).
         let Some(touch) = self.shared.leases.begin(&op) else { return self.call_placed(to, op, data).await };
@@ -600,7 +734,9 @@ impl Client {
                 self.cache().put_entry(dir, name, None, now);
                 Some(Err(Error::bare(Errno::ENOENT)))
             }
-            Some((ino, kind)) => Some(Ok(EntryOut { ino, kind, attr: self.cache().attr(ino, now), cap: None })),
+            Some((ino, kind)) => {
+                Some(Ok(EntryOut { ino, kind, attr: self.cache().attr(ino, now), cap: None, attr_lease: None }))
+            }
         }
     }
 
@@ -679,6 +815,10 @@ impl Client {
     }
 
     pub(crate) async fn getattr_with(&self, ino: Ino, fresh: bool) -> Result<Attr> {
+        // Attributes under a lease are exact: fresh without asking.
+        if let Some((a, _)) = self.shared.attr_leases.get(ino, Instant::now()) {
+            return Ok(a);
+        }
         if !fresh {
             if let Some(a) = self.cache().attr(ino, Instant::now()) {
                 return Ok(a);
@@ -689,6 +829,9 @@ impl Client {
 
     pub(crate) async fn getattr_fresh_inner(&self, ino: Ino) -> Result<Attr> {
         let now = Instant::now();
+        if let Some((a, _)) = self.shared.attr_leases.get(ino, now) {
+            return Ok(a);
+        }
         match self.call(To::Home(ino), Op::GetAttr { ino }, Bytes::new()).await? {
             (Reply::Attr(a), _) => {
                 self.cache().put_attr(&a, now);

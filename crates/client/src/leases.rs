@@ -226,6 +226,14 @@ impl LeaseCache {
         }
     }
 
+    /// When the lease that answers lookups of `dir/name` (found or not) ends, if one does.
+    pub(crate) fn answering(&self, dir: Ino, name: &str, now: Instant) -> Option<Instant> {
+        let inner = self.inner.lock();
+        let p = pos(name);
+        let l = inner.dirs.get(&dir)?.covering(p.0.reverse_bits(), now)?;
+        (l.complete || l.names.contains_key(&p)).then_some(l.expires)
+    }
+
     /// The whole directory, if a lease holds its complete listing (an unsplit directory
     /// only): entries after the name `after` in listing order, at most `limit` (0: all),
     /// and whether more follow.
@@ -577,7 +585,7 @@ mod tests {
     }
 
     fn grant(id: u64, index: u32, depth: u32) -> Option<LeaseGrant> {
-        Some(LeaseGrant { id, key: LeaseKey { dir: DIR, partition: index }, ms: 30_000, depth })
+        Some(LeaseGrant { id, key: LeaseKey { dir: DIR, partition: index, attrs: false }, ms: 30_000, depth })
     }
 
     fn entry(name: &str, ino: u64) -> DirEntry {
@@ -637,7 +645,9 @@ mod tests {
         // Revoking one leaves the other.
         c.notice(
             ServerId(1),
-            Some(Notice::Revoke { leases: vec![LeaseRef { id: 7, key: LeaseKey { dir: DIR, partition: 1 } }] }),
+            Some(Notice::Revoke {
+                leases: vec![LeaseRef { id: 7, key: LeaseKey { dir: DIR, partition: 1, attrs: false } }],
+            }),
         );
         assert_eq!(c.lookup(DIR, &odd[0], now), None);
         assert!(matches!(c.lookup(DIR, &even[0], now), Some(Some(_))));

@@ -69,6 +69,7 @@
 
 #![warn(missing_docs)]
 
+mod attr_leases;
 mod blocking;
 mod cache;
 mod caps;
@@ -85,7 +86,7 @@ pub mod pathname;
 mod scrub;
 
 pub use blocking::{BlockingClient, BlockingFile};
-pub use client::{may_access, Client, StatFs};
+pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
 pub use error::{Error, Result};
 pub use file::{File, MAX_APPEND, MAX_PIECE, READAHEAD_CHUNK};
 pub use options::{ClientOptions, OpenFlags};

@@ -49,6 +49,12 @@ pub struct ClientOptions {
     /// never stale, so a client that caches nothing for a while may still hold them).
     /// Default 3 s; zero turns leases off (every lookup asks a server).
     pub dir_lease: Duration,
+    /// Attribute leases (`shoal_proto::lease`, "Attribute leases"; needs `dir_lease`):
+    /// the attributes of every inode this client is told of come with a lease from the
+    /// inode's home server, which revokes it before another client's change of the inode,
+    /// so `getattr` answers from memory, exactly, while it holds. Each lease costs the
+    /// server a record for its term; the FUSE mount turns them on. Default off.
+    pub attr_leases: bool,
 }
 
 impl Default for ClientOptions {
@@ -63,6 +69,7 @@ impl Default for ClientOptions {
             write_behind: 8 << 20,
             readahead: 8 << 20,
             dir_lease: Duration::from_secs(3),
+            attr_leases: false,
         }
     }
 }

@@ -104,7 +104,7 @@ impl Mock {
                 route(dir)?;
                 let &(ino, kind) = fs.entries.get(&dir).ok_or(Errno::ENOENT)?.get(&name).ok_or(Errno::ENOENT)?;
                 let attr = (map.home_of(ino) == me).then(|| fs.inodes[&ino].clone());
-                ok(Reply::Entry(EntryOut { ino, kind, attr, cap: None }))
+                ok(Reply::Entry(EntryOut { ino, kind, attr, cap: None, attr_lease: None }))
             }
             Op::Create { dir, name, perm, exclusive, layout } => {
                 route(dir)?;

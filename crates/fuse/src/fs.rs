@@ -31,6 +31,7 @@
 
 use crate::convert::{self, errno, file_attr, raw};
 use crate::dircache::DirCache;
+use crate::kernel_cache::KernelCache;
 use crate::options::MountOptions;
 use bytes::Bytes;
 use fuser::{
@@ -154,7 +155,10 @@ pub(crate) struct Shared {
     /// through this mount cost no request (see `dircache.rs`).
     dir_attrs: DirCache,
     /// Set once the session exists: lets the mount invalidate the kernel's caches.
-    pub(crate) notifier: std::sync::OnceLock<fuser::Notifier>,
+    pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
+    /// How long the kernel may keep names and attributes, under leases; their invalidation
+    /// when a lease is revoked (`kernel_cache.rs`).
+    kernel: Arc<KernelCache>,
     next_fh: AtomicU64,
     inflight: AtomicUsize,
     idle: tokio::sync::Notify,
@@ -200,6 +204,11 @@ fn e(err: Error) -> fuser::Errno {
 impl Shared {
     pub(crate) fn new(root: Client, opts: MountOptions) -> Arc<Shared> {
         let dir_attrs = DirCache::new(opts.attr_timeout);
+        let notifier = Arc::new(std::sync::OnceLock::new());
+        let kernel = Arc::new(KernelCache::new(opts.entry_timeout, opts.attr_timeout, opts.negative_timeout));
+        if !opts.dir_lease.is_zero() {
+            kernel.start(&root, notifier.clone());
+        }
         Arc::new(Shared {
             root,
             opts,
@@ -210,7 +219,8 @@ impl Shared {
             told: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
             dir_attrs,
-            notifier: std::sync::OnceLock::new(),
+            notifier,
+            kernel,
             next_fh: AtomicU64::new(1),
             inflight: AtomicUsize::new(0),
             idle: tokio::sync::Notify::new(),
@@ -300,13 +310,22 @@ impl Shared {
             })
         };
         if let Some(n) = existing {
+            // Under an attribute lease this asks nobody (the leased attributes are exact).
             if let Err(err) = n.file.stat().await {
                 self.drop_open(&n, ino).await;
                 return Err(err);
             }
             return Ok(n);
         }
-        let file = self.root.open_ino(ino, OpenFlags::read_write()).await?;
+        // Attributes under a lease are exact: the handle is made from them without a
+        // request; its capability is fetched when it first reads or writes (a file opened
+        // and closed without I/O costs the servers nothing).
+        let file = match self.root.leased_attr(ino) {
+            Some((attr, _)) if attr.kind == FileKind::File => {
+                self.root.open_with_attr(attr, OpenFlags::read_write())?
+            }
+            _ => self.root.open_ino(ino, OpenFlags::read_write()).await?,
+        };
         let mut map = self.nodes.lock();
         if let Some(n) = map.get(&ino.0) {
             n.opens.fetch_add(1, Ordering::AcqRel);
@@ -407,8 +426,9 @@ impl Shared {
         }
     }
 
-    fn ttl_attr(&self) -> Duration {
-        self.opts.attr_timeout
+    /// How long the kernel may keep the attributes of `ino` (`kernel_cache.rs`).
+    fn ttl_attr(&self, ino: u64) -> Duration {
+        self.kernel.attr_ttl(&self.root, ino)
     }
 
     fn fopen_flags(&self) -> FopenFlags {
@@ -422,9 +442,12 @@ impl Shared {
         f
     }
 
-    async fn reply_entry(&self, reply: ReplyEntry, a: &Attr) {
+    /// Answer the kernel with the entry `parent/name` naming `a`, for as long as leases allow
+    /// (`kernel_cache.rs`).
+    async fn reply_entry(&self, reply: ReplyEntry, parent: u64, name: &str, a: &Attr) {
         let f = self.present(a.clone()).await;
-        reply.entry_with_ttls(&self.opts.attr_timeout, &self.opts.entry_timeout, &f, Generation(0));
+        let entry = self.kernel.entry_ttl(&self.root, parent, name, false);
+        reply.entry_with_ttls(&self.ttl_attr(a.ino.0), &entry, &f, Generation(0));
     }
 
     // ---- the operations, as async functions returning results ----
@@ -1087,17 +1110,36 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         self.spawn(move |sh| async move {
+            // A name the directory lease answers, whose attribute lease ran out: the kernel
+            // gets the name for the rest of the directory lease and the last leased
+            // attributes with no lifetime, so it asks again (`getattr`) before it uses them
+            // for a `stat` or a permission check, while an unlink or a path walk through
+            // the name costs no server request.
+            if let Some(Some((ino, _))) = sh.root.leased_name(Ino(parent.0), &name) {
+                if sh.root.attr_lease_end(ino).is_none() {
+                    if let Some(a) = sh.root.last_leased_attr(ino) {
+                        let entry = sh.kernel.entry_ttl(&sh.root, parent.0, &name, false);
+                        let f = sh.present(a).await;
+                        return reply.entry_with_ttls(&Duration::ZERO, &entry, &f, Generation(0));
+                    }
+                }
+            }
             let asked = Instant::now();
             match sh.user(who).lookup(Ino(parent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
-                    sh.reply_entry(reply, &a).await
+                    sh.reply_entry(reply, parent.0, &name, &a).await
                 }
-                Err(err) if err.errno.0 == libc::ENOENT && !sh.opts.negative_timeout.is_zero() => {
-                    // A negative entry: node id 0, remembered for negative_timeout.
+                Err(err) if err.errno.0 == libc::ENOENT => {
+                    // A negative entry (node id 0), for as long as a lease says the name is
+                    // absent, else for negative_timeout; none when that is zero.
+                    let ttl = sh.kernel.entry_ttl(&sh.root, parent.0, &name, true);
+                    if ttl.is_zero() {
+                        return reply.error(e(err));
+                    }
                     let mut none = file_attr(&sh.root_stub());
                     none.ino = INodeNo(0);
-                    reply.entry_with_ttls(&Duration::ZERO, &sh.opts.negative_timeout, &none, Generation(0));
+                    reply.entry_with_ttls(&Duration::ZERO, &ttl, &none, Generation(0));
                 }
                 Err(err) => reply.error(e(err)),
             }
@@ -1117,7 +1159,7 @@ impl Filesystem for ShoalFs {
             match sh.getattr(who, ino.0).await {
                 Ok(a) => {
                     sh.dir_attrs.fetched(&a, asked, None);
-                    reply.attr(&sh.ttl_attr(), &sh.present(a).await)
+                    reply.attr(&sh.ttl_attr(ino.0), &sh.present(a).await)
                 }
                 Err(err) => reply.error(err),
             }
@@ -1151,7 +1193,7 @@ impl Filesystem for ShoalFs {
             // A directory's attributes changed: the next getattr asks the server.
             sh.dir_attrs.forget(ino.0);
             match r {
-                Ok(a) => reply.attr(&sh.ttl_attr(), &sh.present(a).await),
+                Ok(a) => reply.attr(&sh.ttl_attr(ino.0), &sh.present(a).await),
                 Err(err) => reply.error(err),
             }
         });
@@ -1212,7 +1254,7 @@ impl Filesystem for ShoalFs {
                 },
             };
             match r {
-                Ok(a) => sh.reply_entry(reply, &a).await,
+                Ok(a) => sh.reply_entry(reply, parent.0, &name, &a).await,
                 Err(err) => reply.error(e(err)),
             }
         });
@@ -1230,7 +1272,7 @@ impl Filesystem for ShoalFs {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 1);
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
-                    sh.reply_entry(reply, &a).await
+                    sh.reply_entry(reply, parent.0, &name, &a).await
                 }
                 Err(err) => reply.error(e(err)),
             }
@@ -1288,7 +1330,7 @@ impl Filesystem for ShoalFs {
             match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 0);
-                    sh.reply_entry(reply, &a).await
+                    sh.reply_entry(reply, parent.0, &name, &a).await
                 }
                 Err(err) => reply.error(e(err)),
             }
@@ -1342,7 +1384,7 @@ impl Filesystem for ShoalFs {
             match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(newparent.0, 0);
-                    sh.reply_entry(reply, &a).await
+                    sh.reply_entry(reply, newparent.0, &name, &a).await
                 }
                 Err(err) => reply.error(e(err)),
             }
@@ -1623,11 +1665,11 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         self.spawn(move |sh| async move {
-            match sh.create(who, parent.0, name, mode, flags).await {
+            match sh.create(who, parent.0, name.clone(), mode, flags).await {
                 Ok((a, fh, ff)) => {
-                    let f = sh.present(a).await;
                     // One lifetime for the name and the attributes: the shorter one.
-                    let ttl = sh.opts.entry_timeout.min(sh.opts.attr_timeout);
+                    let ttl = sh.kernel.entry_ttl(&sh.root, parent.0, &name, false).min(sh.ttl_attr(a.ino.0));
+                    let f = sh.present(a).await;
                     reply.created(&ttl, &f, Generation(0), FileHandle(fh), ff)
                 }
                 Err(err) => reply.error(err),

@@ -19,6 +19,7 @@
 mod convert;
 mod dircache;
 mod fs;
+mod kernel_cache;
 mod options;
 
 pub use options::MountOptions;
@@ -80,6 +81,8 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
         timeout: opts.timeout,
         cache_ttl: opts.client_cache,
         dir_lease: opts.dir_lease,
+        // The kernel keeps attributes for as long as their leases (`kernel_cache.rs`).
+        attr_leases: true,
         cred: Cred::root(),
         umask: 0,
         ..ClientOptions::default()

@@ -30,16 +30,31 @@ pub const FEATURE_LEASES: u64 = 1 << 1;
 /// error naming the cause instead of a reply that client could not decode.
 pub const FEATURE_PARTITIONS: u64 = 1 << 2;
 
-/// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
-pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS;
+/// Attribute leases (`lease.rs`, "Attribute leases"): with `FEATURE_LEASES`, the client
+/// asks for a lease on the attributes of every inode of this server whose attributes a reply
+/// carries (`GetAttr`, `SetAttr`, and the entry of `Lookup`, `Create`, `Mkdir`, `Symlink`,
+/// `Link`); the server may grant one, revoked before the inode's record changes. Offered
+/// only by clients that cache attributes for that long (a FUSE mount): the server keeps a
+/// record per lease.
+pub const FEATURE_ATTR_LEASES: u64 = 1 << 3;
 
-/// The features this process offers by default: all it knows, less the data checksum when
-/// the environment says `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost.
+/// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
+pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS | FEATURE_ATTR_LEASES;
+
+/// The features this process offers by default: all it knows but attribute leases (a client
+/// that wants them adds the bit), less the data checksum when the environment says
+/// `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost. A server accepts
+/// every bit it knows ([`server_features`]).
 pub fn default_features() -> u64 {
     match std::env::var("SHOAL_DATA_CRC").as_deref() {
-        Ok("off") | Ok("0") => KNOWN_FEATURES & !FEATURE_DATA_CRC,
-        _ => KNOWN_FEATURES,
+        Ok("off") | Ok("0") => KNOWN_FEATURES & !FEATURE_DATA_CRC & !FEATURE_ATTR_LEASES,
+        _ => KNOWN_FEATURES & !FEATURE_ATTR_LEASES,
     }
+}
+
+/// The features a server accepts: those it offers plus attribute leases.
+pub fn server_features() -> u64 {
+    default_features() | FEATURE_ATTR_LEASES
 }
 
 /// The `Hello` this build sends: its whole version range and its default features.

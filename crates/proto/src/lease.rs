@@ -11,23 +11,47 @@
 //!
 //! A lease is keyed by (directory, partition): the partition index is 0 until directories
 //! are split over servers (GIGA+); a lease then covers the names of one partition only.
+//!
+//! **Attribute leases.** A client that also negotiated [`crate::hello::FEATURE_ATTR_LEASES`]
+//! gets, with the attributes of an inode whose home is the answering server, a lease on
+//! those attributes (key [`LeaseKey::attrs`]): in `Reply::Leased` with
+//! [`LeasedReply::Attr`] for `GetAttr` and `SetAttr`, in [`EntryOut::attr_lease`] for the
+//! entry of a `Lookup`, `Create`, `Mkdir`, `Symlink` or `Link`. While it holds one, the
+//! client may answer for the inode's attributes from its cache: the home server revokes it
+//! (the same `Notice::Revoke` and `Op::LeaseAck`) before any change of the inode's record
+//! by another session takes effect — a size or time raised by a write, a `SetAttr`, a link
+//! count, a removal.
 
-use crate::msg::{DirEntry, EntryOut};
+use crate::msg::{Attr, DirEntry, EntryOut};
 use crate::Ino;
 use serde::{Deserialize, Serialize};
 
 /// What a lease covers: the entries of one partition of one directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LeaseKey {
+    /// The directory; for an attribute lease, the inode (of any kind).
     pub dir: Ino,
-    /// GIGA+ partition index of the directory (0 while directories are not split).
+    /// GIGA+ partition index of the directory (0 while directories are not split; 0 for an
+    /// attribute lease).
     pub partition: u32,
+    /// An attribute lease: the key names the attributes of inode `dir`, not entries.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub attrs: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl LeaseKey {
     /// The key of a whole, unsplit directory.
     pub fn dir(dir: Ino) -> LeaseKey {
-        LeaseKey { dir, partition: 0 }
+        LeaseKey { dir, partition: 0, attrs: false }
+    }
+
+    /// The key of the attributes of inode `ino`.
+    pub fn attrs(ino: Ino) -> LeaseKey {
+        LeaseKey { dir: ino, partition: 0, attrs: true }
     }
 }
 
@@ -80,6 +104,9 @@ pub enum LeasedReply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         part: Option<crate::msg::PartRef>,
     },
+    /// `GetAttr` or `SetAttr` under an attribute lease (the grant's key is
+    /// [`LeaseKey::attrs`]): the attributes.
+    Attr(Attr),
 }
 
 /// A reference to one lease in a revocation.

@@ -161,6 +161,10 @@ pub struct EntryOut {
     /// capability of the file (`cap.rs`), so that a create-and-write needs no `Open`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap: Option<Capability>,
+    /// A lease on `attr` (`lease.rs`, "Attribute leases"), for a client that negotiated
+    /// `FEATURE_ATTR_LEASES`, when the inode's home answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attr_lease: Option<crate::lease::LeaseGrant>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -467,6 +471,11 @@ pub enum Op {
         op_id: u64,
         /// At zero, keep the inode as an orphan of this client session instead of deleting it.
         orphan_of: Option<u64>,
+        /// The client session whose request this step carries out, when known: the inode's
+        /// home treats the change as that session's (its attribute lease on the inode is not
+        /// revoked: the client drops it itself, `lease.rs`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        session: Option<u64>,
     },
     /// Insert (or replace) `dst_dir/dst_name` with `entry` as the second step of a rename
     /// coordinated by the source directory's server. Applied at most once per `op_id`.

@@ -78,7 +78,7 @@ fn dir_attr() -> Attr {
 }
 
 fn entry() -> EntryOut {
-    EntryOut { ino: Ino(42), kind: FileKind::File, attr: Some(attr()), cap: None }
+    EntryOut { ino: Ino(42), kind: FileKind::File, attr: Some(attr()), cap: None, attr_lease: None }
 }
 
 fn dirent() -> DirEntry {
@@ -149,7 +149,7 @@ fn ops() -> Vec<Op> {
         Op::Status,
         Op::PeerMkdirObject { attr: dir_attr(), op_id: 77 },
         Op::PeerRmdirObject { ino: Ino(9), op_id: 78 },
-        Op::PeerLinkDelta { ino: FILE, delta: -1, op_id: 79, orphan_of: Some(0xfeed) },
+        Op::PeerLinkDelta { ino: FILE, delta: -1, op_id: 79, orphan_of: Some(0xfeed), session: None },
         Op::PeerRenameIn {
             dst_dir: Ino(2),
             dst_name: "y".into(),
@@ -227,7 +227,7 @@ fn replies() -> Vec<Reply> {
             auth: None,
         },
         Reply::Ok,
-        Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None, cap: None }),
+        Reply::Entry(EntryOut { ino: Ino(44), kind: FileKind::Dir, attr: None, cap: None, attr_lease: None }),
         Reply::Attr(dir_attr()),
         Reply::DirEntries { entries: vec![dirent()], more: true, part: None },
         Reply::Link("../t".into()),
@@ -291,15 +291,15 @@ fn replies() -> Vec<Reply> {
 }
 
 fn grant() -> LeaseGrant {
-    LeaseGrant { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0 }, ms: 3000, depth: 0 }
+    LeaseGrant { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0, attrs: false }, ms: 3000, depth: 0 }
 }
 
 /// Notices: one sample per variant.
 fn notices() -> Vec<Notice> {
     vec![Notice::Revoke {
         leases: vec![
-            LeaseRef { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0 } },
-            LeaseRef { id: 9, key: LeaseKey { dir: Ino(77), partition: 3 } },
+            LeaseRef { id: 0x1ea5e, key: LeaseKey { dir: DIR, partition: 0, attrs: false } },
+            LeaseRef { id: 9, key: LeaseKey { dir: Ino(77), partition: 3, attrs: false } },
         ],
     }]
 }
@@ -417,7 +417,7 @@ fn samples() -> Vec<(String, Sample)> {
     v.push((
         "LeaseGrant+depth".into(),
         Sample::Reply(Reply::Leased {
-            lease: LeaseGrant { id: 9, key: LeaseKey { dir: DIR, partition: 5 }, ms: 3000, depth: 3 },
+            lease: LeaseGrant { id: 9, key: LeaseKey { dir: DIR, partition: 5, attrs: false }, ms: 3000, depth: 3 },
             reply: LeasedReply::Absent,
         }),
     ));
@@ -434,12 +434,38 @@ fn samples() -> Vec<(String, Sample)> {
         LeasedReply::Entry(entry()),
         LeasedReply::Absent,
         LeasedReply::DirEntries { entries: vec![dirent()], more: false, part: None },
+        LeasedReply::Attr(attr()),
     ] {
         v.push((
             format!("LeasedReply.{}", variant_name(&r)),
             Sample::Reply(Reply::Leased { lease: grant(), reply: r }),
         ));
     }
+    // Attribute leases: a leased `GetAttr` answer, an entry carrying its attribute lease,
+    // and the revocation of one.
+    let attr_grant = LeaseGrant { id: 11, key: LeaseKey::attrs(Ino(42)), ms: 5000, depth: 0 };
+    v.push((
+        "Op.PeerLinkDelta+session".into(),
+        Sample::Request(request(Op::PeerLinkDelta {
+            ino: FILE,
+            delta: -1,
+            op_id: 79,
+            orphan_of: None,
+            session: Some(0x5e55_10a0),
+        })),
+    ));
+    v.push((
+        "Reply.Leased+attrs".into(),
+        Sample::Reply(Reply::Leased { lease: attr_grant, reply: LeasedReply::Attr(attr()) }),
+    ));
+    v.push((
+        "Reply.Entry+attr_lease".into(),
+        Sample::Reply(Reply::Entry(EntryOut { attr_lease: Some(attr_grant), ..entry() })),
+    ));
+    v.push((
+        "Notice.Revoke+attrs".into(),
+        Sample::Notice(Notice::Revoke { leases: vec![LeaseRef { id: 11, key: LeaseKey::attrs(Ino(42)) }] }),
+    ));
     // The Hello exchange, as frames (this build's range), and frames with data both ways.
     let hello = Op::Hello {
         client: "shoal-client pid 7".into(),

@@ -138,7 +138,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
                 min_version,
                 max_version,
                 features,
-                shoal_proto::hello::default_features(),
+                shoal_proto::hello::server_features(),
             )
             .map_err(|m| Fail::new(Errno::EPROTO, m))?;
             Reply::Hello {
@@ -205,7 +205,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
 
         Op::PeerMkdirObject { attr, op_id } => peer::mkdir_object(st, attr, op_id).await?,
         Op::PeerRmdirObject { ino, op_id: _ } => peer::rmdir_object(st, ino).await?,
-        Op::PeerLinkDelta { ino, delta, op_id, orphan_of } => {
+        Op::PeerLinkDelta { ino, delta, op_id, orphan_of, .. } => {
             peer::link_delta(st, ino, delta, op_id, orphan_of).await?
         }
         Op::PeerRenameIn { dst_dir, dst_name, entry, noreplace, op_id, keep } => {

@@ -56,6 +56,9 @@ pub struct Caller {
     /// The connection negotiated `FEATURE_PARTITIONS` (or is a peer's): it can take
     /// `Reply::Partitions`.
     pub partitions: bool,
+    /// For a caller that takes attribute leases: the clock values of the commits this
+    /// request made ([`Leases::grant_attrs`] may grant on the state they wrote).
+    pub commits: Option<Arc<Mutex<Vec<u64>>>>,
 }
 
 /// Revocations a request's commits started, which its reply waits for.
@@ -154,7 +157,8 @@ struct Table {
 const BUCKETS: usize = 4096;
 
 fn bucket(k: &LeaseKey) -> usize {
-    let h = (k.dir.0 ^ (k.partition as u64).rotate_left(32)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let h = (k.dir.0 ^ (k.partition as u64).rotate_left(32) ^ (k.attrs as u64).rotate_right(1))
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (h >> 52) as usize % BUCKETS
 }
 
@@ -297,7 +301,7 @@ impl Leases {
         part: shoal_proto::msg::PartRef,
     ) -> Option<LeaseGrant> {
         let ask = ask?;
-        let granted = LeaseKey { dir: key.dir, partition: part.index };
+        let granted = LeaseKey { partition: part.index, ..key };
         if self.max.is_zero() || ask.ms == 0 {
             return None;
         }
@@ -335,6 +339,92 @@ impl Leases {
         s.holders.push(Holder { id, session: caller.session, expires, sink, part });
         t.holders += 1;
         Some(LeaseGrant { id, key: granted, ms, depth: part.depth })
+    }
+
+    /// A ticket for the state as of now, without waiting for revocations (a request that
+    /// hands out attributes it did not read under [`Leases::before_read`]: see
+    /// [`Leases::grant_attrs`]).
+    pub fn ticket_now(&self) -> ReadTicket {
+        ReadTicket { clock: self.table.lock().clock }
+    }
+
+    /// Attribute leases (`shoal_proto::lease`, "Attribute leases") on the attributes `reply`
+    /// carries of inodes whose home is this server (`home`), for a caller that asked for
+    /// them: a `Reply::Attr` becomes `Reply::Leased` with `LeasedReply::Attr`, an entry gets
+    /// its `attr_lease`. A lease is granted only if the inode's record did not change since
+    /// `ticket` (taken before the request read it), or last changed by this request's own
+    /// commits (`caller.commits`: the attributes in the reply are those it wrote), and no
+    /// change or revocation of it is in progress.
+    pub fn grant_attrs(
+        &self,
+        reply: &mut shoal_proto::msg::Reply,
+        ticket: ReadTicket,
+        caller: &Caller,
+        home: impl Fn(shoal_proto::Ino) -> bool,
+    ) {
+        use shoal_proto::lease::LeasedReply;
+        use shoal_proto::msg::Reply;
+        let own: Vec<u64> = caller.commits.as_ref().map(|c| c.lock().clone()).unwrap_or_default();
+        let grant = |ino| if home(ino) { self.grant_attr(ino, ticket, &own, caller) } else { None };
+        match reply {
+            Reply::Attr(a) => {
+                if let Some(lease) = grant(a.ino) {
+                    *reply = Reply::Leased { lease, reply: LeasedReply::Attr(a.clone()) };
+                }
+            }
+            Reply::Entry(e) | Reply::Leased { reply: LeasedReply::Entry(e), .. } => {
+                if let Some(a) = &e.attr {
+                    e.attr_lease = grant(a.ino);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn grant_attr(
+        &self,
+        ino: shoal_proto::Ino,
+        ticket: ReadTicket,
+        own: &[u64],
+        caller: &Caller,
+    ) -> Option<LeaseGrant> {
+        if self.max.is_zero() {
+            return None;
+        }
+        let sink = caller.sink.clone()?;
+        let key = LeaseKey::attrs(ino);
+        let ms = self.max.as_millis().min(u32::MAX as u128) as u32;
+        let now = Instant::now();
+        let expires = now + Duration::from_millis(ms as u64) + MARGIN;
+        let mut guard = self.table.lock();
+        let t = &mut *guard;
+        let gen = t.gen(&key);
+        if gen > ticket.clock && !own.contains(&gen) {
+            return None;
+        }
+        if let Some(s) = t.keys.get(&key) {
+            if s.changing > 0 || !s.pending.iter().all(|r| r.finished()) || s.quiet_until.is_some_and(|q| q > now) {
+                return None;
+            }
+        }
+        if t.holders >= MAX_HOLDERS {
+            sweep(t, now);
+            if t.holders >= MAX_HOLDERS {
+                return None;
+            }
+        }
+        let part = shoal_proto::msg::PartRef { index: 0, depth: 0 };
+        let s = t.keys.entry(key).or_default();
+        s.gen = gen;
+        if let Some(h) = s.holders.iter_mut().find(|h| h.session == caller.session) {
+            h.expires = h.expires.max(expires);
+            h.sink = sink;
+            return Some(LeaseGrant { id: h.id, key, ms, depth: 0 });
+        }
+        let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        s.holders.push(Holder { id, session: caller.session, expires, sink, part });
+        t.holders += 1;
+        Some(LeaseGrant { id, key, ms, depth: 0 })
     }
 
     /// The entries of `keys` are about to change (a commit, `Txn::commit`): no lease on them
@@ -379,7 +469,7 @@ impl Leases {
                     } else if h.expires > now {
                         others = true;
                         revocation.waiting.lock().insert(h.id, h.expires);
-                        let held = LeaseKey { dir: key.dir, partition: h.part.index };
+                        let held = LeaseKey { partition: h.part.index, ..key };
                         notices.push((h.sink, LeaseRef { id: h.id, key: held }));
                     }
                 }
@@ -396,6 +486,9 @@ impl Leases {
             t.holders = t.keys.values().map(|s| s.holders.len()).sum();
             for (_, r) in &notices {
                 t.revoking.insert(r.id, revocation.clone());
+            }
+            if let Some(commits) = current().and_then(|c| c.caller.commits) {
+                commits.lock().push(clock);
             }
         }
         for (sink, r) in notices {

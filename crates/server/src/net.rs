@@ -32,7 +32,9 @@ use crate::tls_conn::{self, ConnRead, ConnWrite};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::frame::{Frame, FrameError, FrameKind};
-use shoal_proto::hello::{default_features, negotiate, FEATURE_DATA_CRC, FEATURE_LEASES, FEATURE_PARTITIONS};
+use shoal_proto::hello::{
+    negotiate, server_features, FEATURE_ATTR_LEASES, FEATURE_DATA_CRC, FEATURE_LEASES, FEATURE_PARTITIONS,
+};
 use shoal_proto::msg::{Op, Reply, Request};
 use shoal_proto::{Errno, Ino};
 use std::collections::VecDeque;
@@ -286,14 +288,40 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
     let handle = Box::pin(dispatch::handle(st, redo.req.clone(), redo.data.clone(), redo.crcs.clone(), redo.from_peer));
     // The caller, for directory leases: who may be granted one, whose change it is; the
     // reply waits for the revocations its commits started (`leases::scope`).
-    let caller =
-        crate::leases::Caller { session: conn.session, sink: redo.notices.clone(), partitions: conn.partitions };
-    let (reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
-        let once = Box::pin(st.replies.once(conn.session, redo.request_id, handle));
-        commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller, once))).await
-    } else {
-        commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller, handle))).await
+    // Attribute leases: the ticket is taken before the request reads the inode (a `GetAttr`
+    // first waits out revocations of the inode's attributes), and the grants are made on the
+    // reply (`Leases::grant_attrs`).
+    let attr_leases = match (conn.attr_leases, st.meta.leases()) {
+        (true, Some(l)) if redo.notices.is_some() => {
+            let ticket = match &redo.req.op {
+                Op::GetAttr { ino } => l.before_read(shoal_proto::lease::LeaseKey::attrs(*ino)).await,
+                _ => l.ticket_now(),
+            };
+            Some((l.clone(), ticket))
+        }
+        _ => None,
     };
+    // A peer's step carried out for a client's request counts as that client's change (its
+    // own attribute lease is not revoked: it drops it itself).
+    let session = match &redo.req.op {
+        Op::PeerLinkDelta { session: Some(s), .. } if conn.from_peer => *s,
+        _ => conn.session,
+    };
+    let caller = crate::leases::Caller {
+        session,
+        sink: redo.notices.clone(),
+        partitions: conn.partitions,
+        commits: attr_leases.as_ref().map(|_| Default::default()),
+    };
+    let (mut reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
+        let once = Box::pin(st.replies.once(conn.session, redo.request_id, handle));
+        commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller.clone(), once))).await
+    } else {
+        commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller.clone(), handle))).await
+    };
+    if let Some((leases, read)) = attr_leases {
+        leases.grant_attrs(&mut reply, read, &caller, |ino| st.is_home(ino));
+    }
     (encode_reply(st, redo.request_id, &reply, payload, conn), ticket)
 }
 
@@ -369,7 +397,7 @@ async fn serve_conn(
     }
     let (from_peer, client, session, agreed, claim) = match first.request_body() {
         Ok(Request { op: Op::Hello { client, session, min_version, max_version, features, auth }, .. }) => {
-            let agreed = match negotiate(min_version, max_version, features, default_features()) {
+            let agreed = match negotiate(min_version, max_version, features, server_features()) {
                 Ok(a) => a,
                 Err(msg) => {
                     tracing::warn!("connection from {addr} ({client}): {msg}, closing");
@@ -454,6 +482,7 @@ async fn serve_conn(
         session,
         data_crc: agreed.features & FEATURE_DATA_CRC != 0,
         leases: agreed.features & FEATURE_LEASES != 0,
+        attr_leases: agreed.features & FEATURE_LEASES != 0 && agreed.features & FEATURE_ATTR_LEASES != 0,
         partitions: from_peer || agreed.features & FEATURE_PARTITIONS != 0,
     };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
@@ -518,6 +547,8 @@ struct ConnInfo {
     data_crc: bool,
     /// The client takes directory leases and their revocation notices (`FEATURE_LEASES`).
     leases: bool,
+    /// The client asks for attribute leases (`FEATURE_ATTR_LEASES`, with `FEATURE_LEASES`).
+    attr_leases: bool,
     /// The sender routes names of split directories itself (`FEATURE_PARTITIONS`, or a peer).
     partitions: bool,
 }

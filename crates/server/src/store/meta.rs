@@ -1112,10 +1112,12 @@ impl<'a> Txn<'a> {
 
     /// Write everything as one batch.
     pub fn commit(mut self) -> R<()> {
+        let mut changed_inodes = Vec::new();
         for (ino, (rec, dirty)) in self.inodes.drain() {
             if !dirty {
                 continue;
             }
+            changed_inodes.push(ino);
             match rec {
                 Some(r) => self.batch.put(key::inode(ino), encode(&r)),
                 None => self.batch.delete(key::inode(ino)),
@@ -1128,9 +1130,12 @@ impl<'a> Txn<'a> {
         // new one is granted on them until it is (`_changing`); the request's reply waits
         // for the holders (`leases::scope`). Revoking a change that then fails to commit
         // costs the holders a refetch, nothing more.
+        // So are attribute leases on the inodes whose records it writes.
         let _changing = match self.meta.leases() {
-            Some(l) if !self.changed_dirs.is_empty() => {
-                let keys: Vec<_> = self.changed_dirs.iter().map(|d| shoal_proto::lease::LeaseKey::dir(*d)).collect();
+            Some(l) if !self.changed_dirs.is_empty() || !changed_inodes.is_empty() => {
+                use shoal_proto::lease::LeaseKey;
+                let dirs = self.changed_dirs.iter().map(|d| LeaseKey::dir(*d));
+                let keys: Vec<_> = dirs.chain(changed_inodes.iter().map(|i| LeaseKey::attrs(*i))).collect();
                 Some(if self.reshaping { l.reshaping(&keys) } else { l.changing(&keys) })
             }
             _ => None,

@@ -99,18 +99,20 @@ pub async fn create(
             kind: rec.kind,
             attr: Some(rec.to_attr(ino, 0)),
             cap: crate::caps::issue(st, ino, RIGHT_READ | RIGHT_WRITE),
+            attr_lease: None,
         })),
         Made::Existing(e, Some(rec)) => Ok(Reply::Entry(EntryOut {
             ino: e.ino,
             kind: e.kind,
             attr: Some(st.attr_of(e.ino, &rec, false)),
             cap: None,
+            attr_lease: None,
         })),
         Made::Existing(e, None) => {
             // The inode lives elsewhere (a hard link or a renamed file): ask its home, and
             // if that fails let the client ask.
             let attr = st.getattr(e.ino).await.ok();
-            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None }))
+            Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None, attr_lease: None }))
         }
     }
 }

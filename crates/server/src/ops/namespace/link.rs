@@ -42,7 +42,13 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: rec.kind });
                 dir_changed(st, &mut txn, dir, now, 0)?;
                 txn.commit()?;
-                Ok(Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None }))
+                Ok(Reply::Entry(EntryOut {
+                    ino,
+                    kind: rec.kind,
+                    attr: Some(rec.to_attr(ino, 0)),
+                    cap: None,
+                    attr_lease: None,
+                }))
             })
             .await?;
         drop(g);
@@ -99,7 +105,13 @@ pub async fn resume(
         "nlink",
         home,
         None,
-        Op::PeerLinkDelta { ino, delta: 1, op_id, orphan_of: None },
+        Op::PeerLinkDelta {
+            ino,
+            delta: 1,
+            op_id,
+            orphan_of: None,
+            session: crate::leases::Leases::caller().map(|c| c.session),
+        },
     )
     .await
     {
@@ -125,7 +137,7 @@ pub async fn resume(
         attr.nlink = n;
     }
     attr.ctime = now();
-    End::Done(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None }))
+    End::Done(Reply::Entry(EntryOut { ino, kind, attr: Some(attr), cap: None, attr_lease: None }))
 }
 
 /// Finish of a cross-server link, after `PeerLinkDelta(+1)` succeeded: commit the entry,
@@ -158,7 +170,7 @@ async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kin
     }
     if !committed {
         let home = st.home(ino);
-        let undo = Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None };
+        let undo = Op::PeerLinkDelta { ino, delta: -1, op_id: derive_op(op_id, 1), orphan_of: None, session: None };
         match engine::remote(st, "link", "undo", home, None, undo).await {
             Ok(_) | Err(Errno::ENOENT) => {}
             Err(e) => return Err(Fail::peer(home, e)),

@@ -40,5 +40,5 @@ fn read(st: &State, cred: &Cred, dir: Ino, name: &str) -> R<Reply> {
     perm::check(cred, &d.owner(), X_OK).map_err(|e| denied(e, format_args!("directory {dir}")))?;
     let e = txn.entry(dir, name)?.ok_or_else(|| no_entry(dir, name))?;
     let attr = if st.is_home(e.ino) { txn.inode(e.ino)?.cloned().map(|r| st.attr_of(e.ino, &r, true)) } else { None };
-    Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None }))
+    Ok(Reply::Entry(EntryOut { ino: e.ino, kind: e.kind, attr, cap: None, attr_lease: None }))
 }

@@ -48,7 +48,7 @@ pub(super) const ATTEMPTS: usize = 16;
 pub(super) const RENAME_IN_PIN_WAIT: Duration = Duration::from_millis(20);
 
 pub(super) fn entry_reply(ino: Ino, rec: &InodeRecord) -> Reply {
-    Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None })
+    Reply::Entry(EntryOut { ino, kind: rec.kind, attr: Some(rec.to_attr(ino, 0)), cap: None, attr_lease: None })
 }
 
 pub(super) fn no_entry(dir: Ino, name: &str) -> Fail {

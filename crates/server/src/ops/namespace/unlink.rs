@@ -124,8 +124,21 @@ pub fn unlink_intent(ino: Ino, orphan_of: Option<u64>) -> Intent {
 /// the intent goes). Always rolled forward: the name is already gone.
 pub async fn resume(st: &Arc<State>, op_id: u64, ino: Ino, orphan_of: Option<u64>) -> End {
     let home = st.home(ino);
-    match engine::remote(st, "unlink", "nlink", home, None, Op::PeerLinkDelta { ino, delta: -1, op_id, orphan_of })
-        .await
+    match engine::remote(
+        st,
+        "unlink",
+        "nlink",
+        home,
+        None,
+        Op::PeerLinkDelta {
+            ino,
+            delta: -1,
+            op_id,
+            orphan_of,
+            session: crate::leases::Leases::caller().map(|c| c.session),
+        },
+    )
+    .await
     {
         Ok(_) | Err(Errno::ENOENT) => {}
         Err(e) if is_transport(e) || e == Errno::EIO => return End::Kept(Fail::peer(home, e)),
