@@ -22,7 +22,25 @@
 //! handle (whichever comes first), so it is never lost. `flush`, `fsync`, `close`,
 //! `set_len` and `stat` wait for every write in flight first (`stat` leaves a failure to
 //! the others: a FUSE mount calls it for the kernel's own attribute checks); a read waits
-//! for the writes in flight that overlap it (a handle reads its own writes).
+//! for the writes in flight that overlap it (a handle reads its own writes). A write-behind
+//! write goes out on the caller's thread; the runtime only takes it over when a reply wakes
+//! it (`detach.rs`), so a write wakes no other thread.
+//!
+//! **Gathering.** While a write-behind write of the handle is in flight, a write that does
+//! not end on an object boundary (a stripe boundary, or every [`GATHER_MAX`] bytes) is held
+//! instead of sent, and the writes that continue it (each starting where the held bytes
+//! end, from any task using the handle) are appended to it, as TCP's Nagle algorithm
+//! gathers small segments: the held bytes go out as one request when they reach an object
+//! boundary, when a write of the handle in flight finishes, or when anything needs them
+//! (a write elsewhere, a read of their range, `flush`, `fsync`, `stat`, `set_len`,
+//! `close`, drop). So small or unaligned sequential writes, and the interleaved records of
+//! several writers sharing a handle (IOR-hard through a FUSE mount, where every process's
+//! descriptor is one handle), cost one request per object piece instead of one per write,
+//! and a write is held at most until a request of the handle in flight is answered: the
+//! promise of write-behind ("on its way", reported by a later call) is unchanged. A caller
+//! that knows the continuation comes next (a FUSE mount given a write the kernel cut at its
+//! page limit) says so with [`File::write_bytes_at_then_more`]: such a write is held even
+//! with nothing in flight, for at most [`HOLD_MORE`].
 //!
 //! **Appends.** In append mode (and with [`File::append`]) the offset is chosen by the
 //! inode's home server, where the size is authoritative, in the same step that stores the
@@ -65,6 +83,14 @@ pub const MAX_APPEND: u64 = MAX_PIECE;
 /// Largest piece the readahead fetches with one request.
 pub const READAHEAD_CHUNK: u64 = 1 << 20;
 
+/// Held write-behind bytes go out at least at every multiple of this many bytes of the
+/// file (and at every stripe boundary): see "Gathering" in the module documentation.
+pub const GATHER_MAX: u64 = 1 << 20;
+
+/// Longest a write given with [`File::write_bytes_at_then_more`] is held for the write
+/// that continues it when no other write of the handle is in flight.
+pub const HOLD_MORE: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// An open file. Clones share the handle (position, known size, unpublished size, writes
 /// in flight, prefetched data), so several tasks can read and write disjoint ranges of one
 /// file concurrently.
@@ -90,8 +116,9 @@ struct Inner {
     writable: bool,
     append: bool,
     state: Mutex<State>,
-    /// Writes in flight and prefetched data. Locked before `state` when both are needed.
-    io: Mutex<Io>,
+    /// Writes in flight, held and prefetched data. Locked before `state` when both are
+    /// needed. Shared with the tasks that finish writes (they send what was held behind).
+    io: Arc<Mutex<Io>>,
     /// Position for `read`/`write`/`seek`; held across the I/O so those run in order.
     cursor: tokio::sync::Mutex<u64>,
     /// Runtime to finish writes and publish a pending size on if the handle is dropped
@@ -130,6 +157,19 @@ struct InFlight {
     done: WriteFuture,
 }
 
+/// Bytes `[start, start + data.len())` of write-behind writes, held to go out with the
+/// writes that continue them. They never cross a gathering boundary ([`next_cut`]).
+struct Held {
+    start: u64,
+    data: BytesMut,
+}
+
+impl Held {
+    fn end(&self) -> u64 {
+        self.start + self.data.len() as u64
+    }
+}
+
 /// A prefetched piece `[start, end)` of the file (one request).
 struct Chunk {
     start: u64,
@@ -146,6 +186,11 @@ struct Io {
     next_write: u64,
     /// The first failure of a write that had already returned, not reported yet.
     failed: Option<Error>,
+    /// Write-behind bytes gathered and not sent yet (see "Gathering"); counted in
+    /// `write_bytes`. Overlaps no write in flight.
+    held: Option<Held>,
+    /// Counts the holds started, so that a timer ends only the hold it was set for.
+    holds: u64,
     /// Where a forward reader is expected next (end of the last read).
     ra_next: u64,
     /// Length of the last read.
@@ -190,6 +235,109 @@ fn ra_pieces(layout: &Layout, from: u64, to: u64) -> Vec<Piece> {
         }
     }
     out
+}
+
+/// The first gathering boundary after `pos`: the next multiple of the stripe size or of
+/// [`GATHER_MAX`]. Held bytes never cross one, so they go out as one request to one object.
+fn next_cut(layout: &Layout, pos: u64) -> u64 {
+    let next = |unit: u64| (pos / unit).saturating_add(1).saturating_mul(unit);
+    next(GATHER_MAX).min(next(layout.stripe_size.max(1)))
+}
+
+/// The last gathering boundary in `(start, end]`, if there is one.
+fn last_cut(layout: &Layout, start: u64, end: u64) -> Option<u64> {
+    let prev = |unit: u64| end / unit * unit;
+    let c = prev(GATHER_MAX).max(prev(layout.stripe_size.max(1)));
+    (c > start).then_some(c)
+}
+
+/// What sending a write needs, for the tasks that finish writes and then send what was
+/// held behind them. They hold this, not the handle (which `File::close` must find with no
+/// other reference when it is the last).
+#[derive(Clone)]
+struct Sender {
+    client: Client,
+    cap: Arc<Holder>,
+    layout: Arc<Layout>,
+    ino: Ino,
+    io: Arc<Mutex<Io>>,
+}
+
+impl Sender {
+    /// Put the held bytes among the writes in flight; the caller launches the returned
+    /// write once it has let go of the lock on `io`.
+    fn release(&self, io: &mut Io) -> Option<WriteFuture> {
+        let h = io.held.take()?;
+        Some(self.push(io, h.start, h.data.freeze()))
+    }
+
+    /// Add a write-behind write of `data` at `start`, whose bytes `write_bytes` already
+    /// counts, to the writes in flight. Nothing is sent until it is polled (launched).
+    fn push(&self, io: &mut Io, start: u64, data: Bytes) -> WriteFuture {
+        let end = start + data.len() as u64;
+        let home = self.client.home_of(self.ino);
+        let reached_home =
+            pieces(&self.layout, start, end - start).iter().any(|p| self.layout.servers[p.index as usize] == home);
+        let fut = write_pieces(self.client.clone(), self.cap.clone(), self.layout.clone(), self.ino, start, data);
+        let done = fut.boxed().shared();
+        let id = io.next_write;
+        io.next_write += 1;
+        io.writes.push(InFlight { id, start, end, reached_home, awaited: false, done: done.clone() });
+        done
+    }
+
+    /// Send a write-behind write now, on this thread, and let the runtime finish it once a
+    /// reply wakes it (`detach.rs`); then send what was gathered behind it.
+    fn launch(&self, done: WriteFuture) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            let _ = done.now_or_never();
+            return;
+        };
+        let me = self.clone();
+        crate::detach::run(rt, async move {
+            let _ = done.await;
+            let next = me.release(&mut me.io.lock());
+            if let Some(next) = next {
+                me.launch(next);
+            }
+        });
+    }
+
+    /// End hold number `hold` after [`HOLD_MORE`] if its bytes are still held then.
+    fn end_hold_later(&self, hold: u64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let me = self.clone();
+        crate::detach::run(rt, async move {
+            tokio::time::sleep(HOLD_MORE).await;
+            let next = {
+                let mut io = me.io.lock();
+                if io.holds == hold {
+                    me.release(&mut io)
+                } else {
+                    None
+                }
+            };
+            if let Some(next) = next {
+                me.launch(next);
+            }
+        });
+    }
+}
+
+/// Bytes to hold: `data` itself when no one else refers to it (a FUSE write's buffer), else
+/// a copy.
+fn into_held(data: Bytes) -> BytesMut {
+    data.try_into_mut().unwrap_or_else(|shared| BytesMut::from(&shared[..]))
+}
+
+/// What [`File::gather`] did with a write.
+enum Gathered {
+    /// Held, or appended to the held bytes: these writes (held bytes that reached a
+    /// boundary) are to be launched, and the caller's write is done.
+    Taken(Vec<WriteFuture>),
+    /// Left to the caller; the held bytes, if any, went among the writes in flight and the
+    /// returned write is to be launched.
+    Left(Option<WriteFuture>),
 }
 
 /// Put the answers to the pieces of a read of `[offset, offset+total)` together. Short
@@ -352,7 +500,7 @@ impl File {
                 writable: flags.writes(),
                 append: flags.append,
                 state: Mutex::new(State { attr, size, server_size: size, pending: None, wrote: false }),
-                io: Mutex::new(Io::default()),
+                io: Arc::new(Mutex::new(Io::default())),
                 cursor: tokio::sync::Mutex::new(0),
                 runtime: tokio::runtime::Handle::try_current().ok(),
                 counted: std::sync::atomic::AtomicBool::new(counted),
@@ -388,6 +536,17 @@ impl File {
 
     fn what(&self, op: &str) -> String {
         format!("{op} {}", self.inner.ino)
+    }
+
+    fn sender(&self) -> Sender {
+        let inner = &*self.inner;
+        Sender {
+            client: inner.client.clone(),
+            cap: inner.cap.clone(),
+            layout: inner.layout.clone(),
+            ino: inner.ino,
+            io: inner.io.clone(),
+        }
     }
 
     // ---------------------------------------------------------------- writes in flight
@@ -434,15 +593,25 @@ impl File {
     /// Wait until the writes in flight now that overlap `range` (all of them if `None`)
     /// have finished.
     async fn wait_writes(&self, range: Option<(u64, u64)>) {
-        let before = self.inner.io.lock().next_write;
+        let overlaps = |s: u64, e: u64| range.is_none_or(|(rs, re)| s < re && rs < e);
+        let sender = self.sender();
+        let (before, held) = {
+            let mut io = self.inner.io.lock();
+            // Held bytes in the range go now: they are among the writes to wait for.
+            let held = match &io.held {
+                Some(h) if overlaps(h.start, h.end()) => sender.release(&mut io),
+                _ => None,
+            };
+            (io.next_write, held)
+        };
+        if let Some(h) = held {
+            sender.launch(h);
+        }
         loop {
             let next = {
                 let mut io = self.inner.io.lock();
                 self.harvest(&mut io);
-                io.writes
-                    .iter()
-                    .find(|w| w.id < before && range.is_none_or(|(s, e)| w.start < e && s < w.end))
-                    .map(|w| w.done.clone())
+                io.writes.iter().find(|w| w.id < before && overlaps(w.start, w.end)).map(|w| w.done.clone())
             };
             match next {
                 Some(done) => {
@@ -544,7 +713,8 @@ impl File {
         }
         io.ra_next = if forward { end } else { io.ra_next.max(end) };
         io.ra_last = total;
-        if !covered && (total > ra || !io.writes.is_empty() || (end >= size && io.chunks.is_empty())) {
+        let writing = !io.writes.is_empty() || io.held.is_some();
+        if !covered && (total > ra || writing || (end >= size && io.chunks.is_empty())) {
             // Too big to be worth splitting, or writes of this handle are in flight (what
             // would be fetched now could be older than they are), or a read to the end of
             // the file with nothing fetched (a small file read whole): nothing to prefetch.
@@ -559,7 +729,7 @@ impl File {
             io.chunks.pop_front();
         }
         let mut fresh = Vec::new();
-        if io.writes.is_empty() {
+        if !writing {
             // Up to a chunk boundary, so that no piece is fetched in two parts.
             let want =
                 size.min(end.saturating_add(io.ra_window).div_ceil(READAHEAD_CHUNK).saturating_mul(READAHEAD_CHUNK));
@@ -632,11 +802,22 @@ impl File {
 
     /// As [`File::write_at`], without copying `data`.
     pub async fn write_bytes_at(&self, offset: u64, data: Bytes) -> Result<usize> {
-        self.write_inner(Some(offset), data).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
+        self.write_inner(Some(offset), data, false).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
+    }
+
+    /// As [`File::write_bytes_at`], for a caller that knows the write continuing this one
+    /// (at `offset + data.len()`) comes next: a FUSE mount given a direct write that the
+    /// kernel cut at its page limit, whose few remaining bytes follow in a second request.
+    /// What lies after the last object boundary is then held for it (see "Gathering" in the
+    /// module documentation) even when no other write of the handle is in flight, for at
+    /// most [`HOLD_MORE`].
+    pub async fn write_bytes_at_then_more(&self, offset: u64, data: Bytes) -> Result<usize> {
+        self.write_inner(Some(offset), data, true).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
     }
 
     /// Write; `offset` is ignored in append mode. Returns where the data went and its length.
-    async fn write_inner(&self, offset: Option<u64>, data: Bytes) -> Result<(u64, usize)> {
+    /// `more`: see [`File::write_bytes_at_then_more`].
+    async fn write_inner(&self, offset: Option<u64>, data: Bytes, more: bool) -> Result<(u64, usize)> {
         let inner = &*self.inner;
         if inner.kind == FileKind::Dir {
             return Err(Error::bare(Errno::EISDIR));
@@ -663,45 +844,71 @@ impl File {
         let end = offset.checked_add(len).ok_or_else(|| Error::bare(Errno::EFBIG))?;
         let limit = inner.client.options().write_behind as u64;
         let behind = limit > 0 && !inner.append && len <= limit;
+        // Held bytes are sent by the runtime when a write in flight finishes.
+        let gather = behind && tokio::runtime::Handle::try_current().is_ok();
         let home = inner.client.home_of(inner.ino);
         let reached_home =
             pieces(&inner.layout, offset, len).iter().any(|p| inner.layout.servers[p.index as usize] == home);
+        let sender = self.sender();
         let mut data = Some(data);
-        // Wait for room, and for any write in flight to the same bytes (their order at the
-        // servers would be anyone's guess); then go.
-        let done = loop {
-            let wait = {
+        enum Step {
+            /// Wait for this write in flight, then look again.
+            Wait(WriteFuture),
+            /// Taken (held or sent behind), or sent and to be awaited by the caller.
+            Done(Option<WriteFuture>),
+        }
+        // Gather it if it may be; else wait for room, and for any write in flight to the
+        // same bytes (their order at the servers would be anyone's guess); then go.
+        let awaited = loop {
+            let mut launch = Vec::new();
+            let step = {
                 let mut io = inner.io.lock();
                 self.harvest(&mut io);
                 if let Some(e) = io.failed.take() {
                     return Err(e);
                 }
+                let gathered = if gather {
+                    self.gather(&sender, &mut io, offset, &mut data, limit, more)
+                } else {
+                    // Held bytes go first (this write may overlap them).
+                    Gathered::Left(sender.release(&mut io))
+                };
+                let taken = match gathered {
+                    Gathered::Taken(writes) => {
+                        launch = writes;
+                        true
+                    }
+                    Gathered::Left(held) => {
+                        launch.extend(held);
+                        false
+                    }
+                };
                 let overlapping = io.writes.iter().find(|w| w.start < end && offset < w.end);
                 let full = behind && io.write_bytes + len > limit;
-                match overlapping.or(if full { io.writes.iter().find(|w| !w.awaited) } else { None }) {
-                    Some(w) => w.done.clone(),
+                let busy = overlapping.or(if full { io.writes.iter().find(|w| !w.awaited) } else { None });
+                match busy.filter(|_| !taken) {
+                    Some(w) => Step::Wait(w.done.clone()),
                     None => {
-                        let fut = write_pieces(
-                            inner.client.clone(),
-                            inner.cap.clone(),
-                            inner.layout.clone(),
-                            inner.ino,
-                            offset,
-                            data.take().unwrap_or_default(),
-                        );
-                        let done = fut.boxed().shared();
-                        let id = io.next_write;
-                        io.next_write += 1;
-                        io.writes.push(InFlight {
-                            id,
-                            start: offset,
-                            end,
-                            reached_home,
-                            awaited: !behind,
-                            done: done.clone(),
-                        });
-                        if behind {
+                        let mut awaited = None;
+                        if taken {
+                        } else if behind {
                             io.write_bytes += len;
+                            launch.push(sender.push(&mut io, offset, data.take().unwrap_or_default()));
+                        } else {
+                            let fut = write_pieces(
+                                inner.client.clone(),
+                                inner.cap.clone(),
+                                inner.layout.clone(),
+                                inner.ino,
+                                offset,
+                                data.take().unwrap_or_default(),
+                            );
+                            let done = fut.boxed().shared();
+                            let id = io.next_write;
+                            io.next_write += 1;
+                            let w = InFlight { id, start: offset, end, reached_home, awaited: true, done: done.clone() };
+                            io.writes.push(w);
+                            awaited = Some(done);
                         }
                         // What was prefetched may be older than this write.
                         io.chunks.clear();
@@ -710,30 +917,100 @@ impl File {
                         if behind {
                             st.size = st.size.max(end);
                         }
-                        break done;
+                        Step::Done(awaited)
                     }
                 }
             };
-            let _ = wait.await;
-        };
-        // Send now, before returning; then let the runtime carry the rest (pieces beyond
-        // max_in_flight, a connection still being opened) even if nobody waits.
-        let _ = done.clone().now_or_never();
-        if behind {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let drive = done.clone();
-                rt.spawn(async move {
-                    let _ = drive.await;
-                });
+            // Sent now, on this thread, before returning; the runtime carries the rest
+            // (pieces beyond max_in_flight, a connection still being opened) once woken.
+            for w in launch {
+                sender.launch(w);
             }
-        }
+            match step {
+                Step::Wait(busy) => {
+                    let _ = busy.await;
+                }
+                Step::Done(awaited) => break awaited,
+            }
+        };
         inner.client.cache().forget_attr(inner.ino);
-        if behind {
-            return Ok((offset, len as usize));
-        }
+        let Some(done) = awaited else { return Ok((offset, len as usize)) };
         let r = done.await;
         self.harvest(&mut inner.io.lock());
         r.map(|()| (offset, len as usize))
+    }
+
+    /// Hold a write-behind write of `data` at `offset` (see "Gathering"), or append it to
+    /// the held bytes it continues, if it may be; else put the held bytes, if any, among
+    /// the writes in flight and leave the write to the caller.
+    fn gather(
+        &self,
+        sender: &Sender,
+        io: &mut Io,
+        offset: u64,
+        data: &mut Option<Bytes>,
+        limit: u64,
+        more: bool,
+    ) -> Gathered {
+        let layout = &*self.inner.layout;
+        let Some(len) = data.as_ref().map(|d| d.len() as u64) else { return Gathered::Left(None) };
+        let end = offset + len;
+        let clear = |io: &Io| !io.writes.iter().any(|w| w.start < end && offset < w.end);
+        let room = io.write_bytes + len <= limit;
+        let continues = io.held.as_ref().is_some_and(|h| h.end() == offset);
+        if continues && len <= GATHER_MAX && room && clear(io) {
+            let bytes = data.take().unwrap_or_default();
+            if let Some(h) = io.held.as_mut() {
+                // Room up to the next boundary at once: one reallocation, not one per write.
+                let free = h.data.capacity() - h.data.len();
+                if free < bytes.len() {
+                    let to_cut = (next_cut(layout, h.start) - h.end()) as usize;
+                    h.data.reserve(to_cut.max(bytes.len()));
+                }
+                h.data.extend_from_slice(&bytes);
+            }
+            io.write_bytes += len;
+            return Gathered::Taken(self.send_complete(sender, io).into_iter().collect());
+        }
+        let released = sender.release(io);
+        // Something must send held bytes: a write in flight when it finishes, or the timer
+        // of a caller that said more comes.
+        let clocked = io.writes.iter().any(|w| !w.awaited);
+        let complete = last_cut(layout, offset, end) == Some(end);
+        if complete || len > GATHER_MAX || !room || !(clocked || more) || !clear(io) {
+            return Gathered::Left(released);
+        }
+        let bytes = data.take().unwrap_or_default();
+        io.write_bytes += len;
+        io.holds += 1;
+        io.held = Some(Held { start: offset, data: into_held(bytes) });
+        let mut launch: Vec<WriteFuture> = released.into_iter().collect();
+        launch.extend(self.send_complete(sender, io));
+        if io.held.is_some() && !io.writes.iter().any(|w| !w.awaited) {
+            sender.end_hold_later(io.holds);
+        }
+        Gathered::Taken(launch)
+    }
+
+    /// Send the held bytes up to the last boundary they reach (all of them if they end on
+    /// one); keep the rest held.
+    fn send_complete(&self, sender: &Sender, io: &mut Io) -> Option<WriteFuture> {
+        let layout = &*self.inner.layout;
+        let h = io.held.as_mut()?;
+        let cut = last_cut(layout, h.start, h.end())?;
+        let start = h.start;
+        let head = h.data.split_to((cut - start) as usize).freeze();
+        h.start = cut;
+        if h.data.is_empty() {
+            io.held = None;
+        } else {
+            // The rest shares its buffer with the head now in flight: give it one of its own,
+            // with room to the next boundary.
+            let mut own = BytesMut::with_capacity((next_cut(layout, cut) - cut) as usize);
+            own.extend_from_slice(&h.data);
+            h.data = own;
+        }
+        Some(sender.push(io, start, head))
     }
 
     /// Append `data` at the end of the file, whatever the handle's mode (it must be open
@@ -830,7 +1107,7 @@ impl File {
     pub async fn write(&self, data: &[u8]) -> Result<usize> {
         let mut pos = self.inner.cursor.lock().await;
         let (at, n) = self
-            .write_inner(Some(*pos), Bytes::copy_from_slice(data))
+            .write_inner(Some(*pos), Bytes::copy_from_slice(data), false)
             .await
             .map_err(|e| e.within(self.what("write")))?;
         *pos = at + n as u64;
@@ -1023,7 +1300,21 @@ fn covers(chunks: &VecDeque<Chunk>, offset: u64, end: u64) -> bool {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let writes = std::mem::take(&mut self.io.get_mut().writes);
+        let writes = {
+            let mut io = self.io.lock();
+            // Held bytes go with the writes in flight.
+            if let Some(h) = io.held.take() {
+                let sender = Sender {
+                    client: self.client.clone(),
+                    cap: self.cap.clone(),
+                    layout: self.layout.clone(),
+                    ino: self.ino,
+                    io: self.io.clone(),
+                };
+                let _ = sender.push(&mut io, h.start, h.data.freeze()); // awaited below
+            }
+            std::mem::take(&mut io.writes)
+        };
         let pending = self.state.get_mut().pending.take();
         let release = *self.counted.get_mut() && self.client.open_files().closed(self.ino);
         if writes.is_empty() && pending.is_none() && !release {
