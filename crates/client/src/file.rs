@@ -39,8 +39,9 @@
 //! and a write is held at most until a request of the handle in flight is answered: the
 //! promise of write-behind ("on its way", reported by a later call) is unchanged. A caller
 //! that knows the continuation comes next (a FUSE mount given a write the kernel cut at its
-//! page limit) says so with [`File::write_bytes_at_then_more`]: such a write is held even
-//! with nothing in flight, for at most [`HOLD_MORE`].
+//! page limit) says so with [`File::write_bytes_at_then_more`]: what such a write leaves
+//! held waits for that continuation (not for a write in flight to finish), for at most
+//! [`HOLD_MORE`].
 //!
 //! **Appends.** In append mode (and with [`File::append`]) the offset is chosen by the
 //! inode's home server, where the size is authoritative, in the same step that stores the
@@ -162,6 +163,10 @@ struct InFlight {
 struct Held {
     start: u64,
     data: BytesMut,
+    /// The caller said the continuation comes next (`write_bytes_at_then_more`): only it,
+    /// a call that needs the bytes or the [`HOLD_MORE`] timer sends them, not the end of
+    /// another write.
+    more: bool,
 }
 
 impl Held {
@@ -296,7 +301,14 @@ impl Sender {
         let me = self.clone();
         crate::detach::run(rt, async move {
             let _ = done.await;
-            let next = me.release(&mut me.io.lock());
+            let next = {
+                let mut io = me.io.lock();
+                if io.held.as_ref().is_some_and(|h| !h.more) {
+                    me.release(&mut io)
+                } else {
+                    None
+                }
+            };
             if let Some(next) = next {
                 me.launch(next);
             }
@@ -968,9 +980,14 @@ impl File {
                     h.data.reserve(to_cut.max(bytes.len()));
                 }
                 h.data.extend_from_slice(&bytes);
+                h.more = more;
             }
             io.write_bytes += len;
-            return Gathered::Taken(self.send_complete(sender, io).into_iter().collect());
+            let sent = self.send_complete(sender, io);
+            if more && io.held.is_some() {
+                sender.end_hold_later(io.holds);
+            }
+            return Gathered::Taken(sent.into_iter().collect());
         }
         let released = sender.release(io);
         // Something must send held bytes: a write in flight when it finishes, or the timer
@@ -983,10 +1000,10 @@ impl File {
         let bytes = data.take().unwrap_or_default();
         io.write_bytes += len;
         io.holds += 1;
-        io.held = Some(Held { start: offset, data: into_held(bytes) });
+        io.held = Some(Held { start: offset, data: into_held(bytes), more });
         let mut launch: Vec<WriteFuture> = released.into_iter().collect();
         launch.extend(self.send_complete(sender, io));
-        if io.held.is_some() && !io.writes.iter().any(|w| !w.awaited) {
+        if more && io.held.is_some() {
             sender.end_hold_later(io.holds);
         }
         Gathered::Taken(launch)
