@@ -26,22 +26,20 @@
 //! write goes out on the caller's thread; the runtime only takes it over when a reply wakes
 //! it (`detach.rs`), so a write wakes no other thread.
 //!
-//! **Gathering.** While a write-behind write of the handle is in flight, a write that does
-//! not end on an object boundary (a stripe boundary, or every [`GATHER_MAX`] bytes) is held
-//! instead of sent, and the writes that continue it (each starting where the held bytes
-//! end, from any task using the handle) are appended to it, as TCP's Nagle algorithm
-//! gathers small segments: the held bytes go out as one request when they reach an object
-//! boundary, when a write of the handle in flight finishes, or when anything needs them
-//! (a write elsewhere, a read of their range, `flush`, `fsync`, `stat`, `set_len`,
-//! `close`, drop). So small or unaligned sequential writes, and the interleaved records of
-//! several writers sharing a handle (IOR-hard through a FUSE mount, where every process's
-//! descriptor is one handle), cost one request per object piece instead of one per write,
-//! and a write is held at most until a request of the handle in flight is answered: the
-//! promise of write-behind ("on its way", reported by a later call) is unchanged. A caller
-//! that knows the continuation comes next (a FUSE mount given a write the kernel cut at its
-//! page limit) says so with [`File::write_bytes_at_then_more`]: what such a write leaves
-//! held waits for that continuation (not for a write in flight to finish), for at most
-//! [`HOLD_MORE`].
+//! **Gathering.** While a write-behind write of the handle is in flight (or when the caller
+//! says more follows, [`File::write_bytes_at_then_more`]), a write that does not fill its
+//! object piece is not sent: its bytes are held in a *cell* (an object piece of at most
+//! [`GATHER_MAX`] bytes, `gather.rs`) with the writes that fall in the same cell after it,
+//! in any order: the continuation of a write the kernel cut in two, the next small records
+//! of a sequential writer, the interleaved records of several processes sharing a handle
+//! (IOR-hard through a FUSE mount, where every process's descriptor is one handle). A cell
+//! goes out as one request once its bytes are all there; otherwise its runs of bytes go
+//! out, one request each, [`HOLD_FOR`] after it was started, or as soon as anything needs
+//! them (a write in flight over them, a read of their range, `flush`, `fsync`, `stat`,
+//! `set_len`, `append`, `close`, drop). The promise of write-behind ("on its way", a failure
+//! reported by a later call) is unchanged; only "on its way" may now start up to
+//! [`HOLD_FOR`] later. A handle whose cells keep holding a single write (random writes)
+//! stops starting cells until a write lands next to one in flight.
 //!
 //! **Appends.** In append mode (and with [`File::append`]) the offset is chosen by the
 //! inode's home server, where the size is authoritative, in the same step that stores the
@@ -62,6 +60,7 @@
 use crate::caps::Holder;
 use crate::client::{unexpected, Client, To};
 use crate::error::{Error, Result};
+use crate::gather::{cell_of, Cell};
 use crate::options::OpenFlags;
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -84,13 +83,17 @@ pub const MAX_APPEND: u64 = MAX_PIECE;
 /// Largest piece the readahead fetches with one request.
 pub const READAHEAD_CHUNK: u64 = 1 << 20;
 
-/// Held write-behind bytes go out at least at every multiple of this many bytes of the
-/// file (and at every stripe boundary): see "Gathering" in the module documentation.
-pub const GATHER_MAX: u64 = 1 << 20;
+pub use crate::gather::GATHER_MAX;
 
-/// Longest a write given with [`File::write_bytes_at_then_more`] is held for the write
-/// that continues it when no other write of the handle is in flight.
-pub const HOLD_MORE: std::time::Duration = std::time::Duration::from_millis(20);
+/// Longest write-behind bytes are held in a gathering cell (see "Gathering").
+pub const HOLD_FOR: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Cells a handle holds at most; a write that would start one more sends the oldest.
+const MAX_CELLS: usize = 8;
+
+/// Cells in a row that held a single write after which a handle starts no new cell
+/// unless a write lands next to one in flight.
+const LONELY_MAX: u32 = 4;
 
 /// An open file. Clones share the handle (position, known size, unpublished size, writes
 /// in flight, prefetched data), so several tasks can read and write disjoint ranges of one
@@ -158,23 +161,6 @@ struct InFlight {
     done: WriteFuture,
 }
 
-/// Bytes `[start, start + data.len())` of write-behind writes, held to go out with the
-/// writes that continue them. They never cross a gathering boundary ([`next_cut`]).
-struct Held {
-    start: u64,
-    data: BytesMut,
-    /// The caller said the continuation comes next (`write_bytes_at_then_more`): only it,
-    /// a call that needs the bytes or the [`HOLD_MORE`] timer sends them, not the end of
-    /// another write.
-    more: bool,
-}
-
-impl Held {
-    fn end(&self) -> u64 {
-        self.start + self.data.len() as u64
-    }
-}
-
 /// A prefetched piece `[start, end)` of the file (one request).
 struct Chunk {
     start: u64,
@@ -191,11 +177,13 @@ struct Io {
     next_write: u64,
     /// The first failure of a write that had already returned, not reported yet.
     failed: Option<Error>,
-    /// Write-behind bytes gathered and not sent yet (see "Gathering"); counted in
-    /// `write_bytes`. Overlaps no write in flight.
-    held: Option<Held>,
-    /// Counts the holds started, so that a timer ends only the hold it was set for.
+    /// Write-behind bytes gathered and not sent yet (see "Gathering"), by cell, sorted;
+    /// counted in `write_bytes`. Their bytes overlap no write in flight.
+    cells: Vec<Cell>,
+    /// Cells started so far (names them for their timers).
     holds: u64,
+    /// Cells in a row that were sent holding a single write.
+    lonely: u32,
     /// Where a forward reader is expected next (end of the last read).
     ra_next: u64,
     /// Length of the last read.
@@ -242,23 +230,9 @@ fn ra_pieces(layout: &Layout, from: u64, to: u64) -> Vec<Piece> {
     out
 }
 
-/// The first gathering boundary after `pos`: the next multiple of the stripe size or of
-/// [`GATHER_MAX`]. Held bytes never cross one, so they go out as one request to one object.
-fn next_cut(layout: &Layout, pos: u64) -> u64 {
-    let next = |unit: u64| (pos / unit).saturating_add(1).saturating_mul(unit);
-    next(GATHER_MAX).min(next(layout.stripe_size.max(1)))
-}
-
-/// The last gathering boundary in `(start, end]`, if there is one.
-fn last_cut(layout: &Layout, start: u64, end: u64) -> Option<u64> {
-    let prev = |unit: u64| end / unit * unit;
-    let c = prev(GATHER_MAX).max(prev(layout.stripe_size.max(1)));
-    (c > start).then_some(c)
-}
-
-/// What sending a write needs, for the tasks that finish writes and then send what was
-/// held behind them. They hold this, not the handle (which `File::close` must find with no
-/// other reference when it is the last).
+/// What sending a write needs, for the tasks that finish writes and the timers that end
+/// holds. They hold this, not the handle (which `File::close` must find with no other
+/// reference when it is the last).
 #[derive(Clone)]
 struct Sender {
     client: Client,
@@ -269,11 +243,22 @@ struct Sender {
 }
 
 impl Sender {
-    /// Put the held bytes among the writes in flight; the caller launches the returned
-    /// write once it has let go of the lock on `io`.
-    fn release(&self, io: &mut Io) -> Option<WriteFuture> {
-        let h = io.held.take()?;
-        Some(self.push(io, h.start, h.data.freeze()))
+    /// Put the held bytes of the cells `which` picks among the writes in flight; the caller
+    /// launches the returned writes once it has let go of the lock on `io`.
+    fn release(&self, io: &mut Io, which: impl Fn(&Cell) -> bool) -> Vec<WriteFuture> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < io.cells.len() {
+            if !which(&io.cells[i]) {
+                i += 1;
+                continue;
+            }
+            let cell = io.cells.remove(i);
+            for (start, data) in cell.into_writes() {
+                out.push(self.push(io, start, data));
+            }
+        }
+        out
     }
 
     /// Add a write-behind write of `data` at `start`, whose bytes `write_bytes` already
@@ -292,64 +277,45 @@ impl Sender {
     }
 
     /// Send a write-behind write now, on this thread, and let the runtime finish it once a
-    /// reply wakes it (`detach.rs`); then send what was gathered behind it.
+    /// reply wakes it (`detach.rs`).
     fn launch(&self, done: WriteFuture) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            let _ = done.now_or_never();
-            return;
-        };
-        let me = self.clone();
-        crate::detach::run(rt, async move {
-            let _ = done.await;
-            let next = {
-                let mut io = me.io.lock();
-                if io.held.as_ref().is_some_and(|h| !h.more) {
-                    me.release(&mut io)
-                } else {
-                    None
-                }
-            };
-            if let Some(next) = next {
-                me.launch(next);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => crate::detach::run(rt, async move {
+                let _ = done.await;
+            }),
+            Err(_) => {
+                let _ = done.now_or_never();
             }
-        });
+        }
     }
 
-    /// End hold number `hold` after [`HOLD_MORE`] if its bytes are still held then.
-    fn end_hold_later(&self, hold: u64) {
+    /// Send what cell `id` still holds after [`HOLD_FOR`].
+    fn end_hold_later(&self, id: u64) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let me = self.clone();
         crate::detach::run(rt, async move {
-            tokio::time::sleep(HOLD_MORE).await;
-            let next = {
+            tokio::time::sleep(HOLD_FOR).await;
+            let writes = {
                 let mut io = me.io.lock();
-                if io.holds == hold {
-                    me.release(&mut io)
-                } else {
-                    None
+                if let Some(c) = io.cells.iter().find(|c| c.id == id) {
+                    io.lonely = if c.writes > 1 { 0 } else { io.lonely.saturating_add(1) };
                 }
+                me.release(&mut io, |c| c.id == id)
             };
-            if let Some(next) = next {
-                me.launch(next);
+            for w in writes {
+                me.launch(w);
             }
         });
     }
-}
-
-/// Bytes to hold: `data` itself when no one else refers to it (a FUSE write's buffer), else
-/// a copy.
-fn into_held(data: Bytes) -> BytesMut {
-    data.try_into_mut().unwrap_or_else(|shared| BytesMut::from(&shared[..]))
 }
 
 /// What [`File::gather`] did with a write.
 enum Gathered {
-    /// Held, or appended to the held bytes: these writes (held bytes that reached a
-    /// boundary) are to be launched, and the caller's write is done.
+    /// Held, or sent behind: the caller's write is done; these writes (its parts that fill
+    /// their cells, cells it completed) are to be launched.
     Taken(Vec<WriteFuture>),
-    /// Left to the caller; the held bytes, if any, went among the writes in flight and the
-    /// returned write is to be launched.
-    Left(Option<WriteFuture>),
+    /// Left to the caller; these writes (held bytes it overlaps) are to be launched first.
+    Left(Vec<WriteFuture>),
 }
 
 /// Put the answers to the pieces of a read of `[offset, offset+total)` together. Short
@@ -610,14 +576,11 @@ impl File {
         let (before, held) = {
             let mut io = self.inner.io.lock();
             // Held bytes in the range go now: they are among the writes to wait for.
-            let held = match &io.held {
-                Some(h) if overlaps(h.start, h.end()) => sender.release(&mut io),
-                _ => None,
-            };
+            let held = sender.release(&mut io, |c| range.is_none_or(|(s, e)| c.overlaps(s, e)));
             (io.next_write, held)
         };
-        if let Some(h) = held {
-            sender.launch(h);
+        for w in held {
+            sender.launch(w);
         }
         loop {
             let next = {
@@ -725,7 +688,7 @@ impl File {
         }
         io.ra_next = if forward { end } else { io.ra_next.max(end) };
         io.ra_last = total;
-        let writing = !io.writes.is_empty() || io.held.is_some();
+        let writing = !io.writes.is_empty() || !io.cells.is_empty();
         if !covered && (total > ra || writing || (end >= size && io.chunks.is_empty())) {
             // Too big to be worth splitting, or writes of this handle are in flight (what
             // would be fetched now could be older than they are), or a read to the end of
@@ -820,9 +783,8 @@ impl File {
     /// As [`File::write_bytes_at`], for a caller that knows the write continuing this one
     /// (at `offset + data.len()`) comes next: a FUSE mount given a direct write that the
     /// kernel cut at its page limit, whose few remaining bytes follow in a second request.
-    /// What lies after the last object boundary is then held for it (see "Gathering" in the
-    /// module documentation) even when no other write of the handle is in flight, for at
-    /// most [`HOLD_MORE`].
+    /// Its bytes are then held for it (see "Gathering" in the module documentation) even
+    /// when no other write of the handle is in flight.
     pub async fn write_bytes_at_then_more(&self, offset: u64, data: Bytes) -> Result<usize> {
         self.write_inner(Some(offset), data, true).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
     }
@@ -856,7 +818,7 @@ impl File {
         let end = offset.checked_add(len).ok_or_else(|| Error::bare(Errno::EFBIG))?;
         let limit = inner.client.options().write_behind as u64;
         let behind = limit > 0 && !inner.append && len <= limit;
-        // Held bytes are sent by the runtime when a write in flight finishes.
+        // Held bytes are sent by a timer on the runtime.
         let gather = behind && tokio::runtime::Handle::try_current().is_ok();
         let home = inner.client.home_of(inner.ino);
         let reached_home =
@@ -882,8 +844,8 @@ impl File {
                 let gathered = if gather {
                     self.gather(&sender, &mut io, offset, &mut data, limit, more)
                 } else {
-                    // Held bytes go first (this write may overlap them).
-                    Gathered::Left(sender.release(&mut io))
+                    // Held bytes it overlaps go first.
+                    Gathered::Left(sender.release(&mut io, |c| c.overlaps(offset, end)))
                 };
                 let taken = match gathered {
                     Gathered::Taken(writes) => {
@@ -952,9 +914,10 @@ impl File {
         r.map(|()| (offset, len as usize))
     }
 
-    /// Hold a write-behind write of `data` at `offset` (see "Gathering"), or append it to
-    /// the held bytes it continues, if it may be; else put the held bytes, if any, among
-    /// the writes in flight and leave the write to the caller.
+    /// Gather a write-behind write of `data` at `offset` (see "Gathering"): its parts go
+    /// into the cells held, into new cells, or out at once (a part that fills its cell, or
+    /// when no cell may be started); cells it completes go out. Left to the caller when
+    /// it overlaps a write in flight or there is no room: held bytes it overlaps go first.
     fn gather(
         &self,
         sender: &Sender,
@@ -965,69 +928,61 @@ impl File {
         more: bool,
     ) -> Gathered {
         let layout = &*self.inner.layout;
-        let Some(len) = data.as_ref().map(|d| d.len() as u64) else { return Gathered::Left(None) };
+        let Some(len) = data.as_ref().map(|d| d.len() as u64) else { return Gathered::Left(Vec::new()) };
         let end = offset + len;
-        let clear = |io: &Io| !io.writes.iter().any(|w| w.start < end && offset < w.end);
-        let room = io.write_bytes + len <= limit;
-        let continues = io.held.as_ref().is_some_and(|h| h.end() == offset);
-        if continues && len <= GATHER_MAX && room && clear(io) {
-            let bytes = data.take().unwrap_or_default();
-            if let Some(h) = io.held.as_mut() {
-                // Room up to the next boundary at once: one reallocation, not one per write.
-                let free = h.data.capacity() - h.data.len();
-                if free < bytes.len() {
-                    let to_cut = (next_cut(layout, h.start) - h.end()) as usize;
-                    h.data.reserve(to_cut.max(bytes.len()));
-                }
-                h.data.extend_from_slice(&bytes);
-                h.more = more;
-            }
-            io.write_bytes += len;
-            let sent = self.send_complete(sender, io);
-            if more && io.held.is_some() {
-                sender.end_hold_later(io.holds);
-            }
-            return Gathered::Taken(sent.into_iter().collect());
+        if io.write_bytes + len > limit || io.writes.iter().any(|w| w.start < end && offset < w.end) {
+            return Gathered::Left(sender.release(io, |c| c.overlaps(offset, end)));
         }
-        let released = sender.release(io);
-        // Something must send held bytes: a write in flight when it finishes, or the timer
-        // of a caller that said more comes.
-        let clocked = io.writes.iter().any(|w| !w.awaited);
-        let complete = last_cut(layout, offset, end) == Some(end);
-        if complete || len > GATHER_MAX || !room || !(clocked || more) || !clear(io) {
-            return Gathered::Left(released);
-        }
-        let bytes = data.take().unwrap_or_default();
+        // A cell is worth starting while writes flow (one is in flight), or when the caller
+        // says the continuation follows; not for a handle whose cells keep holding one
+        // write each, unless this write continues one in flight.
+        let next_to_one = io.writes.iter().any(|w| w.end == offset || w.start == end);
+        let start_cells = more || (io.writes.iter().any(|w| !w.awaited) && (io.lonely < LONELY_MAX || next_to_one));
+        // A write within one cell is passed on whole (a new cell may keep its buffer);
+        // a longer one in slices.
+        let within_one = cell_of(layout, offset).1 >= end;
+        let mut whole = data.take();
+        let bytes = if within_one { Bytes::new() } else { whole.take().unwrap_or_default() };
         io.write_bytes += len;
-        io.holds += 1;
-        io.held = Some(Held { start: offset, data: into_held(bytes), more });
-        let mut launch: Vec<WriteFuture> = released.into_iter().collect();
-        launch.extend(self.send_complete(sender, io));
-        if more && io.held.is_some() {
-            sender.end_hold_later(io.holds);
+        let mut launch = Vec::new();
+        let mut touched = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let (cs, ce) = cell_of(layout, at);
+            let pe = ce.min(end);
+            let part = match whole.take() {
+                Some(w) => w,
+                None => bytes.slice((at - offset) as usize..(pe - offset) as usize),
+            };
+            if let Some(c) = io.cells.iter_mut().find(|c| c.start == cs) {
+                c.put(at, &part);
+                touched.push(c.id);
+            } else if (at == cs && pe == ce) || !start_cells {
+                launch.push(sender.push(io, at, part));
+            } else {
+                if io.cells.len() >= MAX_CELLS {
+                    let oldest = io.cells.iter().map(|c| c.id).min().unwrap_or(0);
+                    launch.extend(sender.release(io, |c| c.id == oldest));
+                }
+                io.holds += 1;
+                let id = io.holds;
+                let cell = Cell::new(id, cs, ce, at, part);
+                let i = io.cells.partition_point(|c| c.start < cs);
+                io.cells.insert(i, cell);
+                touched.push(id);
+                sender.end_hold_later(id);
+            }
+            at = pe;
+        }
+        // Cells this write completed go out whole.
+        let done: Vec<u64> = io.cells.iter().filter(|c| touched.contains(&c.id) && c.complete()).map(|c| c.id).collect();
+        if !done.is_empty() {
+            if io.cells.iter().any(|c| done.contains(&c.id) && c.writes > 1) {
+                io.lonely = 0;
+            }
+            launch.extend(sender.release(io, |c| done.contains(&c.id)));
         }
         Gathered::Taken(launch)
-    }
-
-    /// Send the held bytes up to the last boundary they reach (all of them if they end on
-    /// one); keep the rest held.
-    fn send_complete(&self, sender: &Sender, io: &mut Io) -> Option<WriteFuture> {
-        let layout = &*self.inner.layout;
-        let h = io.held.as_mut()?;
-        let cut = last_cut(layout, h.start, h.end())?;
-        let start = h.start;
-        let head = h.data.split_to((cut - start) as usize).freeze();
-        h.start = cut;
-        if h.data.is_empty() {
-            io.held = None;
-        } else {
-            // The rest shares its buffer with the head now in flight: give it one of its own,
-            // with room to the next boundary.
-            let mut own = BytesMut::with_capacity((next_cut(layout, cut) - cut) as usize);
-            own.extend_from_slice(&h.data);
-            h.data = own;
-        }
-        Some(sender.push(io, start, head))
     }
 
     /// Append `data` at the end of the file, whatever the handle's mode (it must be open
@@ -1320,16 +1275,14 @@ impl Drop for Inner {
         let writes = {
             let mut io = self.io.lock();
             // Held bytes go with the writes in flight.
-            if let Some(h) = io.held.take() {
-                let sender = Sender {
-                    client: self.client.clone(),
-                    cap: self.cap.clone(),
-                    layout: self.layout.clone(),
-                    ino: self.ino,
-                    io: self.io.clone(),
-                };
-                let _ = sender.push(&mut io, h.start, h.data.freeze()); // awaited below
-            }
+            let sender = Sender {
+                client: self.client.clone(),
+                cap: self.cap.clone(),
+                layout: self.layout.clone(),
+                ino: self.ino,
+                io: self.io.clone(),
+            };
+            let _ = sender.release(&mut io, |_| true); // awaited below, with the others
             std::mem::take(&mut io.writes)
         };
         let pending = self.state.get_mut().pending.take();

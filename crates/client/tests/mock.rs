@@ -554,34 +554,79 @@ async fn small_sequential_writes_are_gathered_while_one_is_in_flight() {
     let record = |i: u64| -> Vec<u8> { (0..100u64).map(|j| ((i * 100 + j) % 251) as u8).collect() };
     let stall = mock.write_gate.write().await;
     let before = mock.count("write");
-    // The first goes out at once (nothing in flight); the 999 after it continue each other
-    // and are held while it is in flight.
+    // The first goes out at once (nothing in flight); the 999 after it are held while it is
+    // in flight, in the cell of the first MiB (one object piece).
     for i in 0..1000u64 {
         f.write_at(i * 100, &record(i)).await.unwrap();
     }
     assert_eq!(f.attr().size, 100_000, "held bytes count in the size the handle knows");
     drop(stall);
-    // The first write's answer sends what was gathered behind it: one request, no call needed.
+    // The held bytes go out on their own (HOLD_FOR after the cell started): one request.
     writes_reach(&mock, before + 2).await;
     f.flush().await.unwrap();
     assert_eq!(mock.count("write") - before, 2, "one write, then the 999 gathered behind it");
     let back = f.read_at(0, 100_000).await.unwrap();
     assert!(back.chunks(100).enumerate().all(|(i, r)| r == &record(i as u64)[..]));
 
-    // Held bytes are read back by the handle, and go out at a stripe boundary.
+    // Held bytes are read back by the handle; a cell holding runs with a gap between them
+    // sends one request per run.
     let stall = mock.write_gate.write().await;
     let before = mock.count("write");
     let base = 3 << 20; // object boundaries at every MiB
     f.write_at(base, &[1u8; 10]).await.unwrap(); // sent
-    f.write_at(base + 10, &[2u8; 10]).await.unwrap(); // held
+    f.write_at(base + 10, &[2u8; 10]).await.unwrap(); // held: starts the cell [3 MiB, 4 MiB)
     let tail_start = base + (1 << 20) - 30;
-    f.write_at(tail_start, &[3u8; 20]).await.unwrap(); // elsewhere: the held 10 bytes go; this is held
-    f.write_at(tail_start + 20, &[4u8; 10]).await.unwrap(); // reaches the boundary: all 30 go
+    f.write_at(tail_start, &[3u8; 20]).await.unwrap(); // held in the same cell
+    f.write_at(tail_start + 20, &[4u8; 10]).await.unwrap(); // reaches its end, but a run is before it
     drop(stall);
     assert_eq!(&f.read_at(base, 20).await.unwrap()[..], &[[1u8; 10], [2u8; 10]].concat()[..]);
     f.flush().await.unwrap();
-    assert_eq!(mock.count("write") - before, 3, "10 B, 10 B, then 30 B up to the stripe boundary");
+    assert_eq!(mock.count("write") - before, 3, "10 B, then the cell's two runs of 10 and 30 B");
     assert_eq!(&f.read_at(tail_start, 30).await.unwrap()[..], &[[3u8; 20].to_vec(), vec![4u8; 10]].concat()[..]);
+    f.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_records_of_two_writers_sharing_a_handle_go_out_per_object_piece() {
+    // IOR-hard through a FUSE mount: two processes write 47,008-byte records of one shared
+    // file in turn, each process's descriptor using the mount's one handle of the file.
+    const T: u64 = 47_008;
+    let (mock, map) = cluster(2).await;
+    let c = Client::new(map, opts());
+    let spec = LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(2), ..Default::default() };
+    let f = c.create("/shared", 0o644, Some(spec)).await.unwrap();
+    let record = |k: u64| -> Vec<u8> { (0..T).map(|j| ((k * 7 + j) % 251) as u8).collect() };
+    let stall = mock.write_gate.write().await;
+    let before = mock.count("write");
+    // A write in flight elsewhere (a whole object piece: sent at once).
+    f.write_at(8 << 20, &vec![9u8; 1 << 20]).await.unwrap();
+    // 50 records (2.24 MiB), the two writers' turns arriving in either order.
+    let n = 50u64;
+    let (a, b) = (f.clone(), f.clone());
+    let even = tokio::spawn(async move {
+        for k in (0..n).step_by(2) {
+            a.write_at(k * T, &record(k)).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    });
+    let odd = tokio::spawn(async move {
+        for k in (1..n).step_by(2) {
+            b.write_at(k * T, &record(k)).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    });
+    even.await.unwrap();
+    odd.await.unwrap();
+    drop(stall);
+    f.flush().await.unwrap();
+    // The MiB piece, then one request per object piece the records reach: [0, 1 MiB),
+    // [1 MiB, 2 MiB) and [2 MiB, 2.24 MiB), whatever the order they came in.
+    let sent = mock.count("write") - before;
+    assert_eq!(sent, 1 + 3, "{n} records of {T} bytes went in {} requests", sent - 1);
+    let back = f.read_at(0, (n * T) as usize).await.unwrap();
+    for k in 0..n {
+        assert!(back[(k * T) as usize..((k + 1) * T) as usize] == record(k)[..], "record {k}");
+    }
     f.close().await.unwrap();
 }
 
