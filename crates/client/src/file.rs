@@ -86,10 +86,10 @@ pub const READAHEAD_CHUNK: u64 = 1 << 20;
 pub use crate::gather::GATHER_MAX;
 
 /// Longest write-behind bytes are held in a gathering cell (see "Gathering").
-pub const HOLD_FOR: std::time::Duration = std::time::Duration::from_millis(10);
+pub const HOLD_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Cells a handle holds at most; a write that would start one more sends the oldest.
-const MAX_CELLS: usize = 8;
+const MAX_CELLS: usize = 32;
 
 /// Cells in a row that held a single write after which a handle starts no new cell
 /// unless a write lands next to one in flight.
@@ -177,8 +177,9 @@ struct Io {
     next_write: u64,
     /// The first failure of a write that had already returned, not reported yet.
     failed: Option<Error>,
-    /// Write-behind bytes gathered and not sent yet (see "Gathering"), by cell, sorted;
-    /// counted in `write_bytes`. Their bytes overlap no write in flight.
+    /// Write-behind bytes gathered and not sent yet (see "Gathering"), by cell, sorted; at
+    /// most [`MAX_CELLS`] (their bytes join `write_bytes` when they are sent). Their bytes
+    /// overlap no write in flight.
     cells: Vec<Cell>,
     /// Cells started so far (names them for their timers).
     holds: u64,
@@ -254,6 +255,7 @@ impl Sender {
                 continue;
             }
             let cell = io.cells.remove(i);
+            io.write_bytes += cell.held();
             for (start, data) in cell.into_writes() {
                 out.push(self.push(io, start, data));
             }
@@ -930,6 +932,7 @@ impl File {
         let layout = &*self.inner.layout;
         let Some(len) = data.as_ref().map(|d| d.len() as u64) else { return Gathered::Left(Vec::new()) };
         let end = offset + len;
+        // No room in flight: the writer waits for the oldest write, as without gathering.
         if io.write_bytes + len > limit || io.writes.iter().any(|w| w.start < end && offset < w.end) {
             return Gathered::Left(sender.release(io, |c| c.overlaps(offset, end)));
         }
@@ -943,7 +946,6 @@ impl File {
         let within_one = cell_of(layout, offset).1 >= end;
         let mut whole = data.take();
         let bytes = if within_one { Bytes::new() } else { whole.take().unwrap_or_default() };
-        io.write_bytes += len;
         let mut launch = Vec::new();
         let mut touched = Vec::new();
         let mut at = offset;
@@ -958,6 +960,8 @@ impl File {
                 c.put(at, &part);
                 touched.push(c.id);
             } else if (at == cs && pe == ce) || !start_cells {
+                if !start_cells { tracing::debug!(target: "gatherdbg", "direct at {at} lonely {} inflight {}", io.lonely, io.writes.len()); }
+                io.write_bytes += pe - at;
                 launch.push(sender.push(io, at, part));
             } else {
                 if io.cells.len() >= MAX_CELLS {

@@ -111,8 +111,7 @@ impl Cell {
     }
 
     /// Bytes held.
-    #[cfg(test)]
-    fn held(&self) -> u64 {
+    pub(crate) fn held(&self) -> u64 {
         self.runs.iter().map(|r| r.1 - r.0).sum()
     }
 
