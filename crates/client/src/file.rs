@@ -960,7 +960,6 @@ impl File {
                 c.put(at, &part);
                 touched.push(c.id);
             } else if (at == cs && pe == ce) || !start_cells {
-                if !start_cells { tracing::debug!(target: "gatherdbg", "direct at {at} lonely {} inflight {}", io.lonely, io.writes.len()); }
                 io.write_bytes += pe - at;
                 launch.push(sender.push(io, at, part));
             } else {
