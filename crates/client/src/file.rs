@@ -882,7 +882,8 @@ impl File {
                             let done = fut.boxed().shared();
                             let id = io.next_write;
                             io.next_write += 1;
-                            let w = InFlight { id, start: offset, end, reached_home, awaited: true, done: done.clone() };
+                            let w =
+                                InFlight { id, start: offset, end, reached_home, awaited: true, done: done.clone() };
                             io.writes.push(w);
                             awaited = Some(done);
                         }
@@ -978,7 +979,8 @@ impl File {
             at = pe;
         }
         // Cells this write completed go out whole.
-        let done: Vec<u64> = io.cells.iter().filter(|c| touched.contains(&c.id) && c.complete()).map(|c| c.id).collect();
+        let done: Vec<u64> =
+            io.cells.iter().filter(|c| touched.contains(&c.id) && c.complete()).map(|c| c.id).collect();
         if !done.is_empty() {
             if io.cells.iter().any(|c| done.contains(&c.id) && c.writes > 1) {
                 io.lonely = 0;
