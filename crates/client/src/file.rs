@@ -22,7 +22,24 @@
 //! handle (whichever comes first), so it is never lost. `flush`, `fsync`, `close`,
 //! `set_len` and `stat` wait for every write in flight first (`stat` leaves a failure to
 //! the others: a FUSE mount calls it for the kernel's own attribute checks); a read waits
-//! for the writes in flight that overlap it (a handle reads its own writes).
+//! for the writes in flight that overlap it (a handle reads its own writes). A write-behind
+//! write goes out on the caller's thread; the runtime only takes it over when a reply wakes
+//! it (`detach.rs`), so a write wakes no other thread.
+//!
+//! **Gathering.** While a write-behind write of the handle is in flight (or when the caller
+//! says more follows, [`File::write_bytes_at_then_more`]), a write that does not fill its
+//! object piece is not sent: its bytes are held in a *cell* (an object piece of at most
+//! [`GATHER_MAX`] bytes, `gather.rs`) with the writes that fall in the same cell after it,
+//! in any order: the continuation of a write the kernel cut in two, the next small records
+//! of a sequential writer, the interleaved records of several processes sharing a handle
+//! (IOR-hard through a FUSE mount, where every process's descriptor is one handle). A cell
+//! goes out as one request once its bytes are all there; otherwise its runs of bytes go
+//! out, one request each, [`HOLD_FOR`] after it was started, or as soon as anything needs
+//! them (a write in flight over them, a read of their range, `flush`, `fsync`, `stat`,
+//! `set_len`, `append`, `close`, drop). The promise of write-behind ("on its way", a failure
+//! reported by a later call) is unchanged; only "on its way" may now start up to
+//! [`HOLD_FOR`] later. A handle whose cells keep holding a single write (random writes)
+//! stops starting cells until a write lands next to one in flight.
 //!
 //! **Appends.** In append mode (and with [`File::append`]) the offset is chosen by the
 //! inode's home server, where the size is authoritative, in the same step that stores the
@@ -43,6 +60,7 @@
 use crate::caps::Holder;
 use crate::client::{unexpected, Client, To};
 use crate::error::{Error, Result};
+use crate::gather::{cell_of, Cell};
 use crate::options::OpenFlags;
 use bytes::{Bytes, BytesMut};
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -64,6 +82,18 @@ pub const MAX_APPEND: u64 = MAX_PIECE;
 
 /// Largest piece the readahead fetches with one request.
 pub const READAHEAD_CHUNK: u64 = 1 << 20;
+
+pub use crate::gather::GATHER_MAX;
+
+/// Longest write-behind bytes are held in a gathering cell (see "Gathering").
+pub const HOLD_FOR: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Cells a handle holds at most; a write that would start one more sends the oldest.
+const MAX_CELLS: usize = 32;
+
+/// Cells in a row that held a single write after which a handle starts no new cell
+/// unless a write lands next to one in flight.
+const LONELY_MAX: u32 = 4;
 
 /// An open file. Clones share the handle (position, known size, unpublished size, writes
 /// in flight, prefetched data), so several tasks can read and write disjoint ranges of one
@@ -90,8 +120,9 @@ struct Inner {
     writable: bool,
     append: bool,
     state: Mutex<State>,
-    /// Writes in flight and prefetched data. Locked before `state` when both are needed.
-    io: Mutex<Io>,
+    /// Writes in flight, held and prefetched data. Locked before `state` when both are
+    /// needed. Shared with the tasks that finish writes (they send what was held behind).
+    io: Arc<Mutex<Io>>,
     /// Position for `read`/`write`/`seek`; held across the I/O so those run in order.
     cursor: tokio::sync::Mutex<u64>,
     /// Runtime to finish writes and publish a pending size on if the handle is dropped
@@ -146,6 +177,14 @@ struct Io {
     next_write: u64,
     /// The first failure of a write that had already returned, not reported yet.
     failed: Option<Error>,
+    /// Write-behind bytes gathered and not sent yet (see "Gathering"), by cell, sorted; at
+    /// most [`MAX_CELLS`] (their bytes join `write_bytes` when they are sent). Their bytes
+    /// overlap no write in flight.
+    cells: Vec<Cell>,
+    /// Cells started so far (names them for their timers).
+    holds: u64,
+    /// Cells in a row that were sent holding a single write.
+    lonely: u32,
     /// Where a forward reader is expected next (end of the last read).
     ra_next: u64,
     /// Length of the last read.
@@ -190,6 +229,95 @@ fn ra_pieces(layout: &Layout, from: u64, to: u64) -> Vec<Piece> {
         }
     }
     out
+}
+
+/// What sending a write needs, for the tasks that finish writes and the timers that end
+/// holds. They hold this, not the handle (which `File::close` must find with no other
+/// reference when it is the last).
+#[derive(Clone)]
+struct Sender {
+    client: Client,
+    cap: Arc<Holder>,
+    layout: Arc<Layout>,
+    ino: Ino,
+    io: Arc<Mutex<Io>>,
+}
+
+impl Sender {
+    /// Put the held bytes of the cells `which` picks among the writes in flight; the caller
+    /// launches the returned writes once it has let go of the lock on `io`.
+    fn release(&self, io: &mut Io, which: impl Fn(&Cell) -> bool) -> Vec<WriteFuture> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < io.cells.len() {
+            if !which(&io.cells[i]) {
+                i += 1;
+                continue;
+            }
+            let cell = io.cells.remove(i);
+            io.write_bytes += cell.held();
+            for (start, data) in cell.into_writes() {
+                out.push(self.push(io, start, data));
+            }
+        }
+        out
+    }
+
+    /// Add a write-behind write of `data` at `start`, whose bytes `write_bytes` already
+    /// counts, to the writes in flight. Nothing is sent until it is polled (launched).
+    fn push(&self, io: &mut Io, start: u64, data: Bytes) -> WriteFuture {
+        let end = start + data.len() as u64;
+        let home = self.client.home_of(self.ino);
+        let reached_home =
+            pieces(&self.layout, start, end - start).iter().any(|p| self.layout.servers[p.index as usize] == home);
+        let fut = write_pieces(self.client.clone(), self.cap.clone(), self.layout.clone(), self.ino, start, data);
+        let done = fut.boxed().shared();
+        let id = io.next_write;
+        io.next_write += 1;
+        io.writes.push(InFlight { id, start, end, reached_home, awaited: false, done: done.clone() });
+        done
+    }
+
+    /// Send a write-behind write now, on this thread, and let the runtime finish it once a
+    /// reply wakes it (`detach.rs`).
+    fn launch(&self, done: WriteFuture) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => crate::detach::run(rt, async move {
+                let _ = done.await;
+            }),
+            Err(_) => {
+                let _ = done.now_or_never();
+            }
+        }
+    }
+
+    /// Send what cell `id` still holds after [`HOLD_FOR`].
+    fn end_hold_later(&self, id: u64) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let me = self.clone();
+        crate::detach::run(rt, async move {
+            tokio::time::sleep(HOLD_FOR).await;
+            let writes = {
+                let mut io = me.io.lock();
+                if let Some(c) = io.cells.iter().find(|c| c.id == id) {
+                    io.lonely = if c.writes > 1 { 0 } else { io.lonely.saturating_add(1) };
+                }
+                me.release(&mut io, |c| c.id == id)
+            };
+            for w in writes {
+                me.launch(w);
+            }
+        });
+    }
+}
+
+/// What [`File::gather`] did with a write.
+enum Gathered {
+    /// Held, or sent behind: the caller's write is done; these writes (its parts that fill
+    /// their cells, cells it completed) are to be launched.
+    Taken(Vec<WriteFuture>),
+    /// Left to the caller; these writes (held bytes it overlaps) are to be launched first.
+    Left(Vec<WriteFuture>),
 }
 
 /// Put the answers to the pieces of a read of `[offset, offset+total)` together. Short
@@ -352,7 +480,7 @@ impl File {
                 writable: flags.writes(),
                 append: flags.append,
                 state: Mutex::new(State { attr, size, server_size: size, pending: None, wrote: false }),
-                io: Mutex::new(Io::default()),
+                io: Arc::new(Mutex::new(Io::default())),
                 cursor: tokio::sync::Mutex::new(0),
                 runtime: tokio::runtime::Handle::try_current().ok(),
                 counted: std::sync::atomic::AtomicBool::new(counted),
@@ -388,6 +516,17 @@ impl File {
 
     fn what(&self, op: &str) -> String {
         format!("{op} {}", self.inner.ino)
+    }
+
+    fn sender(&self) -> Sender {
+        let inner = &*self.inner;
+        Sender {
+            client: inner.client.clone(),
+            cap: inner.cap.clone(),
+            layout: inner.layout.clone(),
+            ino: inner.ino,
+            io: inner.io.clone(),
+        }
     }
 
     // ---------------------------------------------------------------- writes in flight
@@ -434,15 +573,22 @@ impl File {
     /// Wait until the writes in flight now that overlap `range` (all of them if `None`)
     /// have finished.
     async fn wait_writes(&self, range: Option<(u64, u64)>) {
-        let before = self.inner.io.lock().next_write;
+        let overlaps = |s: u64, e: u64| range.is_none_or(|(rs, re)| s < re && rs < e);
+        let sender = self.sender();
+        let (before, held) = {
+            let mut io = self.inner.io.lock();
+            // Held bytes in the range go now: they are among the writes to wait for.
+            let held = sender.release(&mut io, |c| range.is_none_or(|(s, e)| c.overlaps(s, e)));
+            (io.next_write, held)
+        };
+        for w in held {
+            sender.launch(w);
+        }
         loop {
             let next = {
                 let mut io = self.inner.io.lock();
                 self.harvest(&mut io);
-                io.writes
-                    .iter()
-                    .find(|w| w.id < before && range.is_none_or(|(s, e)| w.start < e && s < w.end))
-                    .map(|w| w.done.clone())
+                io.writes.iter().find(|w| w.id < before && overlaps(w.start, w.end)).map(|w| w.done.clone())
             };
             match next {
                 Some(done) => {
@@ -544,7 +690,8 @@ impl File {
         }
         io.ra_next = if forward { end } else { io.ra_next.max(end) };
         io.ra_last = total;
-        if !covered && (total > ra || !io.writes.is_empty() || (end >= size && io.chunks.is_empty())) {
+        let writing = !io.writes.is_empty() || !io.cells.is_empty();
+        if !covered && (total > ra || writing || (end >= size && io.chunks.is_empty())) {
             // Too big to be worth splitting, or writes of this handle are in flight (what
             // would be fetched now could be older than they are), or a read to the end of
             // the file with nothing fetched (a small file read whole): nothing to prefetch.
@@ -559,7 +706,7 @@ impl File {
             io.chunks.pop_front();
         }
         let mut fresh = Vec::new();
-        if io.writes.is_empty() {
+        if !writing {
             // Up to a chunk boundary, so that no piece is fetched in two parts.
             let want =
                 size.min(end.saturating_add(io.ra_window).div_ceil(READAHEAD_CHUNK).saturating_mul(READAHEAD_CHUNK));
@@ -632,11 +779,21 @@ impl File {
 
     /// As [`File::write_at`], without copying `data`.
     pub async fn write_bytes_at(&self, offset: u64, data: Bytes) -> Result<usize> {
-        self.write_inner(Some(offset), data).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
+        self.write_inner(Some(offset), data, false).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
+    }
+
+    /// As [`File::write_bytes_at`], for a caller that knows the write continuing this one
+    /// (at `offset + data.len()`) comes next: a FUSE mount given a direct write that the
+    /// kernel cut at its page limit, whose few remaining bytes follow in a second request.
+    /// Its bytes are then held for it (see "Gathering" in the module documentation) even
+    /// when no other write of the handle is in flight.
+    pub async fn write_bytes_at_then_more(&self, offset: u64, data: Bytes) -> Result<usize> {
+        self.write_inner(Some(offset), data, true).await.map(|(_, n)| n).map_err(|e| e.within(self.what("write")))
     }
 
     /// Write; `offset` is ignored in append mode. Returns where the data went and its length.
-    async fn write_inner(&self, offset: Option<u64>, data: Bytes) -> Result<(u64, usize)> {
+    /// `more`: see [`File::write_bytes_at_then_more`].
+    async fn write_inner(&self, offset: Option<u64>, data: Bytes, more: bool) -> Result<(u64, usize)> {
         let inner = &*self.inner;
         if inner.kind == FileKind::Dir {
             return Err(Error::bare(Errno::EISDIR));
@@ -663,45 +820,72 @@ impl File {
         let end = offset.checked_add(len).ok_or_else(|| Error::bare(Errno::EFBIG))?;
         let limit = inner.client.options().write_behind as u64;
         let behind = limit > 0 && !inner.append && len <= limit;
+        // Held bytes are sent by a timer on the runtime.
+        let gather = behind && tokio::runtime::Handle::try_current().is_ok();
         let home = inner.client.home_of(inner.ino);
         let reached_home =
             pieces(&inner.layout, offset, len).iter().any(|p| inner.layout.servers[p.index as usize] == home);
+        let sender = self.sender();
         let mut data = Some(data);
-        // Wait for room, and for any write in flight to the same bytes (their order at the
-        // servers would be anyone's guess); then go.
-        let done = loop {
-            let wait = {
+        enum Step {
+            /// Wait for this write in flight, then look again.
+            Wait(WriteFuture),
+            /// Taken (held or sent behind), or sent and to be awaited by the caller.
+            Done(Option<WriteFuture>),
+        }
+        // Gather it if it may be; else wait for room, and for any write in flight to the
+        // same bytes (their order at the servers would be anyone's guess); then go.
+        let awaited = loop {
+            let mut launch = Vec::new();
+            let step = {
                 let mut io = inner.io.lock();
                 self.harvest(&mut io);
                 if let Some(e) = io.failed.take() {
                     return Err(e);
                 }
+                let gathered = if gather {
+                    self.gather(&sender, &mut io, offset, &mut data, limit, more)
+                } else {
+                    // Held bytes it overlaps go first.
+                    Gathered::Left(sender.release(&mut io, |c| c.overlaps(offset, end)))
+                };
+                let taken = match gathered {
+                    Gathered::Taken(writes) => {
+                        launch = writes;
+                        true
+                    }
+                    Gathered::Left(held) => {
+                        launch.extend(held);
+                        false
+                    }
+                };
                 let overlapping = io.writes.iter().find(|w| w.start < end && offset < w.end);
                 let full = behind && io.write_bytes + len > limit;
-                match overlapping.or(if full { io.writes.iter().find(|w| !w.awaited) } else { None }) {
-                    Some(w) => w.done.clone(),
+                let busy = overlapping.or(if full { io.writes.iter().find(|w| !w.awaited) } else { None });
+                match busy.filter(|_| !taken) {
+                    Some(w) => Step::Wait(w.done.clone()),
                     None => {
-                        let fut = write_pieces(
-                            inner.client.clone(),
-                            inner.cap.clone(),
-                            inner.layout.clone(),
-                            inner.ino,
-                            offset,
-                            data.take().unwrap_or_default(),
-                        );
-                        let done = fut.boxed().shared();
-                        let id = io.next_write;
-                        io.next_write += 1;
-                        io.writes.push(InFlight {
-                            id,
-                            start: offset,
-                            end,
-                            reached_home,
-                            awaited: !behind,
-                            done: done.clone(),
-                        });
-                        if behind {
+                        let mut awaited = None;
+                        if taken {
+                        } else if behind {
                             io.write_bytes += len;
+                            launch.push(sender.push(&mut io, offset, data.take().unwrap_or_default()));
+                        } else {
+                            let fut = write_pieces(
+                                inner.client.clone(),
+                                inner.cap.clone(),
+                                inner.layout.clone(),
+                                inner.ino,
+                                offset,
+                                data.take().unwrap_or_default(),
+                            );
+                            let done = fut.boxed().shared();
+                            let id = io.next_write;
+                            io.next_write += 1;
+                            let w =
+                                InFlight { id, start: offset, end, reached_home, awaited: true, done: done.clone() };
+                            io.writes.push(w);
+                            awaited = Some(done);
                         }
                         // What was prefetched may be older than this write.
                         io.chunks.clear();
@@ -710,30 +894,100 @@ impl File {
                         if behind {
                             st.size = st.size.max(end);
                         }
-                        break done;
+                        Step::Done(awaited)
                     }
                 }
             };
-            let _ = wait.await;
-        };
-        // Send now, before returning; then let the runtime carry the rest (pieces beyond
-        // max_in_flight, a connection still being opened) even if nobody waits.
-        let _ = done.clone().now_or_never();
-        if behind {
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                let drive = done.clone();
-                rt.spawn(async move {
-                    let _ = drive.await;
-                });
+            // Sent now, on this thread, before returning; the runtime carries the rest
+            // (pieces beyond max_in_flight, a connection still being opened) once woken.
+            for w in launch {
+                sender.launch(w);
             }
-        }
+            match step {
+                Step::Wait(busy) => {
+                    let _ = busy.await;
+                }
+                Step::Done(awaited) => break awaited,
+            }
+        };
         inner.client.cache().forget_attr(inner.ino);
-        if behind {
-            return Ok((offset, len as usize));
-        }
+        let Some(done) = awaited else { return Ok((offset, len as usize)) };
         let r = done.await;
         self.harvest(&mut inner.io.lock());
         r.map(|()| (offset, len as usize))
+    }
+
+    /// Gather a write-behind write of `data` at `offset` (see "Gathering"): its parts go
+    /// into the cells held, into new cells, or out at once (a part that fills its cell, or
+    /// when no cell may be started); cells it completes go out. Left to the caller when
+    /// it overlaps a write in flight or there is no room: held bytes it overlaps go first.
+    fn gather(
+        &self,
+        sender: &Sender,
+        io: &mut Io,
+        offset: u64,
+        data: &mut Option<Bytes>,
+        limit: u64,
+        more: bool,
+    ) -> Gathered {
+        let layout = &*self.inner.layout;
+        let Some(len) = data.as_ref().map(|d| d.len() as u64) else { return Gathered::Left(Vec::new()) };
+        let end = offset + len;
+        // No room in flight: the writer waits for the oldest write, as without gathering.
+        if io.write_bytes + len > limit || io.writes.iter().any(|w| w.start < end && offset < w.end) {
+            return Gathered::Left(sender.release(io, |c| c.overlaps(offset, end)));
+        }
+        // A cell is worth starting while writes flow (one is in flight), or when the caller
+        // says the continuation follows; not for a handle whose cells keep holding one
+        // write each, unless this write continues one in flight.
+        let next_to_one = io.writes.iter().any(|w| w.end == offset || w.start == end);
+        let start_cells = more || (io.writes.iter().any(|w| !w.awaited) && (io.lonely < LONELY_MAX || next_to_one));
+        // A write within one cell is passed on whole (a new cell may keep its buffer);
+        // a longer one in slices.
+        let within_one = cell_of(layout, offset).1 >= end;
+        let mut whole = data.take();
+        let bytes = if within_one { Bytes::new() } else { whole.take().unwrap_or_default() };
+        let mut launch = Vec::new();
+        let mut touched = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let (cs, ce) = cell_of(layout, at);
+            let pe = ce.min(end);
+            let part = match whole.take() {
+                Some(w) => w,
+                None => bytes.slice((at - offset) as usize..(pe - offset) as usize),
+            };
+            if let Some(c) = io.cells.iter_mut().find(|c| c.start == cs) {
+                c.put(at, &part);
+                touched.push(c.id);
+            } else if (at == cs && pe == ce) || !start_cells {
+                io.write_bytes += pe - at;
+                launch.push(sender.push(io, at, part));
+            } else {
+                if io.cells.len() >= MAX_CELLS {
+                    let oldest = io.cells.iter().map(|c| c.id).min().unwrap_or(0);
+                    launch.extend(sender.release(io, |c| c.id == oldest));
+                }
+                io.holds += 1;
+                let id = io.holds;
+                let cell = Cell::new(id, cs, ce, at, part);
+                let i = io.cells.partition_point(|c| c.start < cs);
+                io.cells.insert(i, cell);
+                touched.push(id);
+                sender.end_hold_later(id);
+            }
+            at = pe;
+        }
+        // Cells this write completed go out whole.
+        let done: Vec<u64> =
+            io.cells.iter().filter(|c| touched.contains(&c.id) && c.complete()).map(|c| c.id).collect();
+        if !done.is_empty() {
+            if io.cells.iter().any(|c| done.contains(&c.id) && c.writes > 1) {
+                io.lonely = 0;
+            }
+            launch.extend(sender.release(io, |c| done.contains(&c.id)));
+        }
+        Gathered::Taken(launch)
     }
 
     /// Append `data` at the end of the file, whatever the handle's mode (it must be open
@@ -830,7 +1084,7 @@ impl File {
     pub async fn write(&self, data: &[u8]) -> Result<usize> {
         let mut pos = self.inner.cursor.lock().await;
         let (at, n) = self
-            .write_inner(Some(*pos), Bytes::copy_from_slice(data))
+            .write_inner(Some(*pos), Bytes::copy_from_slice(data), false)
             .await
             .map_err(|e| e.within(self.what("write")))?;
         *pos = at + n as u64;
@@ -1023,7 +1277,19 @@ fn covers(chunks: &VecDeque<Chunk>, offset: u64, end: u64) -> bool {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let writes = std::mem::take(&mut self.io.get_mut().writes);
+        let writes = {
+            let mut io = self.io.lock();
+            // Held bytes go with the writes in flight.
+            let sender = Sender {
+                client: self.client.clone(),
+                cap: self.cap.clone(),
+                layout: self.layout.clone(),
+                ino: self.ino,
+                io: self.io.clone(),
+            };
+            let _ = sender.release(&mut io, |_| true); // awaited below, with the others
+            std::mem::take(&mut io.writes)
+        };
         let pending = self.state.get_mut().pending.take();
         let release = *self.counted.get_mut() && self.client.open_files().closed(self.ino);
         if writes.is_empty() && pending.is_none() && !release {

@@ -31,6 +31,9 @@ struct Mock {
     /// (server, op name) → count
     counts: Mutex<HashMap<(u32, &'static str), u64>>,
     next: AtomicU64,
+    /// `Write` requests wait for a read lock of this before they are counted and answered:
+    /// a test holding the write lock keeps every write in flight.
+    write_gate: tokio::sync::RwLock<()>,
 }
 
 fn now() -> Timestamp {
@@ -319,6 +322,10 @@ async fn serve(mock: Arc<Mock>, me: ServerId, listener: TcpListener) {
                 let req = f.request_body().expect("request decodes");
                 let (mock, wr) = (mock.clone(), wr.clone());
                 tokio::spawn(async move {
+                    let _gate = match req.op {
+                        Op::Write { .. } => Some(mock.write_gate.read().await),
+                        _ => None,
+                    };
                     let (reply, data) = match req.op {
                         Op::Hello { .. } => (
                             Reply::Hello {
@@ -362,6 +369,7 @@ async fn cluster(n: u32) -> (Arc<Mock>, ClusterMap) {
         fs: Mutex::new(fs),
         counts: Mutex::new(HashMap::new()),
         next: AtomicU64::new(0x1234_5678),
+        write_gate: tokio::sync::RwLock::new(()),
     });
     for (i, l) in listeners.into_iter().enumerate() {
         tokio::spawn(serve(mock.clone(), ServerId(i as u32), l));
@@ -523,6 +531,126 @@ async fn big_pieces_go_out_in_parallel() {
     let back = f.read_at(0, 20 << 20).await.unwrap();
     assert_eq!(back.len(), 20 << 20);
     assert!(back.iter().all(|&b| b == 7));
+    f.close().await.unwrap();
+}
+
+/// Wait (a few seconds at most) until the mock has answered `n` write requests in all.
+async fn writes_reach(mock: &Mock, n: u64) {
+    for _ in 0..500 {
+        if mock.count("write") >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{} writes answered, {n} expected", mock.count("write"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_sequential_writes_are_gathered_while_one_is_in_flight() {
+    let (mock, map) = cluster(2).await;
+    let c = Client::new(map, opts());
+    let spec = LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(2), ..Default::default() };
+    let f = c.create("/log", 0o644, Some(spec)).await.unwrap();
+    let record = |i: u64| -> Vec<u8> { (0..100u64).map(|j| ((i * 100 + j) % 251) as u8).collect() };
+    let stall = mock.write_gate.write().await;
+    let before = mock.count("write");
+    // The first goes out at once (nothing in flight); the 999 after it are held while it is
+    // in flight, in the cell of the first MiB (one object piece).
+    for i in 0..1000u64 {
+        f.write_at(i * 100, &record(i)).await.unwrap();
+    }
+    assert_eq!(f.attr().size, 100_000, "held bytes count in the size the handle knows");
+    drop(stall);
+    // The held bytes go out on their own (HOLD_FOR after the cell started): one request.
+    writes_reach(&mock, before + 2).await;
+    f.flush().await.unwrap();
+    assert_eq!(mock.count("write") - before, 2, "one write, then the 999 gathered behind it");
+    let back = f.read_at(0, 100_000).await.unwrap();
+    assert!(back.chunks(100).enumerate().all(|(i, r)| r == &record(i as u64)[..]));
+
+    // Held bytes are read back by the handle; a cell holding runs with a gap between them
+    // sends one request per run.
+    let stall = mock.write_gate.write().await;
+    let before = mock.count("write");
+    let base = 3 << 20; // object boundaries at every MiB
+    f.write_at(base, &[1u8; 10]).await.unwrap(); // sent
+    f.write_at(base + 10, &[2u8; 10]).await.unwrap(); // held: starts the cell [3 MiB, 4 MiB)
+    let tail_start = base + (1 << 20) - 30;
+    f.write_at(tail_start, &[3u8; 20]).await.unwrap(); // held in the same cell
+    f.write_at(tail_start + 20, &[4u8; 10]).await.unwrap(); // reaches its end, but a run is before it
+    drop(stall);
+    assert_eq!(&f.read_at(base, 20).await.unwrap()[..], &[[1u8; 10], [2u8; 10]].concat()[..]);
+    f.flush().await.unwrap();
+    assert_eq!(mock.count("write") - before, 3, "10 B, then the cell's two runs of 10 and 30 B");
+    assert_eq!(&f.read_at(tail_start, 30).await.unwrap()[..], &[[3u8; 20].to_vec(), vec![4u8; 10]].concat()[..]);
+    f.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_records_of_two_writers_sharing_a_handle_go_out_per_object_piece() {
+    // IOR-hard through a FUSE mount: two processes write 47,008-byte records of one shared
+    // file in turn, each process's descriptor using the mount's one handle of the file.
+    const T: u64 = 47_008;
+    let (mock, map) = cluster(2).await;
+    let c = Client::new(map, opts());
+    let spec = LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(2), ..Default::default() };
+    let f = c.create("/shared", 0o644, Some(spec)).await.unwrap();
+    let record = |k: u64| -> Vec<u8> { (0..T).map(|j| ((k * 7 + j) % 251) as u8).collect() };
+    let stall = mock.write_gate.write().await;
+    let before = mock.count("write");
+    // A write in flight elsewhere (a whole object piece: sent at once).
+    f.write_at(8 << 20, &vec![9u8; 1 << 20]).await.unwrap();
+    // 50 records (2.24 MiB), the two writers' turns arriving in either order.
+    let n = 50u64;
+    let (a, b) = (f.clone(), f.clone());
+    let even = tokio::spawn(async move {
+        for k in (0..n).step_by(2) {
+            a.write_at(k * T, &record(k)).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    });
+    let odd = tokio::spawn(async move {
+        for k in (1..n).step_by(2) {
+            b.write_at(k * T, &record(k)).await.unwrap();
+            tokio::task::yield_now().await;
+        }
+    });
+    even.await.unwrap();
+    odd.await.unwrap();
+    drop(stall);
+    f.flush().await.unwrap();
+    // The MiB piece, then one request per object piece the records reach: [0, 1 MiB),
+    // [1 MiB, 2 MiB) and [2 MiB, 2.24 MiB), whatever the order they came in.
+    let sent = mock.count("write") - before;
+    assert_eq!(sent, 1 + 3, "{n} records of {T} bytes went in {} requests", sent - 1);
+    let back = f.read_at(0, (n * T) as usize).await.unwrap();
+    for k in 0..n {
+        assert!(back[(k * T) as usize..((k + 1) * T) as usize] == record(k)[..], "record {k}");
+    }
+    f.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_said_to_be_continued_waits_for_its_continuation() {
+    let (mock, map) = cluster(2).await;
+    let c = Client::new(map, opts());
+    let spec = LayoutSpec { stripe_size: Some(1 << 20), stripe_count: Some(2), ..Default::default() };
+    let f = c.create("/cut", 0o644, Some(spec)).await.unwrap();
+    let before = mock.count("write");
+    // A 1 MiB write the kernel cut in two at its page limit: one request.
+    let head = Bytes::from(vec![5u8; (1 << 20) - 16]);
+    f.write_bytes_at_then_more(0, head).await.unwrap();
+    f.write_at((1 << 20) - 16, &[6u8; 16]).await.unwrap();
+    f.flush().await.unwrap();
+    assert_eq!(mock.count("write") - before, 1);
+    // With no continuation, it goes out on its own (within HOLD_MORE), without any call.
+    let before = mock.count("write");
+    f.write_bytes_at_then_more(1 << 20, Bytes::from(vec![7u8; 1000])).await.unwrap();
+    writes_reach(&mock, before + 1).await;
+    let back = f.read_at(0, (1 << 20) + 1000).await.unwrap();
+    assert!(back[..(1 << 20) - 16].iter().all(|&b| b == 5));
+    assert!(back[(1 << 20) - 16..1 << 20].iter().all(|&b| b == 6));
+    assert!(back[1 << 20..].iter().all(|&b| b == 7));
     f.close().await.unwrap();
 }
 

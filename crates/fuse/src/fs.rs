@@ -33,7 +33,7 @@ use crate::convert::{self, errno, file_attr, raw};
 use crate::dircache::DirCache;
 use crate::kernel_cache::KernelCache;
 use crate::options::MountOptions;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags as KOpenFlags, RenameFlags as KRenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -694,7 +694,8 @@ impl Shared {
     /// the data at the end in one atomic step (`File::append_bytes`). Each request is one
     /// atomic append, so a write(2) of up to `max_write` bytes is (the kernel splits larger
     /// ones). Writes of pages from the page cache (`from_cache`: mmap, write-back cache)
-    /// are positional whatever descriptor the kernel picked to send them.
+    /// are positional whatever descriptor the kernel picked to send them. `more`: the
+    /// kernel's next request continues this one (`File::write_bytes_at_then_more`).
     #[allow(clippy::too_many_arguments)]
     async fn write(
         &self,
@@ -703,6 +704,7 @@ impl Shared {
         data: Bytes,
         append: bool,
         from_cache: bool,
+        more: bool,
         kill: Option<Who>,
     ) -> Res<u32> {
         let f = self.fhs.lock().get(&fh.0).cloned().ok_or(raw(libc::EBADF))?;
@@ -711,6 +713,9 @@ impl Shared {
         let len = data.len() as u64;
         let at = if (f.append || append) && !from_cache {
             n.file.append_bytes(data).await.map_err(e)?
+        } else if more {
+            n.file.write_bytes_at_then_more(offset, data).await.map_err(e)?;
+            offset
         } else {
             n.file.write_bytes_at(offset, data).await.map_err(e)?;
             offset
@@ -1010,11 +1015,40 @@ impl futures::task::ArcWake for Parked {
 pub(crate) struct ShoalFs {
     rt: tokio::runtime::Handle,
     sh: Arc<Shared>,
+    /// Most bytes the kernel puts in one WRITE request (see [`write_request_max`]).
+    write_max: u64,
+}
+
+/// Most pages in one FUSE request when the kernel does not say (Linux before 6.13, which
+/// has no `max_pages_limit` setting, never allows more).
+const FUSE_MAX_PAGES: u64 = 256;
+
+/// Most bytes the kernel puts in one WRITE request: `max_write`, and at most as many pages
+/// as one request may carry (the kernel's `fs.fuse.max_pages_limit`, 256 by default, caps
+/// what the mount asks for).
+fn write_request_max(max_write: u32) -> u64 {
+    let pages = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(FUSE_MAX_PAGES);
+    (max_write as u64).min(pages * 4096)
+}
+
+/// Whether a direct write of `len` bytes looks like a part of a larger `write(2)` that the
+/// kernel cut, the rest following in the next request: the kernel cuts at `write_max`, and
+/// a buffer that does not start on a page boundary spans one page more than its length
+/// fills, so a 1 MiB write from it arrives as 1 MiB minus the buffer's offset in its first
+/// page, then that offset (`fuse_get_user_pages` in Linux's `fs/fuse/file.c`; seen with
+/// `malloc`ed buffers: Python's, the benchmark's `Vec`s); a 4 MiB one as that, three
+/// requests of 1 MiB (each crossing a stripe boundary), then the offset.
+fn cut_at_page_limit(len: u64, write_max: u64) -> bool {
+    len <= write_max && len + 4096 > write_max
 }
 
 impl ShoalFs {
     pub(crate) fn new(rt: tokio::runtime::Handle, sh: Arc<Shared>) -> ShoalFs {
-        ShoalFs { rt, sh }
+        let write_max = write_request_max(sh.opts.max_write);
+        ShoalFs { rt, sh, write_max }
     }
 
     /// Run a request: its future is first polled right here, on the thread that read the
@@ -1439,15 +1473,22 @@ impl Filesystem for ShoalFs {
         if self.read_only() {
             return reply.error(raw(libc::EROFS));
         }
-        let data = Bytes::copy_from_slice(data);
         // The kernel passes the descriptor's flags with each write: an O_APPEND set with
         // fcntl after the open shows here.
         let append = flags.0 & libc::O_APPEND != 0;
         let from_cache = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
+        // Held for the few bytes that follow (one request to the servers, not two), see
+        // `cut_at_page_limit`; room for them is made now, so they are appended in place.
+        let more = !from_cache && cut_at_page_limit(data.len() as u64, self.write_max);
+        let data = {
+            let mut buf = BytesMut::with_capacity(data.len().next_multiple_of(4096));
+            buf.extend_from_slice(data);
+            buf.freeze()
+        };
         // Set by the kernel for a writer without CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then(|| Who::of(req));
         self.spawn(move |sh| async move {
-            match sh.write(fh, offset, data, append, from_cache, kill).await {
+            match sh.write(fh, offset, data, append, from_cache, more, kill).await {
                 Ok(n) => reply.written(n),
                 Err(err) => reply.error(err),
             }
