@@ -49,6 +49,16 @@ pub struct ClientOptions {
     /// never stale, so a client that caches nothing for a while may still hold them).
     /// Default 3 s; zero turns leases off (every lookup asks a server).
     pub dir_lease: Duration,
+    /// Resolve paths as the kernel does under a mount point of Shoal (for the preload
+    /// library, which serves calls on paths below a FUSE mount): a walk that would leave
+    /// Shoal's namespace — a symbolic link with an absolute target (the kernel follows it
+    /// from the host's root), a target starting with `shoal:` (the native client reads it
+    /// as a Shoal path, the kernel as a relative name; the mount's special files are such
+    /// links), or `..` above Shoal's root (the kernel goes to the mount point's parent) —
+    /// stops before any change with [`Errno::EREMOTE`](crate::Errno), so that the
+    /// caller can hand the call to the kernel. Default off (links resolve inside Shoal,
+    /// `..` stays at the root).
+    pub host_paths: bool,
 }
 
 impl Default for ClientOptions {
@@ -63,6 +73,7 @@ impl Default for ClientOptions {
             write_behind: 8 << 20,
             readahead: 8 << 20,
             dir_lease: Duration::from_secs(3),
+            host_paths: false,
         }
     }
 }
