@@ -62,6 +62,7 @@ extern "C" fn on_load() {
         return;
     }
     intercept::process::load_umask();
+    intercept::stdio::check();
     mounts::load();
     fork::register();
 }

@@ -210,8 +210,29 @@ pub fn convert(of: &Arc<OpenFile>) -> Result<(), i32> {
     Ok(())
 }
 
+/// How long [`open_kernel`] waits for the kernel to see a name this process changed.
+const KERNEL_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(1500);
+
 /// Open `of`'s file through the mount as it was opened here, at its offset.
+///
+/// The kernel may still hold what the name meant before this process changed it through
+/// the native client (renamed a file over it, say): the mount keeps names for
+/// `entry_timeout` (1 s) unless the change revokes a lease it gave them under. A path
+/// that does not lead to the inode yet is tried again until it does, for a little longer
+/// than that.
 fn open_kernel(of: &OpenFile) -> Result<i32, i32> {
+    let start = std::time::Instant::now();
+    loop {
+        match open_kernel_once(of) {
+            Err(e) if (e == libc::ENOENT || e == libc::ESTALE) && start.elapsed() < KERNEL_CATCH_UP => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r,
+        }
+    }
+}
+
+fn open_kernel_once(of: &OpenFile) -> Result<i32, i32> {
     let host = of.host();
     let path = std::ffi::CString::new(host.as_bytes()).map_err(|_| libc::EINVAL)?;
     let flags = of.flags();

@@ -137,12 +137,18 @@ real! {
     fn fsetxattr(fd: c_int, name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
     fn flistxattr(fd: c_int, list: *mut c_char, n: size_t) -> ssize_t;
     fn fremovexattr(fd: c_int, name: *const c_char) -> c_int;
+    fn getxattr(path: *const c_char, name: *const c_char, v: *mut c_void, n: size_t) -> ssize_t;
+    fn setxattr(path: *const c_char, name: *const c_char, v: *const c_void, n: size_t, flags: c_int) -> c_int;
+    fn listxattr(path: *const c_char, list: *mut c_char, n: size_t) -> ssize_t;
+    fn removexattr(path: *const c_char, name: *const c_char) -> c_int;
     fn splice(fin: c_int, oin: *mut off64_t, fout: c_int, oout: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t;
     fn tee(fin: c_int, fout: c_int, n: size_t, flags: c_uint) -> ssize_t;
     fn sync_file_range(fd: c_int, off: off64_t, n: off64_t, flags: c_uint) -> c_int;
     fn syncfs(fd: c_int) -> c_int;
     fn readahead(fd: c_int, off: off64_t, n: size_t) -> ssize_t;
     fn fdopen(fd: c_int, mode: *const c_char) -> *mut FILE;
+    fn fopen(path: *const c_char, mode: *const c_char) -> *mut FILE;
+    fn mprotect(addr: *mut c_void, len: size_t, prot: c_int) -> c_int;
     fn isatty(fd: c_int) -> c_int;
     fn umask(mask: mode_t) -> mode_t;
     fn fork() -> libc::pid_t;

@@ -35,6 +35,8 @@ pub enum Op {
     Setattr,
     Dir,
     Chdir,
+    /// Private mappings made as copies.
+    Map,
     /// Calls that only the kernel can do on a Shoal descriptor (mmap, locks, xattrs,
     /// ioctl, fdopen...): each one turns the descriptor into a kernel one first.
     Kernel,
@@ -42,7 +44,7 @@ pub enum Op {
     Converted,
 }
 
-const OPS: [(Op, &str); 23] = [
+const OPS: [(Op, &str); 24] = [
     (Op::Open, "open"),
     (Op::Close, "close"),
     (Op::Read, "read"),
@@ -64,6 +66,7 @@ const OPS: [(Op, &str); 23] = [
     (Op::Setattr, "setattr"),
     (Op::Dir, "dir"),
     (Op::Chdir, "chdir"),
+    (Op::Map, "mmap"),
     (Op::Kernel, "kernel-only"),
     (Op::Converted, "converted"),
 ];
@@ -90,9 +93,13 @@ pub fn count(op: Op, path: Path) {
     }
 }
 
-/// The line described above, or None when counting is off.
+/// The line described above, or None when counting is off or nothing was counted.
 pub fn line() -> Option<String> {
     if !ENABLED.load(Ordering::Relaxed) {
+        return None;
+    }
+    let total: u64 = COUNTS.iter().flatten().map(|c| c.load(Ordering::Relaxed)).sum();
+    if total == 0 {
         return None;
     }
     // SAFETY: getpid has no preconditions.

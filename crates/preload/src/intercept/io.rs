@@ -81,6 +81,20 @@ fn read_of(fd: c_int, of: &Arc<OpenFile>, at: Option<u64>, len: usize) -> Res<By
     }
 }
 
+/// Read `buf.len()` bytes at `off` from a served file into `buf` (fewer at its end).
+pub fn read_into(fd: c_int, of: &Arc<OpenFile>, off: u64, buf: &mut [u8]) -> Res<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let data = read_of(fd, of, Some(off + done as u64), buf.len() - done)?;
+        if data.is_empty() {
+            break;
+        }
+        buf[done..done + data.len()].copy_from_slice(&data);
+        done += data.len();
+    }
+    Ok(done)
+}
+
 /// How a write must end, beyond the descriptor's own flags (`pwritev2`'s RWF_*).
 #[derive(Clone, Copy, Default)]
 struct Extra {

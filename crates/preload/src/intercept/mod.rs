@@ -17,6 +17,7 @@ pub mod names;
 pub mod open;
 pub mod process;
 pub mod stat;
+pub mod stdio;
 pub mod syscall;
 
 use crate::fd_table;
@@ -25,7 +26,7 @@ use crate::mounts::{self, Base, Target};
 use crate::open_file::{self, Kind};
 use crate::real::Fail;
 use libc::{c_char, c_int};
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 
 /// The bytes of the C string `p` (None for NULL).
 pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
@@ -74,8 +75,52 @@ pub unsafe fn target(dirfd: c_int, path: *const c_char) -> Option<Target> {
     mounts::resolve(Base::Dir(&host), p)
 }
 
-/// Before a C library call with `dirfd`: a served directory descriptor is handed to the
-/// kernel, which cannot use a placeholder.
+/// The descriptor and path to give the C library for a path call relative to `dirfd`.
+/// A served directory descriptor is a placeholder to the kernel: a relative path from it
+/// becomes the absolute host path (AT_FDCWD), so the directory stays served. (An empty
+/// path, `AT_EMPTY_PATH`, names the descriptor itself: that one is handed to the kernel.)
+pub struct KernelAt {
+    dirfd: c_int,
+    path: *const c_char,
+    owned: Option<CString>,
+}
+
+impl KernelAt {
+    pub unsafe fn new(dirfd: c_int, path: *const c_char) -> KernelAt {
+        let same = KernelAt { dirfd, path, owned: None };
+        if dirfd == libc::AT_FDCWD {
+            return same;
+        }
+        let Some(of) = fd_table::get(dirfd) else { return same };
+        // SAFETY: the caller's path.
+        let Some(p) = (unsafe { bytes(path) }) else { return same };
+        if p.first() == Some(&b'/') || of.kind == Kind::File {
+            return same;
+        }
+        if p.is_empty() {
+            kernel_dirfd(dirfd);
+            return same;
+        }
+        let mut full = of.host().as_bytes().to_vec();
+        full.push(b'/');
+        full.extend_from_slice(p);
+        match CString::new(full) {
+            Ok(c) => KernelAt { dirfd: libc::AT_FDCWD, path: std::ptr::null(), owned: Some(c) },
+            Err(_) => same,
+        }
+    }
+
+    pub fn dirfd(&self) -> c_int {
+        self.dirfd
+    }
+
+    pub fn path(&self) -> *const c_char {
+        self.owned.as_ref().map_or(self.path, |c| c.as_ptr())
+    }
+}
+
+/// Hand a served directory descriptor to the kernel (for a call that needs the
+/// descriptor itself).
 pub fn kernel_dirfd(dirfd: c_int) {
     if dirfd == libc::AT_FDCWD {
         return;

@@ -6,7 +6,7 @@
 //! mounts, paths ending in `.` or `..`, and flags without a native form go to the kernel.
 
 use super::open::special_check;
-use super::{bytes, dot_last, kernel_dirfd, target};
+use super::{bytes, dot_last, target, KernelAt};
 use crate::attrs::{time_set, timespec_of};
 use crate::cluster;
 use crate::fd_table;
@@ -29,9 +29,10 @@ unsafe fn dotted(path: *const c_char) -> bool {
 
 unsafe fn mkdir_at(dirfd: c_int, path: *const c_char, mode: mode_t) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::mkdirat(dirfd, path, mode) }
+        unsafe { real::mkdirat(k_dirfd.dirfd(), k_dirfd.path(), mode) }
     };
     // SAFETY: the caller's arguments.
     let Some(t) = (unsafe { target(dirfd, path) }).filter(|_| !unsafe { dotted(path) }) else { return kernel() };
@@ -62,9 +63,10 @@ pub unsafe extern "C" fn mkdirat(dirfd: c_int, path: *const c_char, mode: mode_t
 
 unsafe fn unlink_at(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::unlinkat(dirfd, path, flags) }
+        unsafe { real::unlinkat(k_dirfd.dirfd(), k_dirfd.path(), flags) }
     };
     if flags & !libc::AT_REMOVEDIR != 0 {
         return kernel();
@@ -118,10 +120,12 @@ unsafe fn pair(od: c_int, old: *const c_char, nd: c_int, new: *const c_char) -> 
 
 unsafe fn rename_at(od: c_int, old: *const c_char, nd: c_int, new: *const c_char, flags: c_uint) -> c_int {
     let kernel = || {
-        kernel_dirfd(od);
-        kernel_dirfd(nd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_od = unsafe { KernelAt::new(od, old) };
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_nd = unsafe { KernelAt::new(nd, new) };
         // SAFETY: the caller's arguments.
-        unsafe { real::renameat2(od, old, nd, new, flags) }
+        unsafe { real::renameat2(k_od.dirfd(), k_od.path(), k_nd.dirfd(), k_nd.path(), flags) }
     };
     if flags != 0 {
         return kernel(); // RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT
@@ -157,10 +161,12 @@ pub unsafe extern "C" fn renameat2(od: c_int, old: *const c_char, nd: c_int, new
 
 unsafe fn link_at(od: c_int, old: *const c_char, nd: c_int, new: *const c_char, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(od);
-        kernel_dirfd(nd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_od = unsafe { KernelAt::new(od, old) };
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_nd = unsafe { KernelAt::new(nd, new) };
         // SAFETY: the caller's arguments.
-        unsafe { real::linkat(od, old, nd, new, flags) }
+        unsafe { real::linkat(k_od.dirfd(), k_od.path(), k_nd.dirfd(), k_nd.path(), flags) }
     };
     if flags != 0 {
         return kernel(); // AT_SYMLINK_FOLLOW, AT_EMPTY_PATH
@@ -190,9 +196,10 @@ pub unsafe extern "C" fn linkat(od: c_int, old: *const c_char, nd: c_int, new: *
 
 unsafe fn symlink_at(target_text: *const c_char, nd: c_int, new: *const c_char) -> c_int {
     let kernel = || {
-        kernel_dirfd(nd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_nd = unsafe { KernelAt::new(nd, new) };
         // SAFETY: the caller's arguments.
-        unsafe { real::symlinkat(target_text, nd, new) }
+        unsafe { real::symlinkat(target_text, k_nd.dirfd(), k_nd.path()) }
     };
     // SAFETY: the caller's arguments.
     let text = unsafe { bytes(target_text) }.and_then(|b| std::str::from_utf8(b).ok());
@@ -236,9 +243,10 @@ fn fd_link(path: &[u8]) -> Option<String> {
 
 unsafe fn readlink_at(dirfd: c_int, path: *const c_char, buf: *mut c_char, n: size_t) -> ssize_t {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::readlinkat(dirfd, path, buf, n) }
+        unsafe { real::readlinkat(k_dirfd.dirfd(), k_dirfd.path(), buf, n) }
     };
     let give = |text: &[u8]| -> Res<ssize_t> {
         if n == 0 {
@@ -325,9 +333,10 @@ fn id(v: u32) -> Option<u32> {
 
 unsafe fn chmod_at(dirfd: c_int, path: *const c_char, mode: mode_t, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::fchmodat(dirfd, path, mode, flags) }
+        unsafe { real::fchmodat(k_dirfd.dirfd(), k_dirfd.path(), mode, flags) }
     };
     if flags != 0 {
         return kernel(); // AT_SYMLINK_NOFOLLOW: links have no mode of their own on Linux
@@ -360,9 +369,10 @@ pub unsafe extern "C" fn fchmod(fd: c_int, mode: mode_t) -> c_int {
 
 unsafe fn chown_at(dirfd: c_int, path: *const c_char, uid: u32, gid: u32, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::fchownat(dirfd, path, uid, gid, flags) }
+        unsafe { real::fchownat(k_dirfd.dirfd(), k_dirfd.path(), uid, gid, flags) }
     };
     let set = SetAttrs { uid: id(uid), gid: id(gid), ..Default::default() };
     // SAFETY: the caller's path.
@@ -450,9 +460,10 @@ unsafe fn times_of(times: *const libc::timespec) -> Result<SetAttrs, i32> {
 
 unsafe fn utimens_at(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::utimensat(dirfd, path, times, flags) }
+        unsafe { real::utimensat(k_dirfd.dirfd(), k_dirfd.path(), times, flags) }
     };
     // SAFETY: the caller's array.
     let set = match unsafe { times_of(times) } {

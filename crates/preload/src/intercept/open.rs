@@ -11,7 +11,7 @@
 //! client's open: a walk through cached names and leases, and one request (a create, or
 //! the lookup that fetches fresh attributes for close-to-open), checked by the servers.
 
-use super::{dot_last, kernel_dirfd, target};
+use super::{dot_last, target, KernelAt};
 use crate::cluster;
 use crate::fd_table;
 use crate::guard::{fail, serve, Out, Res};
@@ -96,9 +96,10 @@ pub unsafe extern "C" fn creat64(path: *const c_char, mode: libc::mode_t) -> c_i
 
 pub unsafe fn open_at(dirfd: c_int, path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
-        // SAFETY: the caller's arguments, unchanged.
-        unsafe { real::openat(dirfd, path, flags, mode) }
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
+        // SAFETY: the caller's arguments.
+        unsafe { real::openat(k_dirfd.dirfd(), k_dirfd.path(), flags, mode) }
     };
     // SAFETY: the caller's path.
     let Some(t) = (unsafe { target(dirfd, path) }) else { return kernel() };

@@ -88,10 +88,11 @@ pub unsafe extern "C" fn execveat(
     envp: *const *const c_char,
     flags: c_int,
 ) -> c_int {
-    super::kernel_dirfd(dirfd);
+    // SAFETY: the caller's path (a served directory's path for its descriptor).
+    let k = unsafe { super::KernelAt::new(dirfd, path) };
     fork::before_exec();
     // SAFETY: the caller's arguments.
-    unsafe { real::execveat(dirfd, path, argv, envp, flags) }
+    unsafe { real::execveat(k.dirfd(), k.path(), argv, envp, flags) }
 }
 
 #[no_mangle]

@@ -11,7 +11,7 @@
 //! kernel's to describe.
 
 use super::open::special_check;
-use super::{kernel_dirfd, target};
+use super::{target, KernelAt};
 use crate::attrs::{fill_stat, fill_statx};
 use crate::cluster;
 use crate::fd_table;
@@ -86,9 +86,10 @@ unsafe fn what(dirfd: c_int, path: *const c_char, flags: c_int) -> What {
 
 unsafe fn stat_at(dirfd: c_int, path: *const c_char, buf: *mut libc::stat64, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::fstatat64(dirfd, path, buf, flags) }
+        unsafe { real::fstatat64(k_dirfd.dirfd(), k_dirfd.path(), buf, flags) }
     };
     if flags & !(libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT) != 0 {
         return kernel();
@@ -234,9 +235,10 @@ pub unsafe extern "C" fn statx(
     buf: *mut libc::statx,
 ) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::statx(dirfd, path, flags, mask, buf) }
+        unsafe { real::statx(k_dirfd.dirfd(), k_dirfd.path(), flags, mask, buf) }
     };
     const KNOWN: c_int =
         libc::AT_SYMLINK_NOFOLLOW | libc::AT_EMPTY_PATH | libc::AT_NO_AUTOMOUNT | libc::AT_STATX_SYNC_TYPE;
@@ -269,9 +271,10 @@ pub unsafe extern "C" fn statx(
 
 unsafe fn access_at(dirfd: c_int, path: *const c_char, mode: c_int, flags: c_int) -> c_int {
     let kernel = || {
-        kernel_dirfd(dirfd);
+        // SAFETY: the caller's path (a served directory's path for its descriptor).
+        let k_dirfd = unsafe { KernelAt::new(dirfd, path) };
         // SAFETY: the caller's arguments.
-        unsafe { real::faccessat(dirfd, path, mode, flags) }
+        unsafe { real::faccessat(k_dirfd.dirfd(), k_dirfd.path(), mode, flags) }
     };
     if mode & !7 != 0 || flags & !(libc::AT_EACCESS | libc::AT_SYMLINK_NOFOLLOW) != 0 {
         return kernel();
