@@ -135,6 +135,12 @@ pub fn resolve(base: Base<'_>, path: &[u8]) -> Option<Target> {
 
 /// `full` is absolute: find its mount.
 fn classify(full: &str) -> Option<Target> {
+    // Most paths a program names are elsewhere: tell by the first component, without
+    // allocating.
+    let first = full.split('/').find(|c| !c.is_empty() && *c != ".")?;
+    if !all().iter().any(|m| m.comps.first().is_some_and(|c| c == first)) {
+        return None;
+    }
     let comps: Vec<&str> = full.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
     let mount = all().iter().find(|m| comps.len() >= m.comps.len() && m.comps.iter().zip(&comps).all(|(a, b)| a == b))?;
     let rest = &comps[mount.comps.len()..];
