@@ -16,18 +16,6 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The library as cargo built it for this test (a dependency of the `shoal` package):
-/// `deps/` next to the binaries, or beside them after `cargo build --workspace`; the newer.
-fn library() -> PathBuf {
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_shoal"));
-    let dir = bin.parent().unwrap();
-    let found = [dir.join("deps/libshoal_preload.so"), dir.join("libshoal_preload.so")]
-        .into_iter()
-        .filter_map(|p| fs::metadata(&p).and_then(|m| m.modified()).ok().map(|t| (t, p)))
-        .max();
-    found.map(|(_, p)| p).expect("libshoal_preload.so was not built next to the shoal binary")
-}
-
 /// Programs run with the library preloaded on mount `m`, counting into a stats file.
 struct Preloaded<'a> {
     m: &'a Mount,
@@ -41,7 +29,7 @@ impl<'a> Preloaded<'a> {
 
     fn command(&self, program: &str) -> Command {
         let mut c = Command::new(program);
-        c.env("LD_PRELOAD", library())
+        c.env("LD_PRELOAD", fuse_common::preload_library())
             .env("SHOAL_PRELOAD_MOUNTS", &self.m.path)
             .env("SHOAL_PRELOAD_STATS", &self.stats)
             .current_dir(&self.m.path);
