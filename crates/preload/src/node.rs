@@ -42,6 +42,10 @@ pub struct Node {
     fetched: AtomicU64,
     /// Another node of the same file exists in this process (see the module doc).
     pub shared: AtomicBool,
+    /// Wrote since its last flush (a close with nothing to flush costs nothing).
+    unflushed: AtomicBool,
+    /// Ever wrote (its close must fsync: done in the background).
+    ever_wrote: AtomicBool,
 }
 
 type Key = (usize, u64);
@@ -103,6 +107,20 @@ impl Node {
 
     pub fn wrote(&self) {
         self.dirty.store(true, Ordering::Relaxed);
+        self.unflushed.store(true, Ordering::Relaxed);
+        self.ever_wrote.store(true, Ordering::Relaxed);
+    }
+
+    /// Wait for the handle's writes and publish the size (what `close(2)` of any of its
+    /// descriptors does); nothing when it has not written since the last flush.
+    pub fn flush(&self) -> Res<()> {
+        if self.unflushed.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.cluster.block_on(self.file().flush()) {
+                self.unflushed.store(true, Ordering::Relaxed);
+                return Err(e.into());
+            }
+        }
+        Ok(())
     }
 
     /// Flush the other nodes of this file that wrote, and refresh this one: called by a
@@ -161,6 +179,8 @@ pub fn share(cluster: &Arc<Cluster>, mount: usize, file: File, readable: bool, w
         dirty: AtomicBool::new(false),
         fetched: AtomicU64::new(now_ns()),
         shared: AtomicBool::new(!alive.is_empty()),
+        unflushed: AtomicBool::new(false),
+        ever_wrote: AtomicBool::new(false),
     });
     for other in &alive {
         other.shared.store(true, Ordering::Relaxed);
@@ -186,6 +206,14 @@ impl Drop for Node {
             }
         }
         let Some(file) = self.file.take() else { return };
+        if !self.ever_wrote.load(Ordering::Relaxed) {
+            // Nothing to sync: the close costs no request (but a file removed while open is
+            // released), so it is done here rather than handed to the runtime.
+            if let Err(e) = self.cluster.block_on(file.close()) {
+                crate::debug::say(&format!("closing {}: {e}", e.context));
+            }
+            return;
+        }
         BACKGROUND.fetch_add(1, Ordering::AcqRel);
         self.cluster.spawn(async move {
             if let Err(e) = file.close().await {
@@ -215,10 +243,8 @@ pub fn flush_all() {
         map.as_ref().map(|m| m.values().flatten().filter_map(Weak::upgrade).collect()).unwrap_or_default()
     };
     for n in &nodes {
-        if n.writable {
-            if let Err(e) = n.cluster.block_on(n.file().flush()) {
-                crate::debug::say(&format!("flushing {}: {e}", n.ino));
-            }
+        if let Err(e) = n.flush() {
+            crate::debug::say(&format!("flushing {}: {e:?}", n.ino));
         }
     }
 }

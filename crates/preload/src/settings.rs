@@ -10,7 +10,7 @@
 //! | `SHOAL_PRELOAD_WRITE_BEHIND` | 8 MiB | bytes of a file's writes in flight after `write` returned; 0: every write waits for the servers |
 //! | `SHOAL_PRELOAD_READAHEAD` | 8 MiB | readahead window of a file read forward |
 //! | `SHOAL_PRELOAD_CACHE_MS` | 1000 | how long names and attributes are trusted (the mount's `attr_timeout`/`entry_timeout`) |
-//! | `SHOAL_PRELOAD_THREADS` | 1 | runtime threads reading the servers' replies |
+//! | `SHOAL_PRELOAD_THREADS` | 0 | 0: the program's threads drive the client's connections while they wait in a call (`cluster.rs`); N: N runtime threads do |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -56,7 +56,7 @@ fn read() -> Settings {
         write_behind: number("SHOAL_PRELOAD_WRITE_BEHIND").map(|n| n as usize),
         readahead: number("SHOAL_PRELOAD_READAHEAD").map(|n| n as usize),
         cache_ttl: Duration::from_millis(number("SHOAL_PRELOAD_CACHE_MS").unwrap_or(1000)),
-        threads: number("SHOAL_PRELOAD_THREADS").unwrap_or(1).clamp(1, 64) as usize,
+        threads: number("SHOAL_PRELOAD_THREADS").unwrap_or(0).min(64) as usize,
     }
 }
 

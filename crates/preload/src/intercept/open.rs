@@ -260,9 +260,7 @@ pub fn release(of: Arc<OpenFile>) -> Res<c_int> {
     };
     drop(of); // the last reference drops the node's reference here
     if let Some(n) = node {
-        if n.writable {
-            n.cluster.block_on(n.file().flush())?;
-        }
+        n.flush()?;
         // Dropping `n` may be the node's last use: its close continues in the background.
     }
     Ok(0)
