@@ -55,6 +55,7 @@ fn check_writable(of: &OpenFile) -> Res<()> {
 
 /// Read up to `len` bytes at `off` through `node`.
 fn read_node(node: &Node, off: u64, len: usize) -> Res<Bytes> {
+    crate::cluster::data_activity();
     if node.shared.load(Ordering::Relaxed) && off + len as u64 > node.file().attr().size {
         node.sync_siblings();
     }
@@ -114,6 +115,7 @@ fn write_of(fd: c_int, of: &Arc<OpenFile>, at: Option<u64>, data: &[u8], extra: 
     if data.is_empty() {
         return Ok(0);
     }
+    crate::cluster::data_activity();
     let f = node.file();
     let end = if append {
         let at = node.cluster.block_on(f.append(data)).map_err(err_of)?;
