@@ -4,15 +4,20 @@
 #   pjdfstest (crates.io, the Rust rewrite of the POSIX conformance suite)
 #   fsx       (crates.io, the file-system exerciser): every operation type it has,
 #             on a file striped over 3 servers in 64 KiB stripes, FSX_OPS operations
-#             (default 100000), then FSX_WB_OPS (default 20000) on a write-back-cache mount
+#             (default 100000), then FSX_WB_OPS (default 20000) on a write-back-cache mount,
+#             then FSX_PRELOAD_OPS (default 20000) with the interception library preloaded
+#             (libshoal_preload.so, docs/preload.md): every operation but the mappings,
+#             which only the kernel can make; the library's counts show the calls were
+#             served in-process (none handed to the kernel)
 #
 # The tools are installed (once) with `cargo install` into $SHOAL_TOOLS (default
 # ~/.cache/shoal/tools). Starts a 3-server cluster and mounts it in a temporary folder;
 # cleans up on exit. Exit status 0 only if pjdfstest has no failure outside the expected
 # list below and fsx reports no miscompare.
 #
-# Environment: SHOAL_BIN (the shoal binary; default: build it), FSX_OPS, FSX_WB_OPS,
-# SHOAL_TOOLS, KEEP=1 (keep the work folder).
+# Environment: SHOAL_BIN (the shoal binary; default: build it), SHOAL_PRELOAD_LIB (the
+# library; default: beside SHOAL_BIN or in its deps/), FSX_OPS, FSX_WB_OPS,
+# FSX_PRELOAD_OPS, SHOAL_TOOLS, KEEP=1 (keep the work folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -22,6 +27,7 @@ FSX_VERSION=0.3.2
 TOOLS=${SHOAL_TOOLS:-$HOME/.cache/shoal/tools}
 FSX_OPS=${FSX_OPS:-100000}
 FSX_WB_OPS=${FSX_WB_OPS:-20000}
+FSX_PRELOAD_OPS=${FSX_PRELOAD_OPS:-20000}
 
 if [ ! -e /dev/fuse ]; then
   echo "posix-suites: SKIPPED: /dev/fuse is absent"
@@ -51,6 +57,11 @@ if [ -z "${SHOAL_BIN:-}" ]; then
   SHOAL_BIN=$CARGO_TARGET_DIR/release/shoal
 fi
 export SHOAL_BIN
+if [ -z "${SHOAL_PRELOAD_LIB:-}" ]; then
+  # The newer of the two places cargo leaves it (a dependency's, a workspace build's).
+  SHOAL_PRELOAD_LIB=$(ls -t "$(dirname "$SHOAL_BIN")/deps/libshoal_preload.so" \
+    "$(dirname "$SHOAL_BIN")/libshoal_preload.so" 2>/dev/null | head -1)
+fi
 
 # ---- cluster and mounts ----
 WORK=$(mktemp -d /tmp/shoal-suites.XXXXXX)
@@ -196,7 +207,40 @@ fsx_rc=0
 run_fsx striped "$MNT/fsx/file" "$FSX_OPS" || fsx_rc=1
 run_fsx writeback "$WB/fsx/file-wb" "$FSX_WB_OPS" || fsx_rc=1
 
+# Under the interception library: the same operations but mapread, mapwrite and
+# invalidate (mappings are the kernel's: the library would hand the descriptor to it and
+# the run would test the mount again). The library's counts must show reads and writes
+# served in-process and nothing handed to the kernel.
+PRELOAD_SUMMARY="not run (no libshoal_preload.so)"
+if [ -n "$SHOAL_PRELOAD_LIB" ] && [ -f "$SHOAL_PRELOAD_LIB" ]; then
+  sed -e 's/^mapread = .*/mapread = 0/; s/^mapwrite = .*/mapwrite = 0/; s/^invalidate = .*/invalidate = 0/' \
+    "$WORK/fsx.toml" > "$WORK/fsx-preload.toml"
+  FSX_CONF=$WORK/fsx-preload.toml
+  t0=$SECONDS
+  set +e
+  LD_PRELOAD=$SHOAL_PRELOAD_LIB SHOAL_PRELOAD_MOUNTS=$MNT SHOAL_PRELOAD_STATS=$WORK/preload-stats \
+    "$FSX" -f "$FSX_CONF" -N "$FSX_PRELOAD_OPS" -S 42 -P "$WORK" "$MNT/fsx/file-preload" > "$WORK/fsx-preload.log" 2>&1
+  rc=$?
+  set -e
+  stats=$(grep -a "^shoal-preload" "$WORK/preload-stats" 2>/dev/null | tail -1)
+  native=${stats#* native }; native=${native%% kernel*}
+  kernel=${stats##* kernel}
+  reads=$(grep -o ' read=[0-9]*' <<< " $native" | cut -d= -f2)
+  writes=$(grep -o ' write=[0-9]*' <<< " $native" | cut -d= -f2)
+  if [ $rc -eq 0 ] && grep -q "All operations completed A-OK" "$WORK/fsx-preload.log" \
+      && [ "${reads:-0}" -gt 0 ] && [ "${writes:-0}" -gt 0 ] && [ -z "${kernel// /}" ]; then
+    echo "fsx (preload): $FSX_PRELOAD_OPS operations, no miscompare ($((SECONDS - t0)) s); served in-process:$native; handed to the kernel: none"
+    PRELOAD_SUMMARY="$FSX_PRELOAD_OPS operations with the library preloaded: no miscompare, every call served in-process"
+  else
+    echo "fsx (preload): FAILED (exit $rc) after $((SECONDS - t0)) s; library counts: ${stats:-none}"
+    tail -40 "$WORK/fsx-preload.log"
+    PRELOAD_SUMMARY="FAILED"
+    fsx_rc=1
+  fi
+fi
+
 echo "== summary"
 echo "pjdfstest: $PJD_SUMMARY"
 echo "fsx: $FSX_OPS operations (striped, default mount) + $FSX_WB_OPS (writeback_cache mount): $([ $fsx_rc -eq 0 ] && echo 'no miscompare' || echo FAILED)"
+echo "fsx preload: $PRELOAD_SUMMARY"
 [ $pjd_rc -eq 0 ] && [ $fsx_rc -eq 0 ]

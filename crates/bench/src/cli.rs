@@ -50,7 +50,8 @@ const IO_EXAMPLES: &str = "Examples:
   shoal bench io -T native,local,tmpfs --compare -t 47008 -b 47008 -s 2000   # IO500 ior-hard pattern, ratios
   shoal bench io -F -T native --sweep transfer=64K,256K,1M,4M --plot bw.svg
   mpirun -np 8 shoal bench io -F -t 1M -b 256M -e -R      # one benchmark process per MPI rank
-Targets: native[:CONFIG], fuse:MOUNTPOINT, local[:DIR], tmpfs[:DIR], posix:DIR; a suffix @K runs K
+Targets: native[:CONFIG], fuse:MOUNTPOINT, preload:MOUNTPOINT (the mount through the interception
+library, docs/preload.md), local[:DIR], tmpfs[:DIR], posix:DIR; a suffix @K runs K
 operations in flight per process (async calls on native, threads on POSIX targets).
 The column last/first 10% is the rate of a phase's last 10 % of transfers (all processes, by
 completion time) over that of its first 10 %: 1.00 = the rate held to the end of the phase.";
@@ -74,6 +75,7 @@ see --rendezvous and docs/benchmarks.md.";
 #[derive(Args, Debug, Clone)]
 pub struct CommonArgs {
     /// Where to run (repeat or separate with commas): native, native:CONFIG, fuse:MOUNTPOINT,
+    /// preload:MOUNTPOINT (workers with the interception library preloaded),
     /// local[:DIR] (default: the temp dir), tmpfs[:DIR] (default /dev/shm), posix:DIR;
     /// @K at the end = K operations in flight per process; native#B = B operations per request
     /// in batches (bench md). Default: native.

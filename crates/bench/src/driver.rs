@@ -222,7 +222,7 @@ pub async fn run_once(b: &Bench, target: &TargetSpec, rep: usize) -> Result<Targ
     // The cluster, for setting up (native) and for counters (native and FUSE).
     let control = match &target.kind {
         TargetKind::Native { config, .. } => Some(control_client(config, b.timeout)?),
-        TargetKind::Posix { role: PosixRole::Fuse, .. } => match &b.cluster_config {
+        TargetKind::Posix { role: PosixRole::Fuse | PosixRole::Preload, .. } => match &b.cluster_config {
             Some(c) => Some(control_client(c, b.timeout)?),
             None => None,
         },
@@ -300,6 +300,10 @@ async fn run_in(
             }
             // On an error, dropping `ranks` kills the workers.
             r?
+        }
+        Launch::Mpi(_) if target.preloaded() => {
+            // The ranks were started by mpirun, without the library: it cannot be loaded now.
+            bail!("target preload needs workers started by shoal bench (not mpirun); under mpirun export LD_PRELOAD=libshoal_preload.so to every rank and use a fuse:DIR target")
         }
         Launch::Mpi(pool) => {
             let mut ranks = pool.lock().await;

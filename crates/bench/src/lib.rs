@@ -1,5 +1,5 @@
 //! `shoal bench`: IOR- and mdtest-style benchmarks that run the same workload on the native
-//! Shoal client, a Shoal FUSE mount, a local directory and tmpfs, side by side, and report
+//! Shoal client, a Shoal FUSE mount (plain, or through the interception library), a local directory and tmpfs, side by side, and report
 //! the servers' own counters (requests and bytes per operation per server, load balance).
 //!
 //! * [`spec`]: targets and workloads (IOR and mdtest parameters), sent to workers as JSON.
@@ -11,6 +11,7 @@
 //! * [`report`], [`plot`]: tables, JSON, SVG/PNG charts. [`suite`]: the standard set.
 //! * [`timeline`]: when operations complete, and the rate of a phase's first and last tenth.
 //! * [`listing`]: the md `list` phase's check that every name is listed exactly once.
+//! * [`preload`]: where the interception library is (the `preload` target's workers).
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
 
 pub mod cli;
@@ -23,6 +24,7 @@ pub mod listing;
 pub mod mpi;
 pub mod pattern;
 pub mod plot;
+pub mod preload;
 pub mod report;
 pub mod spec;
 pub mod suite;

@@ -285,8 +285,18 @@ impl Ranks {
     /// its job.
     pub async fn spawn(cmd: &WorkerCmd, jobs: &[Job]) -> Result<Ranks> {
         let mut ranks = Ranks::new(jobs.len());
+        // The `preload` target: its workers' file calls are served by the interception
+        // library, loaded into them.
+        let preload = match jobs.first() {
+            Some(j) if j.target.preloaded() => Some(crate::preload::library()?),
+            _ => None,
+        };
         for rank in 0..jobs.len() {
-            let mut child = Command::new(&cmd.program)
+            let mut command = Command::new(&cmd.program);
+            if let Some(lib) = &preload {
+                command.env("LD_PRELOAD", lib);
+            }
+            let mut child = command
                 .args(&cmd.args)
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())

@@ -36,6 +36,10 @@ pub enum TargetKind {
 pub enum PosixRole {
     /// A Shoal FUSE mount: POSIX calls, and the servers' counters are read around each phase.
     Fuse,
+    /// A Shoal FUSE mount used through the interception library: the same POSIX calls from
+    /// workers started with `LD_PRELOAD` of `libshoal_preload.so` (docs/preload.md), which
+    /// serves them with the native client in-process; counters as for `Fuse`.
+    Preload,
     /// A plain directory on a local disk: the baseline for data.
     Local,
     /// A tmpfs directory (/dev/shm): the baseline for metadata.
@@ -49,6 +53,8 @@ impl TargetSpec {
     ///
     /// * `native` or `native:CONFIG` — the native client (`CONFIG` defaults to `--config`);
     /// * `fuse:DIR` — a Shoal FUSE mount (POSIX calls plus the servers' counters);
+    /// * `preload:DIR` — the same mount with the workers' calls served by the interception
+    ///   library (`LD_PRELOAD`, docs/preload.md);
     /// * `local` or `local:DIR` — a local directory (default: the system temp dir);
     /// * `tmpfs` or `tmpfs:DIR` — a tmpfs directory (default /dev/shm);
     /// * `posix:DIR` or just `DIR` (starting with `/` or `.`) — any directory.
@@ -75,6 +81,12 @@ impl TargetSpec {
             }
             ("fuse", Some(d)) if !d.is_empty() => TargetKind::Posix { dir: PathBuf::from(d), role: PosixRole::Fuse },
             ("fuse", _) => bail!("target fuse needs the mount point: fuse:/path/to/mount (mount it with shoal mount)"),
+            ("preload", Some(d)) if !d.is_empty() => {
+                TargetKind::Posix { dir: PathBuf::from(d), role: PosixRole::Preload }
+            }
+            ("preload", _) => {
+                bail!("target preload needs the mount point: preload:/path/to/mount (mount it with shoal mount)")
+            }
             ("local", a) => TargetKind::Posix {
                 dir: a.filter(|d| !d.is_empty()).map(PathBuf::from).unwrap_or_else(std::env::temp_dir),
                 role: PosixRole::Local,
@@ -88,7 +100,7 @@ impl TargetSpec {
                 TargetKind::Posix { dir: PathBuf::from(p), role: PosixRole::Other }
             }
             _ => bail!(
-                "unknown target {s:?}: expected native, native:CONFIG, fuse:DIR, local[:DIR], tmpfs[:DIR] or posix:DIR (optionally ending in @K for K operations in flight)"
+                "unknown target {s:?}: expected native, native:CONFIG, fuse:DIR, preload:DIR, local[:DIR], tmpfs[:DIR] or posix:DIR (optionally ending in @K for K operations in flight)"
             ),
         };
         if batch.is_some() && !matches!(kind, TargetKind::Native { .. }) {
@@ -97,11 +109,12 @@ impl TargetSpec {
         Ok(TargetSpec { kind, in_flight, batch })
     }
 
-    /// Short name for tables: `native`, `native@16`, `fuse`, `local`, `tmpfs`, `posix`.
+    /// Short name for tables: `native`, `native@16`, `fuse`, `preload`, `local`, `tmpfs`, `posix`.
     pub fn label(&self) -> String {
         let base = match &self.kind {
             TargetKind::Native { .. } => "native",
             TargetKind::Posix { role: PosixRole::Fuse, .. } => "fuse",
+            TargetKind::Posix { role: PosixRole::Preload, .. } => "preload",
             TargetKind::Posix { role: PosixRole::Local, .. } => "local",
             TargetKind::Posix { role: PosixRole::Tmpfs, .. } => "tmpfs",
             TargetKind::Posix { role: PosixRole::Other, .. } => "posix",
@@ -135,9 +148,19 @@ impl TargetSpec {
         }
     }
 
-    /// Whether the servers' counters describe this target's work (native and FUSE).
+    /// Whether the servers' counters describe this target's work (native, FUSE, preload).
     pub fn uses_shoal(&self) -> bool {
-        matches!(self.kind, TargetKind::Native { .. } | TargetKind::Posix { role: PosixRole::Fuse, .. })
+        self.is_native() || self.on_mount()
+    }
+
+    /// Whether this is a directory of a Shoal mount (`fuse` or `preload`).
+    pub fn on_mount(&self) -> bool {
+        matches!(self.role(), Some(PosixRole::Fuse | PosixRole::Preload))
+    }
+
+    /// Whether the workers run with the interception library preloaded.
+    pub fn preloaded(&self) -> bool {
+        self.role() == Some(PosixRole::Preload)
     }
 }
 
@@ -378,6 +401,11 @@ mod tests {
         assert_eq!(t.label(), "fuse@4");
         assert!(t.uses_shoal());
         assert!(TargetSpec::parse("fuse", None, "/b").is_err());
+        let t = TargetSpec::parse("preload:/mnt/s", None, "/b").unwrap();
+        assert_eq!(t.kind, TargetKind::Posix { dir: "/mnt/s".into(), role: PosixRole::Preload });
+        assert_eq!(t.label(), "preload");
+        assert!(t.uses_shoal() && t.preloaded());
+        assert!(TargetSpec::parse("preload", None, "/b").is_err());
         assert!(TargetSpec::parse("nfs:/x", None, "/b").is_err());
         assert!(TargetSpec::parse("native@0", Some(&cfg), "/b").is_err());
         let t = TargetSpec::parse("/data/x", None, "/b").unwrap();

@@ -1,5 +1,5 @@
 //! `shoal bench suite`: the IO500-like easy and hard cases, scaled to this machine, on every
-//! target, alternating, three times; then the targets of issue #4 checked against the
+//! target, alternating, three times; then the targets of issues #4 and #12 checked against the
 //! medians and `docs/benchmarks.md` rewritten with the tables, the machine and the date.
 
 use crate::driver::{control_client, run_bench, Bench, Launch, WorkerCmd};
@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]
 pub struct SuiteArgs {
-    /// Targets (default: native, fuse when a mount is available, local, tmpfs). Same syntax
-    /// as `shoal bench io -T`.
+    /// Targets (default: native, fuse and preload when a mount is available, local, tmpfs).
+    /// Same syntax as `shoal bench io -T`; a bare `fuse` or `preload` is the suite's mount
+    /// (`--fuse`).
     #[arg(short = 'T', long = "target", value_delimiter = ',', value_name = "TARGET")]
     pub targets: Vec<String>,
     /// FUSE: a mount point of this cluster (mounted with `shoal mount`), `auto` to mount one
@@ -88,7 +89,7 @@ pub struct CaseResult {
     pub seconds: f64,
 }
 
-/// One criterion of issue #4.
+/// One criterion of issue #4 or #12.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Check {
     pub what: String,
@@ -183,6 +184,17 @@ async fn unmount(mut m: Mount) {
     let _ = std::fs::remove_dir(&m.dir);
 }
 
+/// The targets on a Shoal mount's folder `dir`: `fuse`, and `preload` next to it (the same
+/// folder through the interception library) when the library is there.
+fn on_mount(targets: &mut Vec<TargetSpec>, notes: &mut Vec<String>, dir: PathBuf) {
+    let target = |role| TargetSpec { kind: TargetKind::Posix { dir: dir.clone(), role }, in_flight: None, batch: None };
+    targets.push(target(PosixRole::Fuse));
+    match crate::preload::library() {
+        Ok(_) => targets.push(target(PosixRole::Preload)),
+        Err(e) => notes.push(format!("preload target left out: {e:#}")),
+    }
+}
+
 pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs) -> Result<()> {
     let scale = Scale::named(&a.scale)?;
     let cases: Vec<String> =
@@ -206,28 +218,14 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
             "auto" => match &config {
                 Some(c) => match mount_fuse(c, timeout).await {
                     Ok(m) => {
-                        targets.push(TargetSpec {
-                            kind: TargetKind::Posix {
-                                dir: m.dir.join(a.base.trim_start_matches('/')),
-                                role: PosixRole::Fuse,
-                            },
-                            in_flight: None,
-                            batch: None,
-                        });
+                        on_mount(&mut targets, &mut notes, m.dir.join(a.base.trim_start_matches('/')));
                         mount = Some(m);
                     }
                     Err(e) => notes.push(format!("FUSE target left out: {e:#}")),
                 },
                 None => notes.push("FUSE target left out: no cluster configuration".into()),
             },
-            dir => targets.push(TargetSpec {
-                kind: TargetKind::Posix {
-                    dir: Path::new(dir).join(a.base.trim_start_matches('/')),
-                    role: PosixRole::Fuse,
-                },
-                in_flight: None,
-                batch: None,
-            }),
+            dir => on_mount(&mut targets, &mut notes, Path::new(dir).join(a.base.trim_start_matches('/'))),
         }
         let local = a.local_dir.clone().unwrap_or_else(std::env::temp_dir);
         targets.push(TargetSpec {
@@ -238,7 +236,29 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
         targets.push(TargetSpec::parse("tmpfs", None, &a.base)?);
     } else {
         for t in &a.targets {
-            targets.push(TargetSpec::parse(t, config.as_ref(), &a.base)?);
+            // Bare `fuse` and `preload`: the suite's mount (`--fuse`), made once if needed.
+            let role = match t.as_str() {
+                "fuse" => PosixRole::Fuse,
+                "preload" => PosixRole::Preload,
+                _ => {
+                    targets.push(TargetSpec::parse(t, config.as_ref(), &a.base)?);
+                    continue;
+                }
+            };
+            let root = match (a.fuse.as_str(), &mount, &config) {
+                ("none", _, _) => bail!("target {t} needs a mount: --fuse auto or --fuse MOUNTPOINT"),
+                ("auto", Some(m), _) => m.dir.clone(),
+                ("auto", None, Some(c)) => {
+                    let m = mount_fuse(c, timeout).await?;
+                    let d = m.dir.clone();
+                    mount = Some(m);
+                    d
+                }
+                ("auto", None, None) => bail!("target {t} needs a cluster configuration (--config) to mount"),
+                (dir, _, _) => PathBuf::from(dir),
+            };
+            let dir = root.join(a.base.trim_start_matches('/'));
+            targets.push(TargetSpec { kind: TargetKind::Posix { dir, role }, in_flight: None, batch: None });
         }
     }
     for n in &notes {
@@ -255,7 +275,7 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
     let checks = evaluate(&results);
     if human {
         println!();
-        println!("targets of issue #4:");
+        println!("targets of issues #4 and #12:");
         for c in &checks {
             println!(
                 "  {:<70} {:>6} {:>8}  {}",
@@ -319,7 +339,7 @@ async fn run_cases(
     // create; the FUSE target's folder gets it as its default.
     let stripes = LayoutSpec { stripe_count: Some(u32::MAX), stripe_size: Some(1 << 20), ..Default::default() };
     if let Some(c) = config {
-        if let Some(fuse) = targets.iter().find(|t| t.role() == Some(PosixRole::Fuse)) {
+        if let Some(fuse) = targets.iter().find(|t| t.on_mount()) {
             if let TargetKind::Posix { dir, .. } = &fuse.kind {
                 std::fs::create_dir_all(dir).with_context(|| format!("mkdir {}", dir.display()))?;
             }
@@ -377,7 +397,7 @@ async fn run_cases(
                 };
                 if let Some(c) = config {
                     // The FUSE target's folder: same layout by default (mount root = Shoal root).
-                    if targets.iter().any(|t| t.role() == Some(PosixRole::Fuse)) {
+                    if targets.iter().any(|t| t.on_mount()) {
                         let client = control_client(c, timeout)?;
                         let _ = client.set_layout(&a.base, stripes.clone()).await;
                     }
@@ -458,7 +478,7 @@ fn row<'a>(results: &'a [CaseResult], case: &str, phase: &str, target: &str) -> 
     results.iter().find(|c| c.case == case)?.report.summary.iter().find(|r| r.phase == phase && r.target == target)
 }
 
-/// The criteria of issue #4 against the medians.
+/// The criteria of issues #4 and #12 against the medians.
 pub fn evaluate(results: &[CaseResult]) -> Vec<Check> {
     let mut checks = Vec::new();
     let mut ratio = |case: &str, phase: &str, target: &str, base: &str, min: f64| {
@@ -482,6 +502,26 @@ pub fn evaluate(results: &[CaseResult]) -> Vec<Check> {
         ratio("md-easy", phase, "native@16", "tmpfs", 0.5);
         ratio("md-easy", phase, "native#16@1", "tmpfs", 0.5);
         ratio("md-easy", phase, "fuse", "tmpfs", 0.05);
+    }
+    // Issue #12: through the interception library, within 0.9 of the native client.
+    let mut vs_native = |case: &str, phase: &str, native: &str| {
+        let v = row(results, case, phase, "preload")
+            .zip(row(results, case, phase, native))
+            .and_then(|(p, n)| (n.median > 0.0).then(|| p.median / n.median));
+        checks.push(Check {
+            what: format!("{case} {phase}: preload / {native}"),
+            measured: v,
+            required: ">= 0.9".into(),
+            met: v.map(|v| v >= 0.9),
+        });
+    };
+    for phase in ["create", "stat", "unlink"] {
+        vs_native("md-easy", phase, "native@1");
+    }
+    for case in ["io-easy", "io-hard"] {
+        for phase in ["write", "read-cold"] {
+            vs_native(case, phase, "native");
+        }
     }
     for phase in ["create", "stat", "unlink"] {
         let r = row(results, "md-easy", phase, "native@1");
@@ -743,7 +783,7 @@ fn markdown(
          operation in flight (mdtest semantics). Counters: the \
          servers' own, read with a `status` request before and after each phase (`status` and `hello` left out).\n"
     );
-    let _ = writeln!(s, "## Targets of issue #4\n");
+    let _ = writeln!(s, "## Targets of issues #4 and #12\n");
     let _ = writeln!(s, "| criterion | measured | required | |");
     let _ = writeln!(s, "|---|---:|---|---|");
     for c in checks {

@@ -1,6 +1,7 @@
 //! The external POSIX suites from crates.io against a real mount: pjdfstest (no failure
 //! outside the documented expected list) and fsx (100,000 operations of every kind it has,
-//! no miscompare). `scripts/posix-suites.sh` does the work (installing the tools on first
+//! no miscompare; then with the interception library preloaded, every call served
+//! in-process). `scripts/posix-suites.sh` does the work (installing the tools on first
 //! use); this test runs it with the binaries just built and shows its counts.
 
 mod common;
@@ -18,6 +19,7 @@ fn pjdfstest_and_fsx_pass() {
     let out = Command::new("bash")
         .arg(root.join("scripts/posix-suites.sh"))
         .env("SHOAL_BIN", env!("CARGO_BIN_EXE_shoal"))
+        .env("SHOAL_PRELOAD_LIB", fuse_common::preload_library())
         .current_dir(&root)
         .output()
         .expect("run scripts/posix-suites.sh");
@@ -30,4 +32,5 @@ fn pjdfstest_and_fsx_pass() {
     let summary = stdout.lines().skip_while(|l| *l != "== summary").collect::<Vec<_>>().join("\n");
     assert!(summary.contains(" 0 failed"), "{summary}");
     assert!(summary.contains("no miscompare"), "{summary}");
+    assert!(summary.contains("every call served in-process"), "{summary}");
 }

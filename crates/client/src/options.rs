@@ -55,6 +55,16 @@ pub struct ClientOptions {
     /// so `getattr` answers from memory, exactly, while it holds. Each lease costs the
     /// server a record for its term; the FUSE mount turns them on. Default off.
     pub attr_leases: bool,
+    /// Resolve paths as the kernel does under a mount point of Shoal (for the preload
+    /// library, which serves calls on paths below a FUSE mount): a walk that would leave
+    /// Shoal's namespace — a symbolic link with an absolute target (the kernel follows it
+    /// from the host's root), a target starting with `shoal:` (the native client reads it
+    /// as a Shoal path, the kernel as a relative name; the mount's special files are such
+    /// links), or `..` above Shoal's root (the kernel goes to the mount point's parent) —
+    /// stops before any change with [`Errno::EREMOTE`](crate::Errno), so that the
+    /// caller can hand the call to the kernel. Default off (links resolve inside Shoal,
+    /// `..` stays at the root).
+    pub host_paths: bool,
 }
 
 impl Default for ClientOptions {
@@ -70,6 +80,7 @@ impl Default for ClientOptions {
             readahead: 8 << 20,
             dir_lease: Duration::from_secs(3),
             attr_leases: false,
+            host_paths: false,
         }
     }
 }

@@ -67,6 +67,8 @@ impl Client {
             if name == "." || name == ".." {
                 if name == ".." && stack.len() > 1 {
                     stack.pop();
+                } else if name == ".." && self.options().host_paths {
+                    return Err((Error::new(Errno::EREMOTE, "`..` leaves Shoal's root"), false));
                 }
                 cur = Found { ino: *stack.last().unwrap_or(&ROOT_INO), kind: FileKind::Dir, attr: None };
                 continue;
@@ -95,6 +97,9 @@ impl Client {
                     let target = self.readlink_with(ino, fresh).await.map_err(|e| (e, used_cache))?;
                     if target.is_empty() {
                         return Err((Error::bare(Errno::ENOENT), false));
+                    }
+                    if self.options().host_paths && (target.starts_with('/') || target.starts_with("shoal:")) {
+                        return Err((Error::new(Errno::EREMOTE, format!("symbolic link to {target}")), false));
                     }
                     let tcomps = components(&target).map_err(|e| (Error::bare(e), false))?;
                     if crate::pathname::strip_scheme(&target).starts_with('/') {

@@ -93,7 +93,12 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
         .map_err(|e| anyhow!("cannot reach the cluster of {}: {e}", client_config.display()))?;
 
     let mut mount_options = vec![
-        fuser::MountOption::FSName(opts.fsname.clone().unwrap_or_else(|| format!("shoal:{}", client_config.display()))),
+        // The source names the configuration by its absolute path: the preload library
+        // (crates/preload) finds the cluster of a mount from it in /proc/self/mountinfo.
+        fuser::MountOption::FSName(opts.fsname.clone().unwrap_or_else(|| {
+            let config = client_config.canonicalize().unwrap_or_else(|_| client_config.to_path_buf());
+            format!("shoal:{}", config.display())
+        })),
         // Makes the type "fuse.shoal" in /proc/mounts also when mounting without fusermount3.
         fuser::MountOption::CUSTOM("subtype=shoal".into()),
     ];

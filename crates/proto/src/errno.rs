@@ -36,6 +36,8 @@ impl Errno {
     pub const ENOTCONN: Errno = Errno(libc::ENOTCONN);
     pub const ETIMEDOUT: Errno = Errno(libc::ETIMEDOUT);
     pub const ESTALE: Errno = Errno(libc::ESTALE);
+    /// Not sent by servers: a client's walk with `host_paths` that leads out of Shoal.
+    pub const EREMOTE: Errno = Errno(libc::EREMOTE);
 
     /// The errno a local I/O error maps to (ENOSPC for a full disk, EIO when unknown).
     pub fn from_io(err: &std::io::Error) -> Errno {

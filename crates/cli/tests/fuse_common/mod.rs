@@ -186,3 +186,17 @@ pub fn cstr(p: &Path) -> std::ffi::CString {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap()
 }
+
+/// The interception library (`crates/preload`) as cargo built it for the tests (`shoal`
+/// depends on it): in `deps/` next to the binaries, or beside them after a workspace
+/// build; the newer of the two.
+pub fn preload_library() -> PathBuf {
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_shoal"));
+    let dir = bin.parent().unwrap();
+    [dir.join("deps/libshoal_preload.so"), dir.join("libshoal_preload.so")]
+        .into_iter()
+        .filter_map(|p| std::fs::metadata(&p).and_then(|m| m.modified()).ok().map(|t| (t, p)))
+        .max()
+        .map(|(_, p)| p)
+        .expect("libshoal_preload.so was not built next to the shoal binary")
+}
