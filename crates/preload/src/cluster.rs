@@ -181,7 +181,9 @@ fn start_ticker(c: &Arc<Cluster>) {
             if left == 0 {
                 c.rt.block_on(tokio::task::yield_now());
             } else {
-                c.rt.block_on(tokio::time::sleep(Duration::from_nanos(left).min(TICK)));
+                // The timer is made inside the runtime (`sleep` needs its context).
+                let pause = Duration::from_nanos(left).min(TICK);
+                c.rt.block_on(async move { tokio::time::sleep(pause).await });
             }
         }
     });
