@@ -17,11 +17,8 @@ pub fn library() -> Result<PathBuf> {
     }
     let exe = std::env::current_exe()?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    let candidates = [
-        dir.join("libshoal_preload.so"),
-        dir.join("deps/libshoal_preload.so"),
-        dir.join("../lib/libshoal_preload.so"),
-    ];
+    let candidates =
+        [dir.join("libshoal_preload.so"), dir.join("deps/libshoal_preload.so"), dir.join("../lib/libshoal_preload.so")];
     let newest = candidates
         .iter()
         .filter_map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok().map(|t| (t, p.clone())))

@@ -342,3 +342,77 @@ fn a_1_mib_write_from_a_buffer_not_on_a_page_boundary_is_one_request_to_a_server
     assert_eq!(back.len(), (N as usize + 1) * MIB);
     assert!(back.chunks(MIB).all(|c| c == buf), "a MiB reads back wrong");
 }
+
+/// `ls -l` of a directory this mount has never seen: READDIRPLUS gives the kernel every
+/// name with its attributes, fetched in batches (one request per server per 128 names),
+/// so the listing costs a handful of requests instead of one per file; and what `ls -l`
+/// shows is right. With `noreaddirplus` the same listing costs a request per file (the
+/// count the test would see if the mount stopped sending attributes with listings).
+#[test]
+fn ls_l_of_a_directory_costs_a_request_per_server_per_batch_of_names() {
+    if skip_without_fuse() {
+        return;
+    }
+    const N: usize = 300;
+    let c = Cluster::start(4);
+    let writer = Mount::new(&c, LONG);
+    fs::create_dir(writer.p("big")).unwrap();
+    for i in 0..N {
+        fs::write(writer.p(&format!("big/f{i:03}")), vec![b'x'; i]).unwrap();
+    }
+    let ls = |m: &Mount| -> String {
+        let out = std::process::Command::new("ls").arg("-ln").arg(m.p("big")).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Every file shown with its size.
+    let check = |text: &str| {
+        let mut sizes = BTreeMap::new();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            sizes.insert(f[8].to_string(), f[4].parse::<usize>().unwrap());
+        }
+        assert_eq!(sizes.len(), N, "{text}");
+        for (name, size) in sizes {
+            assert_eq!(size, name[1..].parse::<usize>().unwrap(), "size of {name}");
+        }
+    };
+    // Requests, not operations (a batch counts once), without the extended attributes
+    // `ls` asks for (`security.selinux`: one request per file either way).
+    let cost = |m: &Mount| -> (u64, String) {
+        let (r0, o0) = (requests(&c), ops(&c));
+        let text = ls(m);
+        let (r1, o1) = (requests(&c), ops(&c));
+        let xattrs = o1.get("getxattr").copied().unwrap_or(0) - o0.get("getxattr").copied().unwrap_or(0);
+        (r1 - r0 - counting_cost(&c) - xattrs, text)
+    };
+    let plus = Mount::new(&c, LONG);
+    let (n, text) = cost(&plus);
+    check(&text);
+    // The directory's lookup, its listing, and one batch per server per 128 names (3
+    // batches × 4 servers), the inodes that live on another server than their entries
+    // asked for one by one (about a quarter with 4 servers: the servers place a file's
+    // inode with its entry unless the directory's policy spreads them).
+    assert!(n <= 16 + N as u64 / 3, "ls -l of {N} files cost {n} requests");
+
+    let plain = Mount::new(&c, &[LONG, &["noreaddirplus"]].concat());
+    let (m, text) = cost(&plain);
+    check(&text);
+    assert!(m >= N as u64, "without readdirplus, ls -l of {N} files cost only {m} requests");
+    eprintln!("ls -l of {N} files: {n} requests with readdirplus, {m} without");
+    assert!(n * 2 < m, "readdirplus saved too little: {n} requests against {m}");
+}
+
+/// Client requests served so far, summed over the servers.
+fn requests(c: &Cluster) -> u64 {
+    let client = c.uncached_client();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(client.status_all()).into_iter().map(|(_, st)| st.unwrap().counters.client_requests).sum()
+}
+
+/// The requests that one `requests` and one `ops` call add to the count themselves.
+fn counting_cost(c: &Cluster) -> u64 {
+    let a = requests(c);
+    let _ = ops(c);
+    requests(c) - a
+}

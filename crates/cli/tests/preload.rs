@@ -159,12 +159,10 @@ fn programs_under_the_library_round_trip_through_the_mount_without_fuse() {
     }
 
     // git in the mount.
-    p.sh(
-        "mkdir repo && cd repo && git init -q . && git config user.email t@e && git config user.name t \
+    p.sh("mkdir repo && cd repo && git init -q . && git config user.email t@e && git config user.name t \
          && printf 'one\\n' > f && git add f && git commit -qm one \
          && printf 'two\\n' >> f && mkdir d && printf 'x\\n' > d/x && git add -A && git commit -qm two \
-         && git mv f g && git commit -qm three",
-    );
+         && git mv f g && git commit -qm three");
     let log = p.sh("cd repo && git log --format=%s && git status --porcelain && git fsck --no-progress 2>&1");
     assert_eq!(log.trim(), "three\ntwo\none", "{log}");
     assert_eq!(fs::read_to_string(m.p("repo/g")).unwrap(), "one\ntwo\n");

@@ -37,8 +37,8 @@ use bytes::{Bytes, BytesMut};
 use fuser::{
     AccessFlags, CopyFileRangeFlags, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenFlags as KOpenFlags, RenameFlags as KRenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
+    Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use shoal_client::{Attr, Client, Cred, Error, File, FileKind, Ino, OpenFlags, RenameFlags, SetAttrs, TimeSet};
@@ -132,7 +132,21 @@ struct DirStream {
     after: Option<String>,
     more: bool,
     parent: u64,
+    /// READDIRPLUS: attributes fetched for entries (by index) that did not fit in the
+    /// kernel's last buffer, kept for its next call (which asks for them at once).
+    plus: HashMap<usize, PlusEntry>,
 }
+
+/// What READDIRPLUS tells the kernel of one entry: its attributes and how long the kernel
+/// may keep the name and them, from when they were fetched.
+struct PlusEntry {
+    attr: fuser::FileAttr,
+    ttl: Duration,
+    fetched: Instant,
+}
+
+/// Entries whose attributes READDIRPLUS fetches in one batch (one request per server).
+const PLUS_BATCH: usize = 128;
 
 /// State shared by the request tasks.
 pub(crate) struct Shared {
@@ -873,42 +887,61 @@ impl Shared {
             after: None,
             more: true,
             parent: a.parent.map(|p| p.0).unwrap_or(ino),
+            plus: HashMap::new(),
         };
         self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
         Ok(fh)
     }
 
-    async fn readdir(&self, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let Some(stream) = self.dirs.lock().get(&fh.0).cloned() else { return reply.error(raw(libc::EBADF)) };
-        let mut s = stream.lock().await;
+    /// The listing open as `fh`.
+    fn dir_stream(&self, fh: FileHandle) -> Res<Arc<tokio::sync::Mutex<DirStream>>> {
+        self.dirs.lock().get(&fh.0).cloned().ok_or(raw(libc::EBADF))
+    }
+
+    /// A listing asked for from offset 0 starts afresh: a `rewinddir` sees the directory
+    /// as it is now.
+    fn restart_at(s: &mut DirStream, offset: u64) {
         if offset == 0 || s.entries.is_empty() {
-            // (Re)start: rewinddir sees the directory as it is now.
             s.entries = vec![(".".into(), s.ino.0, FileType::Directory), ("..".into(), s.parent, FileType::Directory)];
             s.after = None;
             s.more = true;
+            s.plus.clear();
         }
+    }
+
+    /// Make entry `idx` of `s` loaded if the directory has that many (pages fetched as the
+    /// reader gets there).
+    async fn load_entry(&self, client: &Client, s: &mut DirStream, idx: usize) -> Res<()> {
+        while idx >= s.entries.len() && s.more {
+            let (page, more) = client.readdir_page(s.ino, s.after.clone(), READDIR_PAGE).await.map_err(e)?;
+            s.more = more && !page.is_empty();
+            if let Some(last) = page.last() {
+                s.after = Some(last.name.clone());
+            }
+            // Symlinks may stand for special files: find out (in parallel, once per inode)
+            // so that d_type is right.
+            let kinds = futures::future::join_all(page.iter().map(|d| self.special_of(d.ino, d.kind))).await;
+            let entries = page.into_iter().zip(kinds).map(|(d, sp)| {
+                let kind = sp.map(|x| x.kind).unwrap_or_else(|| convert::kind(d.kind));
+                (d.name, d.ino.0, kind)
+            });
+            s.entries.extend(entries);
+        }
+        Ok(())
+    }
+
+    async fn readdir(&self, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let stream = match self.dir_stream(fh) {
+            Ok(s) => s,
+            Err(err) => return reply.error(err),
+        };
+        let mut s = stream.lock().await;
+        Self::restart_at(&mut s, offset);
         let client = self.root.with_cred(s.cred.clone());
         let mut idx = offset as usize;
         loop {
-            while idx >= s.entries.len() && s.more {
-                match client.readdir_page(s.ino, s.after.clone(), READDIR_PAGE).await {
-                    Ok((page, more)) => {
-                        s.more = more && !page.is_empty();
-                        if let Some(last) = page.last() {
-                            s.after = Some(last.name.clone());
-                        }
-                        // Symlinks may stand for special files: find out (in parallel, once
-                        // per inode) so that d_type is right.
-                        let kinds =
-                            futures::future::join_all(page.iter().map(|d| self.special_of(d.ino, d.kind))).await;
-                        let entries = page.into_iter().zip(kinds).map(|(d, sp)| {
-                            let kind = sp.map(|x| x.kind).unwrap_or_else(|| convert::kind(d.kind));
-                            (d.name, d.ino.0, kind)
-                        });
-                        s.entries.extend(entries);
-                    }
-                    Err(err) => return reply.error(e(err)),
-                }
+            if let Err(err) = self.load_entry(&client, &mut s, idx).await {
+                return reply.error(err);
             }
             let Some((name, ino, kind)) = s.entries.get(idx) else { break };
             if reply.add(INodeNo(*ino), idx as u64 + 1, *kind, name) {
@@ -917,6 +950,94 @@ impl Shared {
             idx += 1;
         }
         reply.ok();
+    }
+
+    /// READDIRPLUS (the kernel asks for it for the first page of a listing, and for the
+    /// rest when the reader also looks the names up, as `ls -l` does): the entries with
+    /// their attributes, fetched a batch of [`PLUS_BATCH`] names at a time with one lookup
+    /// request per server (`Client::lookup_many`) instead of one LOOKUP and one server
+    /// request per name. The kernel keeps each name and its attributes for the shorter of
+    /// the entry's and the attributes' lifetimes (`kernel_cache.rs`: a directory lease's
+    /// rest, else `entry_timeout`/`attr_timeout`), counted from when they were fetched.
+    /// An entry removed since the listing is left out; one whose attributes could not be
+    /// fetched (no search permission on the directory, a server down) is listed with node
+    /// id 0, which the kernel lists without caching anything for it.
+    async fn readdirplus(&self, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let stream = match self.dir_stream(fh) {
+            Ok(s) => s,
+            Err(err) => return reply.error(err),
+        };
+        let mut s = stream.lock().await;
+        Self::restart_at(&mut s, offset);
+        let client = self.root.with_cred(s.cred.clone());
+        let mut idx = offset as usize;
+        loop {
+            if let Err(err) = self.load_entry(&client, &mut s, idx).await {
+                return reply.error(err);
+            }
+            if idx >= s.entries.len() {
+                break;
+            }
+            if !s.plus.contains_key(&idx) {
+                self.fetch_plus(&client, &mut s, idx).await;
+            }
+            let Some(p) = s.plus.remove(&idx) else {
+                idx += 1; // removed since it was listed
+                continue;
+            };
+            let ttl = p.ttl.saturating_sub(p.fetched.elapsed());
+            let name = &s.entries[idx].0;
+            if reply.add(p.attr.ino, idx as u64 + 1, name, &ttl, &p.attr, Generation(0)) {
+                s.plus.insert(idx, p);
+                break;
+            }
+            idx += 1;
+        }
+        reply.ok();
+    }
+
+    /// Fetch the attributes of the entries of `s` from `first` on (up to [`PLUS_BATCH`]
+    /// of those loaded) into `s.plus`.
+    async fn fetch_plus(&self, client: &Client, s: &mut DirStream, first: usize) {
+        let end = (first + PLUS_BATCH).min(s.entries.len());
+        let asked = Instant::now();
+        // `.` and `..` are never cached by the kernel from a listing: node id 0.
+        let mut names = Vec::new();
+        for i in first..end {
+            if i < 2 {
+                s.plus.insert(i, self.plus_uncached(s.entries[i].2, asked));
+            } else {
+                names.push((i, s.entries[i].0.clone()));
+            }
+        }
+        if names.is_empty() {
+            return;
+        }
+        let just_names: Vec<String> = names.iter().map(|(_, n)| n.clone()).collect();
+        let found = match client.lookup_many(s.ino, &just_names).await {
+            Ok(found) => found.into_iter().map(|r| r.map_err(|err| err.errno.0)).collect(),
+            Err(err) => vec![Err(err.errno.0); names.len()],
+        };
+        for ((i, name), r) in names.into_iter().zip(found) {
+            let entry = match r {
+                Ok(a) => {
+                    self.dir_attrs.fetched(&a, asked, Some((s.ino.0, &name)));
+                    let ttl = self.kernel.entry_ttl(&self.root, s.ino.0, &name, false).min(self.ttl_attr(a.ino.0));
+                    PlusEntry { attr: self.present(a).await, ttl, fetched: asked }
+                }
+                Err(libc::ENOENT) => continue,
+                Err(_) => self.plus_uncached(s.entries[i].2, asked),
+            };
+            s.plus.insert(i, entry);
+        }
+    }
+
+    /// A READDIRPLUS entry the kernel lists but caches nothing of (node id 0).
+    fn plus_uncached(&self, kind: FileType, fetched: Instant) -> PlusEntry {
+        let mut attr = file_attr(&self.root_stub());
+        attr.ino = INodeNo(0);
+        attr.kind = kind;
+        PlusEntry { attr, ttl: Duration::ZERO, fetched }
     }
 
     async fn getxattr(&self, who: Who, ino: u64, name: String) -> Res<Vec<u8>> {
@@ -1123,6 +1244,12 @@ impl Filesystem for ShoalFs {
         let _ = cfg.set_max_background(o.max_background);
         let mut wanted =
             vec![InitFlags::FUSE_PARALLEL_DIROPS, InitFlags::FUSE_ASYNC_DIO, InitFlags::FUSE_CACHE_SYMLINKS];
+        if o.readdirplus {
+            // The kernel decides per listing (`_AUTO`): the first page, and the rest when
+            // the reader looks names up too (`ls -l`, `find -type`), not for `ls` alone.
+            wanted.push(InitFlags::FUSE_DO_READDIRPLUS);
+            wanted.push(InitFlags::FUSE_READDIRPLUS_AUTO);
+        }
         if o.keep_cache {
             wanted.push(InitFlags::FUSE_AUTO_INVAL_DATA);
         }
@@ -1555,6 +1682,10 @@ impl Filesystem for ShoalFs {
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
         self.spawn(move |sh| async move { sh.readdir(fh, offset, reply).await });
+    }
+
+    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        self.spawn(move |sh| async move { sh.readdirplus(fh, offset, reply).await });
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: KOpenFlags, reply: ReplyEmpty) {

@@ -33,6 +33,11 @@ pub struct MountOptions {
     pub keep_cache: bool,
     /// Bypass the page cache for reads and writes (`direct_io`); mmap still works.
     pub direct_io: bool,
+    /// Listings carry attributes (`readdirplus`, FUSE READDIRPLUS in the kernel's
+    /// adaptive mode; `noreaddirplus` turns it off): `ls -l` of N files costs a lookup
+    /// request per server per 128 names instead of a LOOKUP and a request per name.
+    /// Default on.
+    pub readdirplus: bool,
     /// Let users other than the one who mounted use the mount (`allow_other`;
     /// `noallow_other` restricts it). Default: on when root mounts (a parallel file system
     /// is mounted for every user of the node; permissions are still checked for each user
@@ -86,6 +91,7 @@ impl Default for MountOptions {
             writeback_cache: false,
             keep_cache: false,
             direct_io: false,
+            readdirplus: true,
             // SAFETY: geteuid has no preconditions.
             allow_other: unsafe { libc::geteuid() } == 0,
             allow_root: false,
@@ -177,6 +183,7 @@ impl MountOptions {
             (self.writeback_cache, "writeback_cache"),
             (self.keep_cache, "keep_cache"),
             (self.direct_io, "direct_io"),
+            (!self.readdirplus, "noreaddirplus"),
             (self.allow_root, "allow_root"),
             (!self.default_permissions, "nodefault_permissions"),
             (self.read_only, "ro"),
@@ -225,6 +232,8 @@ impl MountOptions {
             "nokeep_cache" => self.keep_cache = false,
             "direct_io" => self.direct_io = true,
             "nodirect_io" => self.direct_io = false,
+            "readdirplus" => self.readdirplus = true,
+            "noreaddirplus" => self.readdirplus = false,
             "allow_other" => self.allow_other = true,
             "noallow_other" => self.allow_other = false,
             "allow_root" => self.allow_root = true,

@@ -68,7 +68,10 @@ static MAKING: Mutex<()> = Mutex::new(());
 
 fn slots() -> &'static [Slot] {
     SLOTS.get_or_init(|| {
-        crate::mounts::all().iter().map(|_| Slot { cluster: ArcSwapOption::empty(), failed: AtomicBool::new(false) }).collect()
+        crate::mounts::all()
+            .iter()
+            .map(|_| Slot { cluster: ArcSwapOption::empty(), failed: AtomicBool::new(false) })
+            .collect()
     })
 }
 

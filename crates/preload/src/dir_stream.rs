@@ -63,7 +63,7 @@ pub fn ours(d: *mut libc::DIR) -> Option<&'static Stream> {
     let base = a.as_ptr() as usize;
     let p = d as usize;
     let size = std::mem::size_of::<Stream>();
-    if p < base || p >= base + a.len() * size || (p - base) % size != 0 {
+    if p < base || p >= base + a.len() * size || !(p - base).is_multiple_of(size) {
         return None;
     }
     let s = &a[(p - base) / size];

@@ -142,7 +142,8 @@ fn classify(full: &str) -> Option<Target> {
         return None;
     }
     let comps: Vec<&str> = full.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
-    let mount = all().iter().find(|m| comps.len() >= m.comps.len() && m.comps.iter().zip(&comps).all(|(a, b)| a == b))?;
+    let mount =
+        all().iter().find(|m| comps.len() >= m.comps.len() && m.comps.iter().zip(&comps).all(|(a, b)| a == b))?;
     let rest = &comps[mount.comps.len()..];
     if mount.covered.iter().any(|c| rest.len() >= c.len() && c.iter().zip(rest).all(|(a, b)| a == b)) {
         return None;
@@ -249,7 +250,7 @@ fn read_mounts() -> Vec<Mount> {
             continue; // Shoal mounted on / : nothing can be told apart; leave it to the kernel.
         }
         if let Some(only) = &settings.mounts {
-            if !only.iter().any(|m| *m == point) {
+            if !only.contains(&point) {
                 continue;
             }
         }

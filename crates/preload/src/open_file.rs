@@ -238,7 +238,13 @@ fn open_kernel_once(of: &OpenFile) -> Result<i32, i32> {
     let flags = of.flags();
     let kflags = match of.kind {
         Kind::File => {
-            (flags & (libc::O_ACCMODE | libc::O_APPEND | libc::O_NONBLOCK | libc::O_NOATIME | libc::O_SYNC | libc::O_DSYNC))
+            (flags
+                & (libc::O_ACCMODE
+                    | libc::O_APPEND
+                    | libc::O_NONBLOCK
+                    | libc::O_NOATIME
+                    | libc::O_SYNC
+                    | libc::O_DSYNC))
                 | libc::O_CLOEXEC
         }
         Kind::Dir => libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,

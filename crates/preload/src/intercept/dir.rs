@@ -156,7 +156,7 @@ unsafe fn readdir_any(d: *mut DIR) -> *mut libc::dirent64 {
         return unsafe { real::readdir64(d) };
     };
     // End of the listing: NULL with errno untouched (serve restores it).
-    serve(Op::Dir, || Ok(next_entry(s)?.unwrap_or(std::ptr::null_mut())), || std::ptr::null_mut())
+    serve(Op::Dir, || Ok(next_entry(s)?.unwrap_or(std::ptr::null_mut())), std::ptr::null_mut)
 }
 
 #[no_mangle]

@@ -782,7 +782,14 @@ pub unsafe extern "C" fn sendfile64(out: c_int, inp: c_int, off: *mut off64_t, n
 }
 
 /// `copy_file_range` between two served files of one mount: read, then write.
-unsafe fn copy_range(fin: c_int, oin: *mut off64_t, fout: c_int, oout: *mut off64_t, n: usize, flags: c_uint) -> Res<ssize_t> {
+unsafe fn copy_range(
+    fin: c_int,
+    oin: *mut off64_t,
+    fout: c_int,
+    oout: *mut off64_t,
+    n: usize,
+    flags: c_uint,
+) -> Res<ssize_t> {
     if flags != 0 {
         return fail(libc::EINVAL);
     }

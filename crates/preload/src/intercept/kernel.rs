@@ -53,7 +53,8 @@ fn map_copy(
     let buf = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
     let filled = super::io::read_into(fd, of, off as u64, buf);
     // SAFETY: our mapping.
-    let protected = filled.is_ok() && (prot == libc::PROT_READ | libc::PROT_WRITE || unsafe { real::mprotect(p, len, prot) } == 0);
+    let protected =
+        filled.is_ok() && (prot == libc::PROT_READ | libc::PROT_WRITE || unsafe { real::mprotect(p, len, prot) } == 0);
     if !protected {
         let e = crate::guard::errno();
         // SAFETY: our mapping.
@@ -66,7 +67,14 @@ fn map_copy(
 use libc::{c_char, c_int, c_uint, c_ulong, c_void, off64_t, size_t, ssize_t};
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off64_t,
+) -> *mut c_void {
     // SAFETY: the caller's arguments.
     let call = || unsafe { real::mmap64(addr, len, prot, flags, fd, off) };
     if flags & libc::MAP_ANONYMOUS != 0 {
@@ -85,7 +93,14 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off64_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off64_t,
+) -> *mut c_void {
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
 
@@ -117,7 +132,9 @@ fn xattr_path(fd: c_int) -> Option<std::ffi::CString> {
     // SAFETY: a stat of a NUL-terminated path into our own buffer.
     let same = unsafe {
         let mut st: libc::stat64 = std::mem::zeroed();
-        real::fstatat64(libc::AT_FDCWD, host.as_ptr(), &mut st, 0) == 0 && st.st_ino == of.ino.0 && st.st_dev == of.mount.dev
+        real::fstatat64(libc::AT_FDCWD, host.as_ptr(), &mut st, 0) == 0
+            && st.st_ino == of.ino.0
+            && st.st_dev == of.mount.dev
     };
     same.then_some(host)
 }
@@ -163,7 +180,14 @@ pub unsafe extern "C" fn fremovexattr(fd: c_int, name: *const c_char) -> c_int {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn splice(fin: c_int, oin: *mut off64_t, fout: c_int, oout: *mut off64_t, n: size_t, flags: c_uint) -> ssize_t {
+pub unsafe extern "C" fn splice(
+    fin: c_int,
+    oin: *mut off64_t,
+    fout: c_int,
+    oout: *mut off64_t,
+    n: size_t,
+    flags: c_uint,
+) -> ssize_t {
     // SAFETY: the caller's arguments.
     let call = || unsafe { real::splice(fin, oin, fout, oout, n, flags) };
     kernel_only(fin, || kernel_only(fout, call))

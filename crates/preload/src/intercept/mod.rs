@@ -37,9 +37,8 @@ pub unsafe fn bytes<'a>(p: *const c_char) -> Option<&'a [u8]> {
 /// `/proc/self/fd/N[/rest]` (or `/dev/fd/N`, `/proc/thread-self/fd/N`) naming a served
 /// descriptor: its host path (the kernel would see a placeholder there).
 fn fd_alias(path: &[u8]) -> Option<String> {
-    let rest = [&b"/proc/self/fd/"[..], b"/dev/fd/", b"/proc/thread-self/fd/"]
-        .iter()
-        .find_map(|p| path.strip_prefix(*p))?;
+    let rest =
+        [&b"/proc/self/fd/"[..], b"/dev/fd/", b"/proc/thread-self/fd/"].iter().find_map(|p| path.strip_prefix(*p))?;
     let digits = rest.iter().take_while(|c| c.is_ascii_digit()).count();
     let fd: i32 = std::str::from_utf8(&rest[..digits]).ok()?.parse().ok()?;
     let of = fd_table::get(fd)?;

@@ -155,7 +155,13 @@ pub unsafe extern "C" fn renameat(od: c_int, old: *const c_char, nd: c_int, new:
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn renameat2(od: c_int, old: *const c_char, nd: c_int, new: *const c_char, flags: c_uint) -> c_int {
+pub unsafe extern "C" fn renameat2(
+    od: c_int,
+    old: *const c_char,
+    nd: c_int,
+    new: *const c_char,
+    flags: c_uint,
+) -> c_int {
     unsafe { rename_at(od, old, nd, new, flags) }
 }
 
@@ -234,9 +240,8 @@ pub unsafe extern "C" fn symlinkat(target_text: *const c_char, nd: c_int, new: *
 
 /// `/proc/self/fd/N` of a served descriptor: the kernel would show the placeholder.
 fn fd_link(path: &[u8]) -> Option<String> {
-    let rest = [&b"/proc/self/fd/"[..], b"/dev/fd/", b"/proc/thread-self/fd/"]
-        .iter()
-        .find_map(|p| path.strip_prefix(*p))?;
+    let rest =
+        [&b"/proc/self/fd/"[..], b"/dev/fd/", b"/proc/thread-self/fd/"].iter().find_map(|p| path.strip_prefix(*p))?;
     let fd: i32 = std::str::from_utf8(rest).ok()?.parse().ok()?;
     Some(fd_table::get(fd)?.host().to_string())
 }
@@ -498,7 +503,12 @@ unsafe fn utimens_at(dirfd: c_int, path: *const c_char, times: *const libc::time
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn utimensat(dirfd: c_int, path: *const c_char, times: *const libc::timespec, flags: c_int) -> c_int {
+pub unsafe extern "C" fn utimensat(
+    dirfd: c_int,
+    path: *const c_char,
+    times: *const libc::timespec,
+    flags: c_int,
+) -> c_int {
     unsafe { utimens_at(dirfd, path, times, flags) }
 }
 
@@ -526,7 +536,13 @@ unsafe fn timevals(tv: *const libc::timeval) -> Result<Option<[libc::timespec; 2
     Ok(Some([timespec_of(a)?, timespec_of(m)?]))
 }
 
-unsafe fn utimes_any(dirfd: c_int, path: *const c_char, tv: *const libc::timeval, flags: c_int, kernel: impl FnOnce() -> c_int) -> c_int {
+unsafe fn utimes_any(
+    dirfd: c_int,
+    path: *const c_char,
+    tv: *const libc::timeval,
+    flags: c_int,
+    kernel: impl FnOnce() -> c_int,
+) -> c_int {
     // SAFETY: the caller's array.
     match unsafe { timevals(tv) } {
         Ok(None) => unsafe { utimens_at(dirfd, path, std::ptr::null(), flags) },
