@@ -471,7 +471,7 @@ fn quick_suite_writes_the_report() {
         "## io-hard",
         "## md-easy",
         "## md-hard",
-        "Targets of issue #4",
+        "Targets of issues #4 and #12",
         "Per server, `native`",
     ] {
         assert!(md.contains(needle), "{needle} missing from:\n{md}");

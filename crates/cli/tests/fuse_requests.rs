@@ -405,9 +405,7 @@ fn ls_l_of_a_directory_costs_a_request_per_server_per_batch_of_names() {
 
 /// Client requests served so far, summed over the servers.
 fn requests(c: &Cluster) -> u64 {
-    let client = c.uncached_client();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    rt.block_on(client.status_all()).into_iter().map(|(_, st)| st.unwrap().counters.client_requests).sum()
+    c.client_requests()
 }
 
 /// The requests that one `requests` and one `ops` call add to the count themselves.

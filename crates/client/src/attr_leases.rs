@@ -20,7 +20,7 @@
 
 use parking_lot::Mutex;
 use shoal_proto::lease::{LeaseGrant, LeaseRef, LeasedReply};
-use shoal_proto::msg::{Attr, BatchOp, Op, Reply};
+use shoal_proto::msg::{Attr, BatchOp, BatchReply, Op, Reply};
 use shoal_proto::{Ino, ServerId};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -132,6 +132,16 @@ impl AttrLeases {
         self.inner.lock().held.get(&ino).map(|h| h.expires).filter(|e| *e > now)
     }
 
+    /// For the stat-ahead: `None` while a lease on `ino` holds; else when its last lease
+    /// ran out (`Some(None)`: none is remembered).
+    pub(crate) fn ran_out(&self, ino: Ino, now: Instant) -> Option<Option<Instant>> {
+        match self.inner.lock().held.get(&ino) {
+            Some(h) if h.expires > now => None,
+            Some(h) => Some(Some(h.expires)),
+            None => Some(None),
+        }
+    }
+
     /// A request whose reply may carry leases is about to be sent.
     pub(crate) fn sent(self: &Arc<Self>) -> Option<Sent> {
         if !self.enabled {
@@ -155,6 +165,15 @@ impl AttrLeases {
             Reply::Entry(e) | Reply::Leased { reply: LeasedReply::Entry(e), .. } => {
                 if let (Some(g), Some(a)) = (e.attr_lease.take(), &e.attr) {
                     grants.push((g, a.clone()));
+                }
+            }
+            Reply::Batch(replies) => {
+                for r in replies {
+                    if let BatchReply::Entry(e) = r {
+                        if let (Some(g), Some(a)) = (e.attr_lease.take(), &e.attr) {
+                            grants.push((g, a.clone()));
+                        }
+                    }
                 }
             }
             _ => {}

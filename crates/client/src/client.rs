@@ -10,6 +10,7 @@ use crate::listing::{Page, Start};
 use crate::open_files::{new_session, OpenFiles};
 use crate::options::ClientOptions;
 use crate::partitions::{too_many_redirects, Bitmaps, MAX_TRIES};
+use crate::stat_ahead::{StatAhead, SCAN_MAX};
 use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
@@ -54,6 +55,8 @@ struct Shared {
     notices: Option<shoal_rpc::NoticeSink>,
     /// Attribute leases held (`attr_leases.rs`).
     attr_leases: Arc<AttrLeases>,
+    /// Runs of attribute asks per directory (`stat_ahead.rs`).
+    stat_ahead: StatAhead,
     /// Told of every revocation before it is acknowledged (a FUSE mount drops what the
     /// kernel caches): [`Client::on_revoke`].
     on_revoke: RwLock<Option<RevokeHook>>,
@@ -341,6 +344,7 @@ impl Client {
                 bitmaps: Bitmaps::default(),
                 notices,
                 attr_leases: Arc::new(AttrLeases::new(opts.attr_leases && !term.is_zero())),
+                stat_ahead: StatAhead::default(),
                 on_revoke: RwLock::new(None),
             }
         });
@@ -1066,6 +1070,31 @@ impl Client {
         Ok(out)
     }
 
+    /// The attributes of `dir/name`, exact: from its attribute lease while one holds, else
+    /// fetched with a fresh lease together with those of other names of `dir` whose leases
+    /// ran out, as many as the run of such asks in `dir` calls for (`stat_ahead.rs`). For a
+    /// caller that knows the name of the inode it needs the attributes of (the FUSE mount's
+    /// `getattr` after a lookup answered from a directory lease).
+    pub async fn lookup_ahead(&self, dir: Ino, name: &str) -> Result<Attr> {
+        let now = Instant::now();
+        if let Some(Some((ino, _))) = self.shared.leases.lookup(dir, name, now) {
+            if let Some((a, _)) = self.shared.attr_leases.get(ino, now) {
+                return Ok(a);
+            }
+        }
+        let mut names = vec![name.to_string()];
+        let window = self.shared.stat_ahead.window(dir, now);
+        if window > 1 && self.shared.attr_leases.enabled() {
+            names.extend(self.shared.stat_ahead.pick(
+                self.shared.leases.known_names(dir, name, SCAN_MAX, now),
+                window - 1,
+                |ino| self.shared.attr_leases.ran_out(ino, now),
+            ));
+        }
+        let mut found = self.lookup_many(dir, &names).await?;
+        found.swap_remove(0)
+    }
+
     /// Look up `dir/names[i]` as [`Client::lookup`] would (always asking the server), in one
     /// request per [`BATCH_MAX`] names; a result per name, in order.
     pub async fn lookup_many(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<Attr>>> {
@@ -1073,6 +1102,16 @@ impl Client {
         let ops = names.iter().map(|name| BatchOp::Lookup { dir, name: name.clone() });
         let replies =
             self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("lookup in directory {dir}")))?;
+        // Inodes that live on another server than their entries: asked for all at once.
+        let remote = replies.iter().filter_map(|r| match r {
+            Ok(Reply::Entry(e)) if e.attr.is_none() => Some(e.ino),
+            _ => None,
+        });
+        let mut remote: HashMap<Ino, Result<Attr>> =
+            futures::future::join_all(remote.map(|ino| async move { (ino, self.getattr_fresh_inner(ino).await) }))
+                .await
+                .into_iter()
+                .collect();
         let mut out = Vec::with_capacity(replies.len());
         for (name, r) in names.iter().zip(replies) {
             let a = match r {
@@ -1084,7 +1123,10 @@ impl Client {
                             Ok(a)
                         }
                         Some(_) => Err(Error::new(Errno::EPROTO, "lookup reply carries another inode's attributes")),
-                        None => self.getattr_fresh_inner(e.ino).await,
+                        None => match remote.remove(&e.ino) {
+                            Some(r) => r,
+                            None => self.getattr_fresh_inner(e.ino).await,
+                        },
                     }
                 }
                 Ok(other) => Err(unexpected(&other)),

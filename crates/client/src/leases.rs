@@ -226,6 +226,20 @@ impl LeaseCache {
         }
     }
 
+    /// Names of `dir` that a lease held now knows to exist, other than `except`, with
+    /// their inodes: at most `limit` (the stat-ahead's candidates: `stat_ahead.rs`).
+    pub(crate) fn known_names(&self, dir: Ino, except: &str, limit: usize, now: Instant) -> Vec<(String, Ino)> {
+        let inner = self.inner.lock();
+        let Some(d) = inner.dirs.get(&dir) else { return Vec::new() };
+        d.leases
+            .iter()
+            .filter(|l| l.expires > now)
+            .flat_map(|l| l.names.iter())
+            .filter_map(|((_, name), known)| known.filter(|_| name != except).map(|(ino, _)| (name.clone(), ino)))
+            .take(limit)
+            .collect()
+    }
+
     /// When the lease that answers lookups of `dir/name` (found or not) ends, if one does.
     pub(crate) fn answering(&self, dir: Ino, name: &str, now: Instant) -> Option<Instant> {
         let inner = self.inner.lock();

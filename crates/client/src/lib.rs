@@ -86,6 +86,7 @@ mod partitions;
 mod path_ops;
 pub mod pathname;
 mod scrub;
+mod stat_ahead;
 
 pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};

@@ -165,6 +165,11 @@ pub(crate) struct Shared {
     /// asks for it before every write (to drop capabilities on write); this answers from
     /// memory for `attr_timeout`, as for other attributes.
     no_caps: Mutex<HashMap<u64, std::time::Instant>>,
+    /// The name each inode was last given to the kernel under: when the kernel asks for
+    /// its attributes (`getattr`) after their lease ran out, they are fetched by name with
+    /// the client's stat-ahead (`Client::lookup_ahead`). At most [`SPECIALS_MAX`] (then
+    /// forgotten all at once).
+    walked: Mutex<HashMap<u64, (u64, String)>>,
     /// Directory attributes, so that the kernel's permission checks after a change made
     /// through this mount cost no request (see `dircache.rs`).
     dir_attrs: DirCache,
@@ -232,6 +237,7 @@ impl Shared {
             specials: Mutex::new(HashMap::new()),
             told: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
+            walked: Mutex::new(HashMap::new()),
             dir_attrs,
             notifier,
             kernel,
@@ -459,6 +465,7 @@ impl Shared {
     /// Answer the kernel with the entry `parent/name` naming `a`, for as long as leases allow
     /// (`kernel_cache.rs`).
     async fn reply_entry(&self, reply: ReplyEntry, parent: u64, name: &str, a: &Attr) {
+        self.walked_through(a.ino.0, parent, name);
         let f = self.present(a.clone()).await;
         let entry = self.kernel.entry_ttl(&self.root, parent, name, false);
         reply.entry_with_ttls(&self.ttl_attr(a.ino.0), &entry, &f, Generation(0));
@@ -472,7 +479,28 @@ impl Shared {
             n.size_hint.fetch_max(a.size, Ordering::Relaxed);
             return Ok(a);
         }
+        // An inode the kernel was given by name without attributes: by name, with the
+        // names around it (`Client::lookup_ahead`).
+        let walked = self.walked.lock().get(&ino).cloned();
+        if let Some((dir, name)) = walked {
+            if self.root.attr_lease_end(Ino(ino)).is_none() {
+                if let Ok(a) = self.user(who).lookup_ahead(Ino(dir), &name).await {
+                    if a.ino.0 == ino {
+                        return Ok(a);
+                    }
+                }
+            }
+        }
         self.user(who).getattr_fresh(Ino(ino)).await.map_err(e)
+    }
+
+    /// Remember that the kernel knows `ino` as `dir/name` (see `walked`).
+    fn walked_through(&self, ino: u64, dir: u64, name: &str) {
+        let mut w = self.walked.lock();
+        if w.len() >= SPECIALS_MAX {
+            w.clear();
+        }
+        w.insert(ino, (dir, name.to_string()));
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1023,6 +1051,7 @@ impl Shared {
                 Ok(a) => {
                     self.dir_attrs.fetched(&a, asked, Some((s.ino.0, &name)));
                     let ttl = self.kernel.entry_ttl(&self.root, s.ino.0, &name, false).min(self.ttl_attr(a.ino.0));
+                    self.walked_through(a.ino.0, s.ino.0, &name);
                     PlusEntry { attr: self.present(a).await, ttl, fetched: asked }
                 }
                 Err(libc::ENOENT) => continue,
@@ -1280,6 +1309,7 @@ impl Filesystem for ShoalFs {
                 if sh.root.attr_lease_end(ino).is_none() {
                     if let Some(a) = sh.root.last_leased_attr(ino) {
                         let entry = sh.kernel.entry_ttl(&sh.root, parent.0, &name, false);
+                        sh.walked_through(ino.0, parent.0, &name);
                         let f = sh.present(a).await;
                         return reply.entry_with_ttls(&Duration::ZERO, &entry, &f, Generation(0));
                     }

@@ -151,6 +151,9 @@ struct Table {
     swept: Vec<u64>,
     /// Lease id → the revocation waiting for its acknowledgement.
     revoking: HashMap<u64, Arc<Revocation>>,
+    /// Lease id → the key it is held on, for every holder in `keys` (a give-up finds its
+    /// lease without scanning the table).
+    by_id: HashMap<u64, LeaseKey>,
 }
 
 /// Buckets of [`Table::swept`].
@@ -164,7 +167,14 @@ fn bucket(k: &LeaseKey) -> usize {
 
 impl Table {
     fn new() -> Table {
-        Table { keys: HashMap::new(), holders: 0, clock: 0, swept: vec![0; BUCKETS], revoking: HashMap::new() }
+        Table {
+            keys: HashMap::new(),
+            holders: 0,
+            clock: 0,
+            swept: vec![0; BUCKETS],
+            revoking: HashMap::new(),
+            by_id: HashMap::new(),
+        }
     }
 
     /// The generation of `key`'s entries (of their bucket, if forgotten).
@@ -338,6 +348,7 @@ impl Leases {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         s.holders.push(Holder { id, session: caller.session, expires, sink, part });
         t.holders += 1;
+        t.by_id.insert(id, key);
         Some(LeaseGrant { id, key: granted, ms, depth: part.depth })
     }
 
@@ -375,6 +386,17 @@ impl Leases {
             Reply::Entry(e) | Reply::Leased { reply: LeasedReply::Entry(e), .. } => {
                 if let Some(a) = &e.attr {
                     e.attr_lease = grant(a.ino);
+                }
+            }
+            // A batch of lookups (the client's stat-ahead): every entry found with its
+            // inode here, as a single lookup would be.
+            Reply::Batch(replies) => {
+                for r in replies {
+                    if let shoal_proto::msg::BatchReply::Entry(e) = r {
+                        if let Some(a) = &e.attr {
+                            e.attr_lease = grant(a.ino);
+                        }
+                    }
                 }
             }
             _ => {}
@@ -424,6 +446,7 @@ impl Leases {
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         s.holders.push(Holder { id, session: caller.session, expires, sink, part });
         t.holders += 1;
+        t.by_id.insert(id, key);
         Some(LeaseGrant { id, key, ms, depth: 0 })
     }
 
@@ -466,7 +489,11 @@ impl Leases {
                 for h in s.holders.drain(..) {
                     if h.session == session && session != 0 {
                         kept.push(h);
-                    } else if h.expires > now {
+                        continue;
+                    }
+                    t.by_id.remove(&h.id);
+                    t.holders -= 1;
+                    if h.expires > now {
                         others = true;
                         revocation.waiting.lock().insert(h.id, h.expires);
                         let held = LeaseKey { partition: h.part.index, ..key };
@@ -483,7 +510,6 @@ impl Leases {
                     s.pending.push(revocation.clone());
                 }
             }
-            t.holders = t.keys.values().map(|s| s.holders.len()).sum();
             for (_, r) in &notices {
                 t.revoking.insert(r.id, revocation.clone());
             }
@@ -514,13 +540,18 @@ impl Leases {
                 r.acked.notify_waiters();
                 continue;
             }
-            // Given up while not revoked: drop it.
+            // Given up while not revoked: drop it (only the session holding it can).
             let session = Leases::caller().map_or(0, |c| c.session);
-            for s in t.keys.values_mut() {
+            let Some(key) = t.by_id.get(id).copied() else { continue };
+            if let Some(s) = t.keys.get_mut(&key) {
+                let before = s.holders.len();
                 s.holders.retain(|h| !(h.id == *id && h.session == session));
+                if s.holders.len() < before {
+                    t.holders -= before - s.holders.len();
+                    t.by_id.remove(id);
+                }
             }
         }
-        t.holders = t.keys.values().map(|s| s.holders.len()).sum();
         let now = Instant::now();
         t.revoking.retain(|_, r| !r.finished());
         if t.keys.len() > MAX_HOLDERS {
@@ -538,11 +569,21 @@ impl Leases {
 /// Drop expired holders and key states with nothing left to remember.
 fn sweep(t: &mut Table, now: Instant) {
     let mut idle = Vec::new();
+    let mut gone = Vec::new();
     for (k, s) in t.keys.iter_mut() {
-        s.holders.retain(|h| h.expires > now);
+        s.holders.retain(|h| {
+            let live = h.expires > now;
+            if !live {
+                gone.push(h.id);
+            }
+            live
+        });
         if s.idle(now) {
             idle.push(*k);
         }
+    }
+    for id in gone {
+        t.by_id.remove(&id);
     }
     for k in idle {
         t.forget(&k);

@@ -214,6 +214,15 @@ impl Cluster {
         Client::from_config(&self.config, opts).unwrap()
     }
 
+    /// Client requests the servers have served so far, summed (a batch counts once; the
+    /// `hello` and `status` requests of this count itself included).
+    #[allow(dead_code)]
+    pub fn client_requests(&self) -> u64 {
+        let client = self.uncached_client();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(client.status_all()).into_iter().map(|(_, st)| st.unwrap().counters.client_requests).sum()
+    }
+
     /// Run the `shoal` CLI against this cluster: (exit code, stdout, stderr).
     pub fn shoal(&self, args: &[&str]) -> (i32, String, String) {
         shoal_cmd(Some(&self.config), args)
