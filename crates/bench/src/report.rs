@@ -164,9 +164,11 @@ pub struct SummaryRow {
 /// operations themselves: requests sent with a view from before a split and answered with
 /// the new bitmap (`misrouted`), the split's own steps between servers, and for a name a
 /// split moved (its inode stayed where it was made) the stat's `getattr` at the inode's
-/// server or the unlink's `peer_link_delta` there.
+/// server or the unlink's `peer_link_delta` there. Also the acknowledgements of lease
+/// revocations (`lease_ack`): a process whose changes revoke another's lease on its
+/// directory (the other read it, shifted) costs one per directory, not per operation.
 pub fn split_requests(s: &ServerSummary) -> f64 {
-    ["misrouted", "peer_split_in", "peer_add_partition", "peer_partitions", "peer_link_delta", "getattr"]
+    ["misrouted", "peer_split_in", "peer_add_partition", "peer_partitions", "peer_link_delta", "getattr", "lease_ack"]
         .iter()
         .map(|op| s.ops_per_op.get(*op).copied().unwrap_or(0.0))
         .sum()

@@ -535,7 +535,7 @@ pub fn evaluate(results: &[CaseResult]) -> Vec<Check> {
         });
         checks.push(Check {
             what: format!(
-                "md-easy {phase}: server requests per op (native, default placement; besides those of directory splits)"
+                "md-easy {phase}: server requests per op (native, default placement; besides those of directory splits and lease revocations)"
             ),
             measured: v,
             required: "= 1".into(),
