@@ -130,6 +130,42 @@ async fn a_thousand_lookups_of_a_missing_name_cost_about_one_request_per_client_
     assert!(requests >= CLIENTS as u64, "each client asked at least once: {requests}");
 }
 
+/// A client filling a directory (a lookup finding the name missing, then its create, as
+/// `open(O_CREAT)` through the mount does) keeps its lease for as long as it goes on: the
+/// renewals cross its own creates and still extend the lease, so the listing it holds stays
+/// complete and lookups keep costing no request, also once the directory is too big to be
+/// listed whole in one page (where a lapsed lease would cost a request per lookup).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_filling_a_directory_keeps_its_lease_across_its_own_creates() {
+    let term = Duration::from_secs(2);
+    // One server: the directory never splits (a split hands out new leases).
+    let c = Cluster::start(1);
+    let admin = c.uncached_client();
+    let d = admin.mkdir("/d", 0o755).await.unwrap().ino;
+    let a = leased_client(&c, term);
+    // A missing name, then another one: the (empty) listing, a lease that knows every name.
+    for name in ["a", "b"] {
+        assert_eq!(a.lookup(d, name).await.unwrap_err().errno, Errno::ENOENT);
+    }
+    let names: Vec<String> = (0..1100).map(|i| format!("pre{i}")).collect();
+    for chunk in names.chunks(100) {
+        a.create_many_at(d, chunk, 0o644, true).await.unwrap();
+    }
+    let before = reads(&admin).await;
+    let t = Instant::now();
+    let mut n = 0;
+    while t.elapsed() < 3 * term {
+        let name = format!("f{n}");
+        assert_eq!(a.lookup(d, &name).await.unwrap_err().errno, Errno::ENOENT);
+        a.create_at(d, &name, 0o644, true, None).await.unwrap();
+        n += 1;
+    }
+    let requests = reads(&admin).await - before;
+    assert!(n >= 100, "only {n} creates were made");
+    // A renewal when a third of the term is left: one or two per term.
+    assert!(requests <= 8, "{n} lookups and creates over 3 lease terms cost {requests} lookups and listings");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_lease_stops_being_used() {
     let c = Cluster::start(2);

@@ -420,8 +420,9 @@ impl Client {
 
     /// What this client's lease on `dir` says `name` is (`Some(None)`: no such name), when
     /// a lease answers it.
+    /// Like a lookup answered from the lease, it renews the lease when it is near its end.
     pub fn leased_name(&self, dir: Ino, name: &str) -> Option<Option<(Ino, FileKind)>> {
-        self.shared.leases.lookup(dir, name, Instant::now())
+        self.leased_entry(dir, name, Instant::now())
     }
 
     /// When the lease on the attributes of `ino` ends, if one is held.

@@ -343,7 +343,7 @@ impl LeaseCache {
             s.refused_until = Some(now + self.ask);
             return;
         };
-        if s.epoch != asking.epoch || s.inflight > 0 || grant.key.dir != asking.dir {
+        if grant.key.dir != asking.dir {
             return;
         }
         let expires = asking.sent + Duration::from_millis(grant.ms as u64);
@@ -351,6 +351,18 @@ impl LeaseCache {
             return;
         }
         let part = PartRef { index: grant.key.partition, depth: grant.depth };
+        if s.epoch != asking.epoch || s.inflight > 0 {
+            // The reply may have crossed a change of this client or a revocation: nothing
+            // is learnt from it. A renewal of the lease held (same id: no other client's
+            // change came between, it would have revoked it) still extends it; this
+            // client's own changes are applied to it as they are answered.
+            if let Some(l) = s.leases.iter_mut().find(|l| l.id == grant.id && l.server == server && l.part == part) {
+                if l.expires > now {
+                    l.expires = l.expires.max(expires);
+                }
+            }
+            return;
+        }
         let held =
             s.leases.iter().position(|l| l.id == grant.id && l.server == server && l.part == part && l.expires > now);
         let at = match held {
@@ -679,6 +691,36 @@ mod tests {
         let touch = c.begin(&op).unwrap();
         c.end(touch, &op, Ok(&Reply::Partitions { dir: DIR, bitmap: vec![0b11] }));
         assert!(matches!(c.lookup(DIR, &even[0], Instant::now()), Some(Some(_))), "the lease is kept, the name too");
+    }
+
+    #[test]
+    fn a_renewal_that_crossed_an_own_change_extends_the_lease_but_teaches_nothing() {
+        let c = cache();
+        let (even, _) = halves();
+        listing(&c, 1, 0, 0, &even);
+        let before = c.inner.lock().dirs[&DIR].leases[0].expires;
+        // The renewal is sent; then this client creates a name while it is on its way.
+        let renewal = c.ask(DIR).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let op = Op::Create { dir: DIR, name: "fresh".into(), perm: 0o644, exclusive: true, layout: None };
+        let _touch = c.begin(&op).unwrap();
+        // The reply read the directory before the create: "fresh" absent.
+        c.install(renewal, ServerId(0), grant(1, 0, 0), Learnt::Name("fresh".into(), None));
+        {
+            let inner = c.inner.lock();
+            let l = &inner.dirs[&DIR].leases[0];
+            assert!(l.expires > before, "same lease id: extended");
+            assert!(!l.names.contains_key(&pos("fresh")), "nothing learnt from a reply that crossed a change");
+        }
+        // A grant under another id (the lease was revoked and granted anew) extends nothing.
+        let c = cache();
+        listing(&c, 1, 0, 0, &even);
+        let before = c.inner.lock().dirs[&DIR].leases[0].expires;
+        let renewal = c.ask(DIR).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let _touch = c.begin(&op).unwrap();
+        c.install(renewal, ServerId(0), grant(2, 0, 0), Learnt::Name("fresh".into(), None));
+        assert_eq!(c.inner.lock().dirs[&DIR].leases[0].expires, before);
     }
 
     #[test]

@@ -115,6 +115,9 @@ struct Holder {
     sink: NoticeSink,
     /// The partition the lease was granted on (what the holder knows it by).
     part: shoal_proto::msg::PartRef,
+    /// The table's clock when it was first granted: any other session's change after that
+    /// removed it from the table.
+    since: u64,
 }
 
 #[derive(Default)]
@@ -322,6 +325,20 @@ impl Leases {
         let expires = now + Duration::from_millis(ms as u64) + MARGIN;
         let mut guard = self.table.lock();
         let t = &mut *guard;
+        // The caller held a live lease here since before the ticket: extended whatever
+        // changed since. Any other session's change after its grant would have revoked it
+        // (removed it from the table), so only the caller's own changes can have happened,
+        // which it applies to its lease itself (it learns nothing from a reply that crossed
+        // one of them). Without this, a client filling a directory could never renew its
+        // lease while its own creates are in flight.
+        if let Some(h) = t.keys.get_mut(&key).and_then(|s| s.holders.iter_mut().find(|h| h.session == caller.session)) {
+            if h.expires > now && h.since <= ticket.clock {
+                h.expires = h.expires.max(expires);
+                h.sink = sink;
+                h.part = part;
+                return Some(LeaseGrant { id: h.id, key: granted, ms, depth: part.depth });
+            }
+        }
         let gen = t.gen(&key);
         if gen > ticket.clock {
             return None;
@@ -346,7 +363,7 @@ impl Leases {
             return Some(LeaseGrant { id: h.id, key: granted, ms, depth: part.depth });
         }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        s.holders.push(Holder { id, session: caller.session, expires, sink, part });
+        s.holders.push(Holder { id, session: caller.session, expires, sink, part, since: t.clock });
         t.holders += 1;
         t.by_id.insert(id, key);
         Some(LeaseGrant { id, key: granted, ms, depth: part.depth })
@@ -444,7 +461,7 @@ impl Leases {
             return Some(LeaseGrant { id: h.id, key, ms, depth: 0 });
         }
         let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        s.holders.push(Holder { id, session: caller.session, expires, sink, part });
+        s.holders.push(Holder { id, session: caller.session, expires, sink, part, since: t.clock });
         t.holders += 1;
         t.by_id.insert(id, key);
         Some(LeaseGrant { id, key, ms, depth: 0 })
