@@ -132,11 +132,11 @@ impl AttrLeases {
         self.inner.lock().held.get(&ino).map(|h| h.expires).filter(|e| *e > now)
     }
 
-    /// For the stat-ahead: `None` while a lease on `ino` holds; else when its last lease
-    /// ran out (`Some(None)`: none is remembered).
-    pub(crate) fn ran_out(&self, ino: Ino, now: Instant) -> Option<Option<Instant>> {
+    /// For the stat-ahead: `None` while a lease on `ino` holds at `by`; else when it runs
+    /// or ran out (`Some(None)`: none is remembered).
+    pub(crate) fn ran_out(&self, ino: Ino, by: Instant) -> Option<Option<Instant>> {
         match self.inner.lock().held.get(&ino) {
-            Some(h) if h.expires > now => None,
+            Some(h) if h.expires > by => None,
             Some(h) => Some(Some(h.expires)),
             None => Some(None),
         }

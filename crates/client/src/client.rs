@@ -10,7 +10,7 @@ use crate::listing::{Page, Start};
 use crate::open_files::{new_session, OpenFiles};
 use crate::options::ClientOptions;
 use crate::partitions::{too_many_redirects, Bitmaps, MAX_TRIES};
-use crate::stat_ahead::{StatAhead, SCAN_MAX};
+use crate::stat_ahead::{StatAhead, AHEAD_MAX, RENEW_WITHIN, SCAN_MAX};
 use bytes::Bytes;
 use futures::StreamExt;
 use parking_lot::{Mutex, RwLock};
@@ -1086,14 +1086,31 @@ impl Client {
         let mut names = vec![name.to_string()];
         let window = self.shared.stat_ahead.window(dir, now);
         if window > 1 && self.shared.attr_leases.enabled() {
-            names.extend(self.shared.stat_ahead.pick(
-                self.shared.leases.known_names(dir, name, SCAN_MAX, now),
-                window - 1,
-                |ino| self.shared.attr_leases.ran_out(ino, now),
-            ));
+            names.extend(self.ahead_of(dir, name, window - 1, now));
+            if self.shared.stat_ahead.background(dir, window) {
+                let client = self.clone();
+                tokio::spawn(async move {
+                    let now = Instant::now();
+                    let next = client.ahead_of(dir, "", AHEAD_MAX, now);
+                    if !next.is_empty() {
+                        let _ = client.lookup_many(dir, &next).await;
+                    }
+                    client.shared.stat_ahead.background_done(dir);
+                });
+            }
         }
         let mut found = self.lookup_many(dir, &names).await?;
         found.swap_remove(0)
+    }
+
+    /// Up to `n` names of `dir` but `except` to fetch ahead (`stat_ahead.rs`).
+    fn ahead_of(&self, dir: Ino, except: &str, n: usize, now: Instant) -> Vec<String> {
+        self.shared.stat_ahead.pick(
+            self.shared.leases.known_names(dir, except, SCAN_MAX, now),
+            n,
+            |ino| self.shared.attr_leases.ran_out(ino, now + RENEW_WITHIN),
+            now,
+        )
     }
 
     /// Look up `dir/names[i]` as [`Client::lookup`] would (always asking the server), in one

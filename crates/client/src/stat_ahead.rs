@@ -7,13 +7,18 @@
 //!
 //! How many names go with one ask grows with the run of asks: 1 for the first in a
 //! directory, then twice as many at each further ask within [`RUN_GAP`] of the last, up to
-//! [`AHEAD_MAX`]. A single `stat` in a huge directory fetches one name, not a batch; a scan
+//! [`AHEAD_MAX`]; at full window an ask also starts the fetch of the next window in the
+//! background (one at a time per directory), so that a fast scan finds it done. A single `stat` in a huge directory fetches one name, not a batch; a scan
 //! of a thousand names costs about ten batched requests per server. The candidates are the
 //! names that the directory's lease knows to exist and whose inodes hold no attribute
-//! lease here (`LeaseCache::known_names`, at most [`SCAN_MAX`] looked at), those whose
-//! leases ran out longest ago first: the order the caller will ask in is unknown, and
-//! programs that stat what they made (mdtest, a build, a checkpoint check) go in the order
-//! they made it, which is the order the leases were granted in.
+//! lease here, or one that runs out within [`RENEW_WITHIN`] (`LeaseCache::known_names`, at
+//! most [`SCAN_MAX`] looked at), those whose leases ran out (or run out) first going first:
+//! the order the caller will ask in is unknown, and programs that stat what they made
+//! (mdtest, a build, a checkpoint check) go in the order they made it, which is the order
+//! the leases were granted in. Why leases about to run out too: such a program catches up
+//! with the front of expiring leases (the kernel serves the names behind it from its
+//! cache), and fetching only those already gone would fetch a handful at a time, at the
+//! pace they expire: the pace they were made at.
 
 use parking_lot::Mutex;
 use shoal_proto::Ino;
@@ -24,6 +29,8 @@ use std::time::{Duration, Instant};
 pub(crate) const AHEAD_MAX: usize = 128;
 /// Asks in one directory further apart than this start a new run.
 pub(crate) const RUN_GAP: Duration = Duration::from_secs(1);
+/// Names whose attribute leases run out within this are fetched ahead too (renewed).
+pub(crate) const RENEW_WITHIN: Duration = Duration::from_secs(2);
 /// Names of a directory looked at for candidates, at most.
 pub(crate) const SCAN_MAX: usize = 16384;
 /// Directories with a run remembered (past it, all runs are forgotten).
@@ -37,7 +44,18 @@ struct Run {
 #[derive(Default)]
 pub(crate) struct StatAhead {
     runs: Mutex<HashMap<Ino, Run>>,
+    /// Inodes fetched ahead lately, and when: not fetched ahead again within
+    /// [`RENEW_WITHIN`]. A fetched name whose attributes come without a lease (its inode
+    /// lives on another server than its name, or changed meanwhile) would otherwise stay a
+    /// candidate, and being the oldest, fill every window.
+    fetched: Mutex<HashMap<Ino, Instant>>,
+    /// Directories with a fetch in the background on its way (at most one each).
+    behind: Mutex<std::collections::HashSet<Ino>>,
 }
+
+/// Inodes remembered in `StatAhead::fetched` (past it, those older than `RENEW_WITHIN` are
+/// dropped, then all).
+const MAX_FETCHED: usize = 1 << 16;
 
 impl StatAhead {
     /// An ask of attributes in `dir` at `now`: how many names to fetch with it (itself
@@ -56,22 +74,51 @@ impl StatAhead {
 }
 
 impl StatAhead {
+    /// Whether to start a fetch of the next window in the background along with an ask of
+    /// window `window` in `dir` (a run at full window, and none on its way there); if so,
+    /// [`StatAhead::background_done`] must follow.
+    pub(crate) fn background(&self, dir: Ino, window: usize) -> bool {
+        window >= AHEAD_MAX && self.behind.lock().insert(dir)
+    }
+
+    pub(crate) fn background_done(&self, dir: Ino) {
+        self.behind.lock().remove(&dir);
+    }
+
     /// Up to `n` of `candidates` to fetch with an ask: those whose attribute lease does not
     /// hold (`ran_out` is `Some`: when it ran out, or `None` if never held), longest ago
     /// first.
+    /// Names fetched ahead within [`RENEW_WITHIN`] before `now` are left out.
     pub(crate) fn pick(
         &self,
         candidates: Vec<(String, Ino)>,
         n: usize,
         ran_out: impl Fn(Ino) -> Option<Option<Instant>>,
+        now: Instant,
     ) -> Vec<String> {
-        let mut out: Vec<(Option<Instant>, String)> =
-            candidates.into_iter().filter_map(|(name, ino)| ran_out(ino).map(|t| (t, name))).collect();
+        let mut fetched = self.fetched.lock();
+        let lately = |ino: &Ino| fetched.get(ino).is_some_and(|t| now.saturating_duration_since(*t) < RENEW_WITHIN);
+        let mut out: Vec<(Option<Instant>, String, Ino)> = candidates
+            .into_iter()
+            .filter(|(_, ino)| !lately(ino))
+            .filter_map(|(name, ino)| ran_out(ino).map(|t| (t, name, ino)))
+            .collect();
         if out.len() > n {
             out.select_nth_unstable_by(n, |a, b| a.0.cmp(&b.0));
             out.truncate(n);
         }
-        out.into_iter().map(|(_, name)| name).collect()
+        if fetched.len() + out.len() > MAX_FETCHED {
+            fetched.retain(|_, t| now.saturating_duration_since(*t) < RENEW_WITHIN);
+            if fetched.len() + out.len() > MAX_FETCHED {
+                fetched.clear();
+            }
+        }
+        out.into_iter()
+            .map(|(_, name, ino)| {
+                fetched.insert(ino, now);
+                name
+            })
+            .collect()
     }
 }
 
@@ -102,8 +149,12 @@ mod tests {
             4 => Some(Some(t + Duration::from_secs(2))),
             _ => Some(Some(t + Duration::from_secs(1))),
         };
-        let mut got = StatAhead::default().pick(c, 3, ran_out);
+        let s = StatAhead::default();
+        let mut got = s.pick(c.clone(), 3, ran_out, t);
         got.sort();
         assert_eq!(got, ["n3", "n4", "n5"]);
+        // Fetched but still without a lease: not picked again soon, but later.
+        assert_eq!(s.pick(c.clone(), 3, ran_out, t + Duration::from_millis(10)), ["n2"]);
+        assert_eq!(s.pick(c, 1, ran_out, t + RENEW_WITHIN * 2), ["n3"]);
     }
 }

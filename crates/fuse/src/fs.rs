@@ -1299,7 +1299,9 @@ impl Filesystem for ShoalFs {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             // A name the directory lease answers, whose attribute lease ran out: the kernel
             // gets the name for the rest of the directory lease and the last leased
             // attributes with no lifetime, so it asks again (`getattr`) before it uses them
@@ -1415,7 +1417,9 @@ impl Filesystem for ShoalFs {
         }
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             let user = sh.user(who);
             let dir = Ino(parent.0);
             let perm = mode & 0o7777;
@@ -1457,7 +1461,9 @@ impl Filesystem for ShoalFs {
         }
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             let asked = Instant::now();
             match sh.user(who).mkdir_at(Ino(parent.0), &name, mode & 0o7777).await {
                 Ok(a) => {
@@ -1476,7 +1482,9 @@ impl Filesystem for ShoalFs {
         }
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             let r = sh.user(who).unlink_at(Ino(parent.0), &name).await;
             if r.is_ok() {
                 sh.dir_attrs.changed(parent.0, 0);
@@ -1494,7 +1502,9 @@ impl Filesystem for ShoalFs {
         }
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             match sh.user(who).rmdir_at(Ino(parent.0), &name).await {
                 Ok(()) => {
                     sh.dir_attrs.changed(parent.0, -1);
@@ -1517,7 +1527,9 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EINVAL));
         }
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(parent.0, 0);
@@ -1551,7 +1563,9 @@ impl Filesystem for ShoalFs {
             exchange: flags.contains(KRenameFlags::RENAME_EXCHANGE),
         };
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, newparent.0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             let (src, dst) = (Ino(parent.0), Ino(newparent.0));
             let r = sh.user(who).rename_at(src, &name, dst, &newname, rf).await;
             // Both directories changed, and a moved or replaced directory with them (link
@@ -1571,7 +1585,9 @@ impl Filesystem for ShoalFs {
         }
         let name = name_or_reply!(newname, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(newparent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
                 Ok(a) => {
                     sh.dir_attrs.changed(newparent.0, 0);
@@ -1710,12 +1726,20 @@ impl Filesystem for ShoalFs {
         });
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
-        self.spawn(move |sh| async move { sh.readdir(fh, offset, reply).await });
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
+        let busy = self.sh.kernel.busy(ino.0, 0);
+        self.spawn(move |sh| async move {
+            let _busy = busy;
+            sh.readdir(fh, offset, reply).await
+        });
     }
 
-    fn readdirplus(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
-        self.spawn(move |sh| async move { sh.readdirplus(fh, offset, reply).await });
+    fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
+        let busy = self.sh.kernel.busy(ino.0, 0);
+        self.spawn(move |sh| async move {
+            let _busy = busy;
+            sh.readdirplus(fh, offset, reply).await
+        });
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: KOpenFlags, reply: ReplyEmpty) {
@@ -1866,7 +1890,9 @@ impl Filesystem for ShoalFs {
         }
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
+        let busy = self.sh.kernel.busy(parent.0, 0);
         self.spawn(move |sh| async move {
+            let _busy = busy;
             match sh.create(who, parent.0, name.clone(), mode, flags).await {
                 Ok((a, fh, ff)) => {
                     // One lifetime for the name and the attributes: the shorter one.

@@ -22,9 +22,15 @@
 //! (FUSE_NOTIFY_INVAL_ENTRY, FUSE_NOTIFY_INVAL_INODE) by a thread of their own, and the
 //! acknowledgement waits for it, so the change that revoked the lease is seen through this
 //! mount as soon as it is seen anywhere. The kernel takes a directory's lock to drop one of
-//! its names; a request of this mount holding that lock may itself wait at the server for
-//! this very acknowledgement, so the wait is bounded by [`INVAL_WAIT`]: past it the
-//! revocation is acknowledged anyway, and the name goes as soon as the kernel gets to it.
+//! its names, and holds it (shared or exclusive) while it waits for this mount's answer to
+//! a lookup, listing or change in that directory; such a request may itself wait at the
+//! server for this very acknowledgement (a change waits for the revocations it started, a
+//! read for those in progress). So the acknowledgement waits for the kernel only while no
+//! request of this mount in a revoked directory is in flight ([`KernelCache::busy`]), and at
+//! most [`INVAL_WAIT`]: then it goes at once, and the names go as soon as the kernel lets
+//! go of the lock, when that request is answered. (A directory split revokes the leases on
+//! the directory while this mount's creates in it go on: without this, each split stalled
+//! the creating process for the whole wait.)
 //!
 //! Bounds: at most [`MAX_NAMES`] names remembered; past it, new names get the fixed
 //! timeouts until revocations and expiry make room.
@@ -66,6 +72,32 @@ pub(crate) struct KernelCache {
     negative_timeout: Duration,
     names: Mutex<Names>,
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Directory → requests of the kernel in it that this mount has not answered yet (the
+    /// kernel holds the directory's lock for each).
+    busy: Mutex<HashMap<u64, u32>>,
+    /// Woken when a directory becomes busy.
+    busy_now: tokio::sync::Notify,
+}
+
+/// A request of the kernel in directories whose lock it holds, from [`KernelCache::busy`];
+/// done when dropped.
+pub(crate) struct Busy {
+    kc: Arc<KernelCache>,
+    dirs: [u64; 2],
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut busy = self.kc.busy.lock();
+        for d in self.dirs.iter().filter(|d| **d != 0) {
+            if let Some(n) = busy.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    busy.remove(d);
+                }
+            }
+        }
+    }
 }
 
 impl KernelCache {
@@ -76,6 +108,45 @@ impl KernelCache {
             negative_timeout,
             names: Mutex::new(Names::default()),
             jobs: Mutex::new(None),
+            busy: Mutex::new(HashMap::new()),
+            busy_now: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// The kernel asks about (or changes) `dir`, and `other` unless 0 (a rename's second
+    /// directory), holding their locks until the returned guard is dropped.
+    pub(crate) fn busy(self: &Arc<Self>, dir: u64, other: u64) -> Busy {
+        {
+            let mut busy = self.busy.lock();
+            for d in [dir, other].into_iter().filter(|d| *d != 0) {
+                *busy.entry(d).or_default() += 1;
+            }
+        }
+        self.busy_now.notify_waiters();
+        Busy { kc: self.clone(), dirs: [dir, other] }
+    }
+
+    fn any_busy(&self, dirs: &[u64]) -> bool {
+        let busy = self.busy.lock();
+        dirs.iter().any(|d| busy.contains_key(d))
+    }
+
+    /// Until the kernel dropped what `job` covers (`done`), at most [`INVAL_WAIT`], and not
+    /// while a request in one of `dirs` is in flight (see the module notes).
+    async fn wait_for_kernel(&self, mut done: tokio::sync::oneshot::Receiver<()>, dirs: Vec<u64>) {
+        let deadline = tokio::time::Instant::now() + INVAL_WAIT;
+        loop {
+            let busy_now = self.busy_now.notified();
+            tokio::pin!(busy_now);
+            busy_now.as_mut().enable();
+            if self.any_busy(&dirs) {
+                return;
+            }
+            tokio::select! {
+                _ = &mut done => return,
+                _ = tokio::time::sleep_until(deadline) => return,
+                _ = busy_now => {}
+            }
         }
     }
 
@@ -108,18 +179,19 @@ impl KernelCache {
         }
         let me = Arc::downgrade(self);
         client.on_revoke(Arc::new(move |revoked: Revoked| {
-            let wait = me.upgrade().map(|kc| kc.revoked(revoked));
+            let kc = me.upgrade();
+            let wait = kc.as_ref().and_then(|kc| kc.revoked(revoked));
             Box::pin(async move {
-                if let Some(Some(rx)) = wait {
-                    let _ = tokio::time::timeout(INVAL_WAIT, rx).await;
+                if let (Some(kc), Some((rx, dirs))) = (kc, wait) {
+                    kc.wait_for_kernel(rx, dirs).await;
                 }
             })
         }));
     }
 
     /// Leases went: hand what the kernel may hold under them to the invalidation thread.
-    /// Returns what to wait for (`None`: nothing to drop).
-    fn revoked(&self, revoked: Revoked) -> Option<tokio::sync::oneshot::Receiver<()>> {
+    /// Returns what to wait for and the directories whose names go (`None`: nothing to drop).
+    fn revoked(&self, revoked: Revoked) -> Option<(tokio::sync::oneshot::Receiver<()>, Vec<u64>)> {
         let mut entries = Vec::new();
         {
             let mut n = self.names.lock();
@@ -134,10 +206,11 @@ impl KernelCache {
         if entries.is_empty() && inodes.is_empty() {
             return None;
         }
+        let dirs = entries.iter().map(|(d, _)| *d).collect();
         let (done, rx) = tokio::sync::oneshot::channel();
         let jobs = self.jobs.lock();
         jobs.as_ref()?.send(Job { entries, inodes, done }).ok()?;
-        Some(rx)
+        Some((rx, dirs))
     }
 
     /// Remember that the kernel may keep `dir/name` until `until`; false when there is no
