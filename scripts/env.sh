@@ -5,9 +5,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shoal/target}"
 # libclang-dev, clang: bindgen for the RocksDB bindings
 # fuse3, libfuse3-dev: the FUSE mount
 # libacl1-dev: needed by pjdfstest
+# gcc, pkg-config: the C library's tests compile C programs against shoal.h and shoal.pc
 # rsync, sqlite3, git, make: programs the mount tests run on a real mount
 # openmpi-bin: mpirun, for the tests of `shoal bench io|md` under mpirun (no MPI library is linked)
-export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make openmpi-bin"
+export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang gcc pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make openmpi-bin"
 
 # Install the Debian packages above that are missing (apt-get; sudo when not root).
 shoal_install_missing() {

@@ -1,0 +1,75 @@
+//! The C library (`crates/capi`: libshoal.so, libshoal.a, the generated shoal.h and
+//! shoal.pc) used by real C programs against real servers: each program under `tests/c/`
+//! is compiled with gcc against the header, linked through the pkg-config file (shared)
+//! and against the static library, and run with the cluster's configuration.
+
+mod common;
+use common::Cluster;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Build libshoal (the test's own package does not depend on it) and return the directory
+/// holding libshoal.so, libshoal.a, shoal.pc and include/shoal.h.
+fn libshoal() -> PathBuf {
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "--release", "-p", "shoal-capi"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run cargo build -p shoal-capi");
+    assert!(out.status.success(), "building libshoal failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    // This test binary is <target>/release/deps/c_api-<hash>: the libraries are in <target>/release.
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    for f in ["libshoal.so", "libshoal.a", "shoal.pc", "include/shoal.h"] {
+        assert!(dir.join(f).exists(), "{} was not made", dir.join(f).display());
+    }
+    dir
+}
+
+/// Compile `tests/c/<name>.c` into `<into>/<name>-<how>`: `how` "shared" links through
+/// pkg-config, "static" against libshoal.a.
+fn compile(lib: &Path, name: &str, how: &str, into: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let exe = into.join(format!("{name}-{how}"));
+    let mut cc = Command::new("gcc");
+    cc.args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror", "-O1", "-o"]).arg(&exe).arg(&src);
+    if how == "shared" {
+        let pc = Command::new("pkg-config")
+            .args(["--cflags", "--libs", "shoal"])
+            .env("PKG_CONFIG_PATH", lib)
+            .output()
+            .expect("run pkg-config");
+        assert!(pc.status.success(), "pkg-config shoal: {}", String::from_utf8_lossy(&pc.stderr));
+        cc.args(String::from_utf8(pc.stdout).unwrap().split_whitespace());
+        cc.arg(format!("-Wl,-rpath,{}", lib.display()));
+    } else {
+        cc.arg(format!("-I{}", lib.join("include").display())).arg(lib.join("libshoal.a"));
+        cc.args(["-lpthread", "-ldl", "-lm"]);
+    }
+    let out = cc.output().expect("run gcc");
+    assert!(out.status.success(), "gcc {name}.c ({how}):\n{}", String::from_utf8_lossy(&out.stderr));
+    exe
+}
+
+fn run(exe: &Path, config: &Path) {
+    let out = Command::new(exe).arg(config).output().expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("ok"),
+        "{} failed ({}):\n{stdout}{}",
+        exe.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn c_programs_use_blocking_calls_futures_callbacks_and_errors_on_real_servers() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    for how in ["shared", "static"] {
+        let exe = compile(&lib, "basic", how, tmp.path());
+        run(&exe, &c.config);
+    }
+}
