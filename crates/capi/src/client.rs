@@ -1,6 +1,6 @@
 //! The client handle and the calls on paths (blocking).
 
-use crate::error::{fail, fail_with, guard};
+use crate::error::{fail, fail_with, guard, status};
 use ::shoal_client::{Attr, Client, ClientOptions, FileKind};
 use std::ffi::{c_char, c_int, CStr};
 use std::future::Future;
@@ -93,15 +93,6 @@ pub(crate) fn client<'a>(c: *const shoal_client) -> Option<&'a shoal_client> {
     }
     // SAFETY: a non-NULL handle comes from `shoal_connect` and is not yet disconnected.
     Some(unsafe { &*c })
-}
-
-/// 0 for `Some`, -1 for `None` (errno set).
-fn status<T>(r: Option<T>) -> c_int {
-    if r.is_some() {
-        0
-    } else {
-        -1
-    }
 }
 
 /// Connect to the cluster described by the configuration file `config` (NULL: the file

@@ -63,3 +63,12 @@ pub(crate) fn block<T>(
         }
     }
 }
+
+/// A call's return value: 0 for `Some`, -1 for `None` (errno already set).
+pub(crate) fn status<T>(r: Option<T>) -> std::ffi::c_int {
+    if r.is_some() {
+        0
+    } else {
+        -1
+    }
+}

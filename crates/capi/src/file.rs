@@ -1,7 +1,7 @@
 //! Open files and their blocking calls.
 
 use crate::client::{client, shoal_attr, shoal_client, text};
-use crate::error::{fail, guard};
+use crate::error::{fail, guard, status};
 use ::shoal_client::{File, OpenFlags};
 use std::ffi::{c_char, c_int, c_void};
 use std::future::Future;
@@ -83,14 +83,6 @@ pub extern "C" fn shoal_close(f: *mut shoal_file) -> c_int {
         };
         status(crate::error::block(&sf.rt, file.close()))
     })
-}
-
-fn status<T>(r: Option<T>) -> c_int {
-    if r.is_some() {
-        0
-    } else {
-        -1
-    }
 }
 
 /// The bytes count of a call, or -1.

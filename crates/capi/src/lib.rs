@@ -20,11 +20,15 @@
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 mod client;
+mod dir;
 mod error;
 mod file;
 mod future;
+mod meta;
 
 pub use client::*;
+pub use dir::*;
 pub use error::*;
 pub use file::*;
 pub use future::*;
+pub use meta::*;

@@ -73,3 +73,12 @@ fn c_programs_use_blocking_calls_futures_callbacks_and_errors_on_real_servers() 
         run(&exe, &c.config);
     }
 }
+
+#[test]
+fn c_programs_list_link_and_set_attributes_and_extended_attributes() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    let exe = compile(&lib, "meta", "shared", tmp.path());
+    run(&exe, &c.config);
+}
