@@ -199,7 +199,10 @@ run_fsx() {
     return 0
   fi
   echo "fsx ($name): FAILED (exit $rc) after $((SECONDS - t0)) s:"
-  tail -40 "$WORK/fsx-$name.log"
+  # What fsx found wrong (its lines other than the history of operations), then the last
+  # operations before it.
+  grep -v '^\[ERROR fsx\] *[0-9]' "$WORK/fsx-$name.log" | head -40
+  tail -20 "$WORK/fsx-$name.log"
   return 1
 }
 echo "== fsx $FSX_VERSION"
