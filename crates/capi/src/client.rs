@@ -154,19 +154,24 @@ pub extern "C" fn shoal_disconnect(c: *mut shoal_client) {
     })
 }
 
+/// Put `a` into the caller's `out`: 0, or -1 (EFAULT) for NULL.
+pub(crate) fn put_attr(a: Option<Attr>, out: *mut shoal_attr) -> c_int {
+    let Some(a) = a else { return -1 };
+    if out.is_null() {
+        fail(libc::EFAULT, "the shoal_attr to fill is NULL");
+        return -1;
+    }
+    // SAFETY: `out` is non-NULL and points at a shoal_attr of the caller's.
+    unsafe { *out = shoal_attr::from(&a) };
+    0
+}
+
 /// Attributes of `path` (following a final symbolic link) into `out`. 0 or -1.
 #[no_mangle]
 pub extern "C" fn shoal_stat(c: *const shoal_client, path: *const c_char, out: *mut shoal_attr) -> c_int {
     guard(-1, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
-        if out.is_null() {
-            fail(libc::EFAULT, "the shoal_attr to fill is NULL");
-            return -1;
-        }
-        let Some(a) = c.block(c.client.stat(path)) else { return -1 };
-        // SAFETY: `out` is non-NULL and points at a shoal_attr of the caller's.
-        unsafe { *out = shoal_attr::from(&a) };
-        0
+        put_attr(c.block(c.client.stat(path)), out)
     })
 }
 

@@ -1,6 +1,6 @@
 //! Open files and their blocking calls.
 
-use crate::client::{client, shoal_attr, shoal_client, text};
+use crate::client::{client, put_attr, shoal_attr, shoal_client, text};
 use crate::error::{fail, guard, status};
 use ::shoal_client::{File, OpenFlags};
 use std::ffi::{c_char, c_int, c_void};
@@ -146,13 +146,6 @@ pub extern "C" fn shoal_fsync(f: *const shoal_file) -> c_int {
 pub extern "C" fn shoal_fstat(f: *const shoal_file, out: *mut shoal_attr) -> c_int {
     guard(-1, || {
         let Some(f) = file(f) else { return -1 };
-        if out.is_null() {
-            fail(libc::EFAULT, "the shoal_attr to fill is NULL");
-            return -1;
-        }
-        let Some(a) = f.block(f.file.stat()) else { return -1 };
-        // SAFETY: `out` is non-NULL and points at a shoal_attr of the caller's.
-        unsafe { *out = shoal_attr::from(&a) };
-        0
+        put_attr(f.block(f.file.stat()), out)
     })
 }

@@ -1,6 +1,6 @@
 //! The rest of the calls on paths: links, attributes, extended attributes, statfs.
 
-use crate::client::{client, shoal_attr, shoal_client, text};
+use crate::client::{client, put_attr, shoal_attr, shoal_client, text};
 use crate::error::{fail, guard, status};
 use crate::file::bytes_of;
 use ::shoal_client::{TimeSet, Timestamp};
@@ -31,14 +31,7 @@ fn give(src: &[u8], buf: *mut c_void, len: usize) -> isize {
 pub extern "C" fn shoal_lstat(c: *const shoal_client, path: *const c_char, out: *mut shoal_attr) -> c_int {
     guard(-1, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
-        if out.is_null() {
-            fail(libc::EFAULT, "the shoal_attr to fill is NULL");
-            return -1;
-        }
-        let Some(a) = c.block(c.client.lstat(path)) else { return -1 };
-        // SAFETY: `out` is non-NULL and points at a shoal_attr of the caller's.
-        unsafe { *out = shoal_attr::from(&a) };
-        0
+        put_attr(c.block(c.client.lstat(path)), out)
     })
 }
 

@@ -12,14 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: check failed: %s (errno %d: %s)\n", __FILE__, __LINE__, \
-                    #cond, errno, shoal_last_error());                                   \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#include "check.h"
 
 enum { BLOCK = 64 * 1024, BLOCKS = 32 };
 

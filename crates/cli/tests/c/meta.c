@@ -11,14 +11,7 @@
 #include <sys/stat.h>
 #include <sys/xattr.h>
 
-#define CHECK(cond)                                                                      \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            fprintf(stderr, "%s:%d: check failed: %s (errno %d: %s)\n", __FILE__, __LINE__, \
-                    #cond, errno, shoal_last_error());                                   \
-            exit(1);                                                                     \
-        }                                                                                \
-    } while (0)
+#include "check.h"
 
 int main(int argc, char **argv) {
     CHECK(argc == 2);
