@@ -344,3 +344,25 @@ async fn a_truncate_waiting_on_an_unreachable_server_does_not_block_other_change
     let f = fs.open("/t", OpenFlags::read_only()).await.unwrap();
     assert!(f.read_at(0, 1 << 20).await.unwrap()[..] == pattern(5, 0, 1000)[..]);
 }
+
+/// A `stat` of a handle racing with a truncate through the same handle must not bring back
+/// the size from before the truncate (the fsx failure on the mount: a kernel read-ahead
+/// refreshed the handle while the next truncate ran, and its stale answer landed last).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stat_racing_a_truncate_never_restores_the_old_size() {
+    let cluster = Cluster::start(2);
+    let fs = cluster.client();
+    let f = fs.create("/cut", 0o644, None).await.unwrap();
+    let mut size = 4u64 << 20;
+    f.set_len(size).await.unwrap();
+    for round in 0..400u64 {
+        let racer = f.clone();
+        let stat = tokio::spawn(async move { racer.stat().await.map(|a| a.size) });
+        // Alternate down and up so every round changes the size.
+        size = if round % 2 == 0 { size / 2 + round } else { size * 2 - round };
+        f.set_len(size).await.unwrap();
+        stat.await.unwrap().unwrap();
+        assert_eq!(f.attr().size, size, "round {round}: the handle's size after the truncate and a racing stat");
+        assert_eq!(f.stat().await.unwrap().size, size, "round {round}: stat after both");
+    }
+}

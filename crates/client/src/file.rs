@@ -91,6 +91,9 @@ pub const HOLD_FOR: std::time::Duration = std::time::Duration::from_millis(100);
 /// Cells a handle holds at most; a write that would start one more sends the oldest.
 const MAX_CELLS: usize = 32;
 
+/// Times `stat` asks again when a `set_len` through the handle overtook its answer.
+const STAT_TRIES: usize = 4;
+
 /// Cells in a row that held a single write after which a handle starts no new cell
 /// unless a write lands next to one in flight.
 const LONELY_MAX: u32 = 4;
@@ -143,6 +146,9 @@ struct State {
     pending: Option<u64>,
     /// Whether this handle wrote (so `close` must sync).
     wrote: bool,
+    /// Bumped by every `set_len`, the one change that may lower the size: attributes
+    /// fetched from the server while it was bumped may predate it and are not applied.
+    epoch: u64,
 }
 
 type Outcome<T> = std::result::Result<T, Error>;
@@ -479,7 +485,7 @@ impl File {
                 readable: flags.reads(),
                 writable: flags.writes(),
                 append: flags.append,
-                state: Mutex::new(State { attr, size, server_size: size, pending: None, wrote: false }),
+                state: Mutex::new(State { attr, size, server_size: size, pending: None, wrote: false, epoch: 0 }),
                 io: Arc::new(Mutex::new(Io::default())),
                 cursor: tokio::sync::Mutex::new(0),
                 runtime: tokio::runtime::Handle::try_current().ok(),
@@ -1198,15 +1204,23 @@ impl File {
                 .client
                 .setattr_inner(self.inner.ino, SetAttrs { size: Some(size), ..Default::default() })
                 .await?;
-            let mut io = self.inner.io.lock();
-            io.chunks.clear();
-            let mut st = self.inner.state.lock();
-            st.size = a.size;
-            st.server_size = a.size;
-            st.attr = a;
+            self.resized(a);
             Ok(())
         };
         r.await.map_err(|e: Error| e.within(self.what("set length of")))
+    }
+
+    /// The file's size was set (by [`File::set_len`], or by the caller by other means: a
+    /// truncate by name as another user): take `a`, the attributes the server answered,
+    /// as exact, over any answer still in flight that predates them.
+    pub fn resized(&self, a: Attr) {
+        let mut io = self.inner.io.lock();
+        io.chunks.clear();
+        let mut st = self.inner.state.lock();
+        st.size = a.size;
+        st.server_size = a.size;
+        st.attr = a;
+        st.epoch += 1;
     }
 
     /// Wait for the writes in flight and publish the size (as [`File::flush`], but a failure
@@ -1218,20 +1232,30 @@ impl File {
         let r = async {
             self.wait_writes(None).await;
             self.publish().await?;
-            let a = self.inner.client.getattr_fresh_inner(self.inner.ino).await?;
-            let mut io = self.inner.io.lock();
-            let mut st = self.inner.state.lock();
-            if a.size != st.size || a.mtime != st.attr.mtime {
-                io.chunks.clear();
+            for _ in 0..STAT_TRIES {
+                let epoch = self.inner.state.lock().epoch;
+                let a = self.inner.client.getattr_fresh_inner(self.inner.ino).await?;
+                let mut io = self.inner.io.lock();
+                let mut st = self.inner.state.lock();
+                if st.epoch != epoch {
+                    // A `set_len` through this handle finished while we asked: the answer
+                    // may show the size from before it. The server has it now: ask again.
+                    continue;
+                }
+                if a.size != st.size || a.mtime != st.attr.mtime {
+                    io.chunks.clear();
+                }
+                st.server_size = a.size;
+                // Writes that finished (or started) while we asked may have raised it further.
+                let in_flight = io.writes.iter().map(|w| w.end).max().unwrap_or(0);
+                st.size = a.size.max(st.pending.unwrap_or(0)).max(in_flight);
+                st.attr = a;
+                let mut out = st.attr.clone();
+                out.size = st.size;
+                return Ok(out);
             }
-            st.server_size = a.size;
-            // Writes that finished (or started) while we asked may have raised it further.
-            let in_flight = io.writes.iter().map(|w| w.end).max().unwrap_or(0);
-            st.size = a.size.max(st.pending.unwrap_or(0)).max(in_flight);
-            st.attr = a;
-            let mut out = st.attr.clone();
-            out.size = st.size;
-            Ok(out)
+            // Truncated through this handle on every try: what the last one set is exact.
+            Ok(self.attr())
         };
         r.await.map_err(|e: Error| e.within(self.what("stat")))
     }

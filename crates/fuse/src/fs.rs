@@ -541,6 +541,9 @@ impl Shared {
                     // The handle truncates as root: the caller's set-ID bits are dropped
                     // here (the server dropped the capabilities with the size).
                     self.drop_privs(&n, (who.uid != 0).then_some(who), false).await?;
+                    // The kernel learns the new size from this reply: a read short of the
+                    // old one is no sign of another client's write.
+                    n.size_hint.store(size, Ordering::Relaxed);
                     out = Some(n.file.attr());
                 }
                 // truncate by name while the file is open here: publish what the handle
@@ -548,8 +551,10 @@ impl Shared {
                 (None, Some(n)) => {
                     n.file.flush().await.map_err(e)?;
                     let set = SetAttrs { size: Some(size), ..Default::default() };
-                    user.setattr(ino_n, set).await.map_err(e)?;
-                    out = Some(n.file.stat().await.map_err(e)?);
+                    let a = user.setattr(ino_n, set).await.map_err(e)?;
+                    n.file.resized(a);
+                    n.size_hint.store(size, Ordering::Relaxed);
+                    out = Some(n.file.attr());
                 }
                 (None, None) => rest.size = Some(size),
             }
