@@ -20,3 +20,26 @@ shoal_install_missing() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
 }
+
+# Python packages: maturin builds the wheel of the `shoal` package (pyproject.toml); the
+# others are what its tests use (pytest) and what its fsspec file system is tested with.
+export SHOAL_PYTHON_PACKAGES="maturin pytest fsspec numpy pandas pyarrow"
+
+# Install the Python packages above that are missing (pip, for the python3 on $PATH).
+shoal_install_python_missing() {
+  local need=() pkg
+  for pkg in $SHOAL_PYTHON_PACKAGES; do python3 -m pip show -q "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+  [ ${#need[@]} -gt 0 ] || return 0
+  echo "== installing Python packages: ${need[*]}"
+  python3 -m pip install -q --root-user-action=ignore "${need[@]}"
+}
+
+# Build the `shoal` Python package (an abi3 wheel, into $CARGO_TARGET_DIR/wheels) and
+# install it for the python3 on $PATH.
+shoal_install_python_package() {
+  shoal_install_python_missing
+  echo "== building and installing the Python package (maturin)"
+  rm -f "$CARGO_TARGET_DIR"/wheels/shoal-*.whl
+  python3 -m maturin build --release --quiet -o "$CARGO_TARGET_DIR/wheels"
+  python3 -m pip install -q --root-user-action=ignore --force-reinstall --no-deps "$CARGO_TARGET_DIR"/wheels/shoal-*.whl
+}

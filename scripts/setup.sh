@@ -13,5 +13,6 @@ fi
 
 echo "== building (release) into $CARGO_TARGET_DIR"
 cargo build --release --workspace --bins
+shoal_install_python_package
 echo "== running the demo"
 "$CARGO_TARGET_DIR/release/shoal" demo "$@"
