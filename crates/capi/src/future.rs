@@ -50,7 +50,7 @@ fn notify(state: &State) {
 
 /// Start `work` on `f`'s runtime as a future; `finish` turns its outcome into the result
 /// under the future's lock (so a cancel cannot come between: see `shoal_pread_async`).
-fn start<T: Send + 'static>(
+pub(crate) fn start<T: Send + 'static>(
     f: &shoal_file,
     cb: shoal_callback,
     user: *mut c_void,

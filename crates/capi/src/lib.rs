@@ -24,6 +24,7 @@ mod dir;
 mod error;
 mod file;
 mod future;
+mod list_io;
 mod meta;
 
 pub use client::*;

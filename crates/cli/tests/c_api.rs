@@ -82,3 +82,12 @@ fn c_programs_list_link_and_set_attributes_and_extended_attributes() {
     let exe = compile(&lib, "meta", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_move_many_extents_with_list_io() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    let exe = compile(&lib, "list", "shared", tmp.path());
+    run(&exe, &c.config);
+}

@@ -304,7 +304,8 @@ fn touched(op: &Op, named: &impl Fn(Ino, &str) -> Option<Ino>) -> Option<Option<
         | Op::SetXattr { ino, .. }
         | Op::RemoveXattr { ino, .. }
         | Op::Append { ino, .. }
-        | Op::Write { ino, .. } => vec![*ino],
+        | Op::Write { ino, .. }
+        | Op::WriteList { ino, .. } => vec![*ino],
         Op::Batch { ops } => {
             let mut v = Vec::new();
             for b in ops {

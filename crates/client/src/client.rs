@@ -150,6 +150,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Xattr(_) => "Xattr",
         Reply::XattrNames(_) => "XattrNames",
         Reply::Data => "Data",
+        Reply::DataList { .. } => "DataList",
         Reply::Written { .. } => "Written",
         Reply::NLink(_) => "NLink",
         Reply::Replaced(_) => "Replaced",
@@ -180,6 +181,7 @@ pub(crate) fn reads_only(op: &Op) -> bool {
             | Op::GetXattr { .. }
             | Op::ListXattr { .. }
             | Op::Read { .. }
+            | Op::ReadList { .. }
             | Op::Fsync { .. }
             | Op::Open { .. }
             | Op::StatFs

@@ -520,7 +520,51 @@ impl File {
         a
     }
 
-    fn what(&self, op: &str) -> String {
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// The capability sent with this handle's data operations.
+    pub(crate) fn holder(&self) -> &Holder {
+        &self.inner.cap
+    }
+
+    /// Before a list read or write (`list_io.rs`): the handle may do it, its capability is
+    /// at hand, and its own writes in flight have landed (a list read sees them, a list
+    /// write lands after them). Returns the size as the handle knows it.
+    pub(crate) async fn ready_for_list(&self, write: bool) -> Result<u64> {
+        let inner = &*self.inner;
+        if inner.kind == FileKind::Dir {
+            return Err(Error::bare(Errno::EISDIR));
+        }
+        if (write && !inner.writable) || (!write && !inner.readable) {
+            return Err(Error::bare(Errno::EBADF));
+        }
+        inner.cap.get(&inner.client).await?;
+        self.wait_writes(None).await;
+        Ok(inner.state.lock().size)
+    }
+
+    /// A list write reaching `end` finished; `reached_home`: a piece went to the inode's
+    /// home server, which raised the size itself (else the size is published at flush).
+    pub(crate) fn wrote_to(&self, end: u64, reached_home: bool) {
+        let inner = &*self.inner;
+        // Prefetched data may hold what the pieces replaced.
+        inner.io.lock().chunks.clear();
+        {
+            let mut st = inner.state.lock();
+            st.size = st.size.max(end);
+            st.wrote = true;
+            if reached_home {
+                st.server_size = st.server_size.max(end);
+            } else {
+                st.pending = Some(st.pending.unwrap_or(0).max(end));
+            }
+        }
+        inner.client.cache().forget_attr(inner.ino);
+    }
+
+    pub(crate) fn what(&self, op: &str) -> String {
         format!("{op} {}", self.inner.ino)
     }
 

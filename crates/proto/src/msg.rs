@@ -149,6 +149,17 @@ pub struct Attr {
     pub parent: Option<Ino>,
 }
 
+/// A piece of a list read or write: `len` bytes at `offset` in object `index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectPiece {
+    pub index: u32,
+    pub offset: u64,
+    pub len: u32,
+}
+
+/// Most pieces in one `ReadList` or `WriteList`.
+pub const MAX_LIST_PIECES: usize = 1 << 16;
+
 /// A directory entry joined with what the entry's server knows of the inode.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryOut {
@@ -430,6 +441,27 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cap: Option<Capability>,
     },
+    /// List I/O (PVFS): many pieces of objects of `ino` on this server in one request. The
+    /// reply (`DataList`) carries each piece's bytes back to back in the data section, each
+    /// short at the end of its object (none for an object nobody wrote).
+    ReadList {
+        ino: Ino,
+        pieces: Vec<ObjectPiece>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
+    },
+    /// List I/O: the data section holds the bytes of every piece, in order (its length is
+    /// the sum of the pieces' lengths). `file_end` and `inode_local` as in `Write`. Answered
+    /// `Written` with the total length; the pieces are stored in order, so a later piece
+    /// overlapping an earlier one wins.
+    WriteList {
+        ino: Ino,
+        pieces: Vec<ObjectPiece>,
+        file_end: u64,
+        inode_local: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
+    },
     /// Make the objects of `ino` on this server, and this server's metadata log, durable.
     Fsync {
         ino: Ino,
@@ -639,6 +671,8 @@ impl Op {
             Op::RemoveXattr { .. } => "removexattr",
             Op::Read { .. } => "read",
             Op::Write { .. } => "write",
+            Op::ReadList { .. } => "read_list",
+            Op::WriteList { .. } => "write_list",
             Op::Fsync { .. } => "fsync",
             Op::Batch { .. } => "batch",
             Op::StatFs => "statfs",
@@ -777,6 +811,11 @@ pub enum Reply {
     XattrNames(Vec<String>),
     /// Answer to `Read`: the bytes are in the data section.
     Data,
+    /// Answer to `ReadList`: how many bytes each piece got (at most its length), in order;
+    /// the data section holds them back to back.
+    DataList {
+        lens: Vec<u32>,
+    },
     Written {
         len: u32,
     },

@@ -60,6 +60,8 @@ impl Op {
             Op::PeerPartitions { .. } => 44,
             Op::PeerSealPartitions { .. } => 45,
             Op::PeerPartitionAttr { .. } => 46,
+            Op::ReadList { .. } => 47,
+            Op::WriteList { .. } => 48,
         }
     }
 }
@@ -90,6 +92,7 @@ impl Reply {
             Reply::Opened { .. } => 20,
             Reply::Leased { .. } => 21,
             Reply::Partitions { .. } => 22,
+            Reply::DataList { .. } => 23,
         }
     }
 }

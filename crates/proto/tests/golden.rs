@@ -144,6 +144,8 @@ fn ops() -> Vec<Op> {
         Op::Read { ino: FILE, index: 1, offset: 1 << 20, len: 65536, cap: None },
         Op::Write { ino: FILE, index: 0, offset: 4096, file_end: 8192, inode_local: true, cap: None },
         Op::Fsync { ino: FILE, data_only: true, cap: None },
+        Op::ReadList { ino: FILE, pieces: list_pieces(), cap: None },
+        Op::WriteList { ino: FILE, pieces: list_pieces(), file_end: 1 << 21, inode_local: false, cap: None },
         Op::Batch { ops: batch_ops() },
         Op::StatFs,
         Op::Status,
@@ -234,6 +236,7 @@ fn replies() -> Vec<Reply> {
         Reply::Xattr(vec![9, 8, 7]),
         Reply::XattrNames(vec!["user.a".into(), "user.b".into()]),
         Reply::Data,
+        Reply::DataList { lens: vec![4096, 100] },
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),
@@ -382,6 +385,10 @@ impl Sample {
             }
         }
     }
+}
+
+fn list_pieces() -> Vec<ObjectPiece> {
+    vec![ObjectPiece { index: 0, offset: 0, len: 4096 }, ObjectPiece { index: 2, offset: 1 << 20, len: 4096 }]
 }
 
 fn samples() -> Vec<(String, Sample)> {

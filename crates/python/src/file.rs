@@ -134,6 +134,26 @@ macro_rules! file_calls {
                 $run(py, async move { f.write_bytes_at(offset, data).await.or_raise() })
             }
 
+            /// List I/O: the bytes of each `(offset, length)` piece, in one request per
+            /// server (small holes between pieces are read and dropped: data sieving).
+            /// A piece reaching past the end of the file is short.
+            fn read_list<'py>(&self, py: Python<'py>, pieces: Vec<(u64, usize)>) -> PyResult<Bound<'py, PyAny>> {
+                let f = self.h.get()?;
+                $run(py, async move {
+                    let got = f.read_list(&pieces).await.or_raise()?;
+                    Ok(got.into_iter().map(Data).collect::<Vec<_>>())
+                })
+            }
+
+            /// List I/O: write each `(offset, data)` piece, in one request per server;
+            /// where pieces overlap, the later one's bytes stay. Returns the bytes written.
+            fn write_list<'py>(&self, py: Python<'py>, pieces: Vec<(u64, Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
+                let f = self.h.get()?;
+                let pieces = pieces.iter().map(|(off, d)| Ok((*off, bytes_of(d)?))).collect::<PyResult<Vec<_>>>()?;
+                let total: usize = pieces.iter().map(|p| p.1.len()).sum();
+                $run(py, async move { f.write_list(&pieces).await.or_raise().map(|()| total) })
+            }
+
             /// Append `data` at the end of the file as the servers know it, atomically;
             /// returns the offset it landed at.
             fn append<'py>(&self, py: Python<'py>, data: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {

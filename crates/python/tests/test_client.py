@@ -155,3 +155,14 @@ def test_threads_overlap_their_calls(fs, base):
         t.join()
     assert not errors
     assert len(fs.listdir(base)) == 8
+
+
+def test_list_io_moves_many_pieces_in_one_call(fs, base):
+    f = fs.open_file(f"{base}/strided", "w+")
+    pieces = [(i * 8192, bytes([i % 251]) * 4096) for i in range(2000)]
+    assert f.write_list(pieces) == 2000 * 4096
+    got = f.read_list([(off, 4096) for off, _ in pieces])
+    assert got == [data for _, data in pieces]
+    # Holes read as zeros; past the end, short.
+    assert f.read_list([(4096, 8), (2000 * 8192, 10)]) == [bytes(8), b""]
+    f.close()

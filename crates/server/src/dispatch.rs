@@ -114,7 +114,7 @@ async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
 /// removals) go on. A size extension by `SetAttr` is checked by its handler.
 fn space_needed(op: &Op, data: &Bytes) -> Option<u64> {
     match op {
-        Op::Write { .. } => Some(data.len() as u64),
+        Op::Write { .. } | Op::WriteList { .. } => Some(data.len() as u64),
         Op::Create { .. }
         | Op::Mkdir { .. }
         | Op::Symlink { .. }
@@ -190,6 +190,14 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Write { ino, index, offset, file_end, inode_local, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
             data::write(st, ino, index, offset, file_end, inode_local, data, crcs).await?
+        }
+        Op::ReadList { ino, pieces, cap } => {
+            caps::check(st, cap.as_ref(), ino, RIGHT_READ)?;
+            return data::read_list(st, ino, pieces).await;
+        }
+        Op::WriteList { ino, pieces, file_end, inode_local, cap } => {
+            caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
+            data::write_list(st, ino, pieces, file_end, inode_local, data).await?
         }
         Op::Append { ino, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;

@@ -699,8 +699,10 @@ async fn read_requests(
         }
         // Budget: what the request brings, or what its reply will carry.
         let mut cost = frame.body.len() + frame.data.len();
-        if let Op::Read { len, .. } = &req.op {
-            cost = cost.max(*len as usize);
+        match &req.op {
+            Op::Read { len, .. } => cost = cost.max(*len as usize),
+            Op::ReadList { pieces, .. } => cost = cost.max(pieces.iter().map(|p| p.len as usize).sum()),
+            _ => {}
         }
         let cost = cost.clamp(1, MAX_IN_FLIGHT_BYTES) as u32;
         let (Ok(p_count), Ok(p_bytes)) =

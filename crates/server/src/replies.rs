@@ -250,6 +250,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::SetXattr { .. }
         | Op::RemoveXattr { .. }
         | Op::Write { .. }
+        | Op::WriteList { .. }
         | Op::Append { .. }
         | Op::ReleaseOrphan { .. } => true,
         Op::Batch { ops } => ops.iter().any(|op| !matches!(op, BatchOp::Lookup { .. } | BatchOp::GetAttr { .. })),
@@ -264,6 +265,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::GetXattr { .. }
         | Op::ListXattr { .. }
         | Op::Read { .. }
+        | Op::ReadList { .. }
         | Op::Fsync { .. }
         | Op::Open { .. }
         | Op::StatFs

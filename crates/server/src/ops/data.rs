@@ -10,6 +10,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use shoal_placement::pieces;
 use shoal_proto::frame::MAX_DATA;
+use shoal_proto::msg::{ObjectPiece, MAX_LIST_PIECES};
 use shoal_proto::msg::{FileKind, Op, Reply, ServerStatus, StatFsOut};
 use shoal_proto::{Errno, Ino};
 use std::path::Path;
@@ -29,6 +30,62 @@ pub async fn read(st: &Arc<State>, ino: Ino, index: u32, offset: u64, len: u32) 
     Ok((Reply::Data, Payload::Bytes(bytes)))
 }
 
+/// Check a list of pieces: not too many, their total within one frame's data. Returns it.
+fn list_total(pieces: &[ObjectPiece]) -> R<usize> {
+    if pieces.is_empty() || pieces.len() > MAX_LIST_PIECES {
+        return fail(Errno::EINVAL, format!("a list of {} pieces (1 to {MAX_LIST_PIECES})", pieces.len()));
+    }
+    let total: u64 = pieces.iter().map(|p| p.len as u64).sum();
+    if total > MAX_DATA as u64 {
+        return fail(Errno::EINVAL, format!("a list of {total} bytes (at most {MAX_DATA} in one request)"));
+    }
+    Ok(total as usize)
+}
+
+/// List I/O: the pieces of objects of `ino` stored here, in one reply (`DataList`: each
+/// piece's length, the bytes back to back). One blocking task reads them all in order.
+pub async fn read_list(st: &Arc<State>, ino: Ino, pieces: Vec<ObjectPiece>) -> R<(Reply, Payload)> {
+    let total = list_total(&pieces)?;
+    st.blocking(move |st| {
+        let mut lens = Vec::with_capacity(pieces.len());
+        let mut out = bytes::BytesMut::with_capacity(total);
+        for p in &pieces {
+            let b = st.data.read(ino, p.index, p.offset, p.len as usize)?;
+            lens.push(b.len() as u32);
+            out.extend_from_slice(&b);
+        }
+        Ok((Reply::DataList { lens }, Payload::Bytes(out.freeze())))
+    })
+    .await
+}
+
+/// List I/O: store each piece of `data` (the pieces' bytes back to back) in its object, in
+/// order; with `inode_local` raise the size to `file_end` under the inode's lock, as a
+/// `Write` does, in the same transaction.
+pub async fn write_list(
+    st: &Arc<State>,
+    ino: Ino,
+    pieces: Vec<ObjectPiece>,
+    file_end: u64,
+    inode_local: bool,
+    data: Bytes,
+) -> R<Reply> {
+    let total = list_total(&pieces)?;
+    if total != data.len() {
+        return fail(Errno::EINVAL, format!("a list of {total} bytes sent with {} bytes of data", data.len()));
+    }
+    let store = move |st: &State| -> R<()> {
+        let mut at = 0;
+        for p in &pieces {
+            let len = p.len as usize;
+            st.data.write_with_crcs(ino, p.index, p.offset, &data[at..at + len], None)?;
+            at += len;
+        }
+        Ok(())
+    };
+    store_objects(st, ino, file_end, inode_local, total as u32, store).await
+}
+
 /// A write of `data` at `offset` in object `index` of `ino`; `crcs`: the CRC32C of its block
 /// pieces, when the connection computed them already (see `store::write_crcs`).
 #[allow(clippy::too_many_arguments)]
@@ -43,13 +100,26 @@ pub async fn write(
     crcs: Option<PieceCrcs>,
 ) -> R<Reply> {
     let len = data.len() as u32;
+    let store = move |st: &State| st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref());
+    store_objects(st, ino, file_end, inode_local, len, store).await
+}
+
+/// Run `store` (writes to objects of `ino` here, `len` bytes in all). With `inode_local` the
+/// inode is here too: store and raise the size to `file_end` under the inode's lock, checking
+/// first that the file still exists (a write racing an unlink must not recreate an object
+/// nobody will delete).
+async fn store_objects(
+    st: &Arc<State>,
+    ino: Ino,
+    file_end: u64,
+    inode_local: bool,
+    len: u32,
+    store: impl FnOnce(&State) -> R<()> + Send + 'static,
+) -> R<Reply> {
     if !inode_local {
-        st.blocking(move |st| st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref())).await?;
+        st.blocking(move |st| store(st)).await?;
         return Ok(Reply::Written { len });
     }
-    // The inode is here too: write and raise the size under the inode's lock, checking first
-    // that the file still exists (a write racing an unlink must not recreate an object
-    // nobody will delete).
     st.require_home(ino)?;
     let _g = st.locks.lock(&[ino]).await;
     st.blocking(move |st| {
@@ -58,7 +128,7 @@ pub async fn write(
         if rec.kind != FileKind::File {
             return fail(Errno::EISDIR, format!("{ino} is not a regular file"));
         }
-        st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref())?;
+        store(st)?;
         if file_end > rec.size {
             rec.size = file_end;
         }
