@@ -93,7 +93,9 @@ impl Lists {
                 if have > 0 {
                     // SAFETY: `base` is the caller's segment of `seg_len` bytes, and
                     // seg_at + have <= seg_len.
-                    unsafe { std::ptr::copy_nonoverlapping(data[from..].as_ptr(), (base as *mut u8).add(seg_at), have) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(data[from..].as_ptr(), (base as *mut u8).add(seg_at), have)
+                    };
                     total += have as i64;
                 }
                 from += take;

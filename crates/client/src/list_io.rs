@@ -118,7 +118,10 @@ impl File {
                             && lens.iter().zip(&group).all(|(&n, (p, _))| n as u64 <= p.len)
                             && lens.iter().map(|&n| n as usize).sum::<usize>() == data.len();
                         if !fits {
-                            return Err(Error::new(Errno::EPROTO, format!("server {server} answered a list read badly")));
+                            return Err(Error::new(
+                                Errno::EPROTO,
+                                format!("server {server} answered a list read badly"),
+                            ));
                         }
                         Ok((group, lens, data))
                     }
@@ -191,7 +194,13 @@ impl File {
                     }
                     let (data, total) = (data.freeze(), list.iter().map(|p| p.len).sum::<u32>());
                     let call = |cap| {
-                        let op = Op::WriteList { ino, pieces: list.clone(), file_end: end, inode_local: server == home, cap };
+                        let op = Op::WriteList {
+                            ino,
+                            pieces: list.clone(),
+                            file_end: end,
+                            inode_local: server == home,
+                            cap,
+                        };
                         client.call(To::Server(server), op, data.clone())
                     };
                     match cap.with(client, call).await {
