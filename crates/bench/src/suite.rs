@@ -33,7 +33,7 @@ pub struct SuiteArgs {
     /// Sizes: `full` (this machine: 2 cores, a few GiB; ~15 minutes) or `quick` (seconds; for tests).
     #[arg(long, default_value = "full", value_name = "full|quick")]
     pub scale: String,
-    /// Only these cases: io-easy, io-hard, md-easy, md-hard.
+    /// Only these cases: io-easy, io-hard, md-easy, md-hard, pxfs-64k, pxfs-1m.
     #[arg(long, value_delimiter = ',')]
     pub cases: Vec<String>,
     /// The Markdown report to rewrite (default docs/benchmarks.md when ./docs exists).
@@ -66,15 +66,27 @@ pub struct Scale {
     pub io_hard_segments: u64,
     pub md_easy_files: u64,
     pub md_hard_files: u64,
+    /// Bytes per process of the PXFS cases (synchronous against asynchronous calls).
+    pub pxfs_block: u64,
 }
 
 impl Scale {
     pub fn named(s: &str) -> Result<Scale> {
         Ok(match s {
-            "full" => {
-                Scale { io_easy_block: 512 << 20, io_hard_segments: 2000, md_easy_files: 10_000, md_hard_files: 2000 }
-            }
-            "quick" => Scale { io_easy_block: 4 << 20, io_hard_segments: 40, md_easy_files: 200, md_hard_files: 100 },
+            "full" => Scale {
+                io_easy_block: 512 << 20,
+                io_hard_segments: 2000,
+                md_easy_files: 10_000,
+                md_hard_files: 2000,
+                pxfs_block: 256 << 20,
+            },
+            "quick" => Scale {
+                io_easy_block: 4 << 20,
+                io_hard_segments: 40,
+                md_easy_files: 200,
+                md_hard_files: 100,
+                pxfs_block: 4 << 20,
+            },
             other => bail!("unknown scale {other:?} (full or quick)"),
         })
     }
@@ -98,7 +110,10 @@ pub struct Check {
     pub met: Option<bool>,
 }
 
-const CASES: [&str; 4] = ["io-easy", "io-hard", "md-easy", "md-hard"];
+const CASES: [&str; 6] = ["io-easy", "io-hard", "md-easy", "md-hard", "pxfs-64k", "pxfs-1m"];
+
+/// Calls in flight per process for the asynchronous side of the PXFS cases.
+const PXFS_IN_FLIGHT: usize = 16;
 
 /// A FUSE mount made for the suite.
 struct Mount {
@@ -441,6 +456,34 @@ async fn run_cases(
                     targets.to_vec(),
                 )
             }
+            "pxfs-64k" | "pxfs-1m" => {
+                // PXFS (ch. 3): the same writes and reads through synchronous calls (each
+                // waits for its request: no write-behind, no readahead) and through the
+                // asynchronous API with PXFS_IN_FLIGHT calls in flight. Native client only.
+                let io = IoSpec {
+                    transfer: if case == "pxfs-64k" { 64 << 10 } else { 1 << 20 },
+                    block: scale.pxfs_block,
+                    segments: 1,
+                    file_per_proc: true,
+                    random: false,
+                    reorder: true,
+                    fsync: true,
+                    verify: false,
+                    stripe_count: stripes.stripe_count,
+                    stripe_size: stripes.stripe_size,
+                };
+                let t: Vec<TargetSpec> = targets
+                    .iter()
+                    .filter(|x| x.is_native())
+                    .flat_map(|x| [with_in_flight(x, 1), with_in_flight(x, PXFS_IN_FLIGHT)])
+                    .collect();
+                if t.is_empty() {
+                    continue; // no cluster: nothing to compare
+                }
+                let mut b = base_bench(case, Workload::Io(io), io_phases(false), t);
+                b.tuning = NativeTuning { write_behind: Some(0), readahead: Some(0) };
+                b
+            }
             _ => unreachable!("checked"),
         };
         let description = report::describe(&bench.workload, bench.procs, 1);
@@ -560,6 +603,10 @@ pub fn evaluate(results: &[CaseResult]) -> Vec<Check> {
     }
     for phase in ["stat", "read"] {
         versus("md-easy", phase, "fuse", "native@1", 2.0);
+    }
+    // Issue 13: asynchronous 64 KiB calls against synchronous ones (PXFS: 3-20x).
+    for phase in ["write", "read-cold"] {
+        versus("pxfs-64k", phase, &format!("native@{PXFS_IN_FLIGHT}"), "native@1", 3.0);
     }
     versus("io-hard", "write", "fuse", "native", 0.8);
     versus("io-easy", "write", "fuse", "native", 0.9);
@@ -769,6 +816,11 @@ fn markdown(
                 "IO500 mdtest-hard (one shared directory, 3,901-byte files); {} files per process",
                 scale.md_hard_files
             ),
+            "pxfs-64k" | "pxfs-1m" => format!(
+                "PXFS ch. 3: synchronous calls (`native@1`, no write-behind or readahead) against the asynchronous \
+                 API with {PXFS_IN_FLIGHT} in flight (`native@{PXFS_IN_FLIGHT}`); {} per process",
+                fmt_bytes(scale.pxfs_block as f64)
+            ),
             _ => String::new(),
         };
         let _ = writeln!(s, "| {} | {} | {} |", c.case, c.description, from);
@@ -783,7 +835,7 @@ fn markdown(
          operation in flight (mdtest semantics). Counters: the \
          servers' own, read with a `status` request before and after each phase (`status` and `hello` left out).\n"
     );
-    let _ = writeln!(s, "## Targets of issues #4 and #12\n");
+    let _ = writeln!(s, "## Targets of issues #4, #12 and #13\n");
     let _ = writeln!(s, "| criterion | measured | required | |");
     let _ = writeln!(s, "|---|---:|---|---|");
     for c in checks {

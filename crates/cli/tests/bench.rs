@@ -471,7 +471,9 @@ fn quick_suite_writes_the_report() {
         "## io-hard",
         "## md-easy",
         "## md-hard",
-        "Targets of issues #4 and #12",
+        "## pxfs-64k",
+        "## pxfs-1m",
+        "Targets of issues #4, #12 and #13",
         "Per server, `native`",
     ] {
         assert!(md.contains(needle), "{needle} missing from:\n{md}");
@@ -487,7 +489,10 @@ fn quick_suite_writes_the_report() {
     for c in single {
         assert_eq!(c["met"], true, "{c}");
     }
-    assert_eq!(all["cases"].as_array().unwrap().len(), 4);
+    assert_eq!(all["cases"].as_array().unwrap().len(), 6);
+    // The PXFS cases compare the synchronous and the asynchronous client.
+    let pxfs = checks.iter().filter(|c| c["what"].as_str().unwrap().starts_with("pxfs-64k")).count();
+    assert_eq!(pxfs, 2);
 }
 
 // ------------------------------------------------------------------ under mpirun
