@@ -38,25 +38,30 @@ pub(crate) fn file<'a>(f: *const shoal_file) -> Option<&'a shoal_file> {
 pub extern "C" fn shoal_open(c: *const shoal_client, path: *const c_char, flags: c_int, mode: u32) -> *mut shoal_file {
     guard(std::ptr::null_mut(), || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return std::ptr::null_mut() };
-        let access = flags & libc::O_ACCMODE;
-        if access != libc::O_RDONLY && access != libc::O_WRONLY && access != libc::O_RDWR {
-            fail(libc::EINVAL, format_args!("open {path}: bad access mode in flags {flags:#o}"));
-            return std::ptr::null_mut();
-        }
-        let how = OpenFlags {
-            read: access != libc::O_WRONLY,
-            write: access != libc::O_RDONLY,
-            append: flags & libc::O_APPEND != 0,
-            create: flags & libc::O_CREAT != 0,
-            exclusive: flags & libc::O_EXCL != 0,
-            truncate: flags & libc::O_TRUNC != 0,
-            perm: mode & 0o7777,
-            layout: None,
-        };
+        let Some(how) = open_flags(path, flags, mode) else { return std::ptr::null_mut() };
         match c.block(c.client.open(path, how)) {
             Some(f) => Box::into_raw(Box::new(shoal_file { file: Arc::new(f), rt: c.rt.handle().clone() })),
             None => std::ptr::null_mut(),
         }
+    })
+}
+
+/// open(2)'s `flags` and `mode` for `path`; `None` (EINVAL set) for a bad access mode.
+pub(crate) fn open_flags(path: &str, flags: c_int, mode: u32) -> Option<OpenFlags> {
+    let access = flags & libc::O_ACCMODE;
+    if access != libc::O_RDONLY && access != libc::O_WRONLY && access != libc::O_RDWR {
+        fail(libc::EINVAL, format_args!("open {path}: bad access mode in flags {flags:#o}"));
+        return None;
+    }
+    Some(OpenFlags {
+        read: access != libc::O_WRONLY,
+        write: access != libc::O_RDONLY,
+        append: flags & libc::O_APPEND != 0,
+        create: flags & libc::O_CREAT != 0,
+        exclusive: flags & libc::O_EXCL != 0,
+        truncate: flags & libc::O_TRUNC != 0,
+        perm: mode & 0o7777,
+        layout: None,
     })
 }
 

@@ -48,10 +48,10 @@ fn notify(state: &State) {
     COMPLETED.notify_all();
 }
 
-/// Start `work` on `f`'s runtime as a future; `finish` turns its outcome into the result
+/// Start `work` on the runtime `rt` as a future; `finish` turns its outcome into the result
 /// under the future's lock (so a cancel cannot come between: see `shoal_pread_async`).
 pub(crate) fn start<T: Send + 'static>(
-    f: &shoal_file,
+    rt: &tokio::runtime::Handle,
     cb: shoal_callback,
     user: *mut c_void,
     work: impl std::future::Future<Output = ::shoal_client::Result<T>> + Send + 'static,
@@ -60,7 +60,7 @@ pub(crate) fn start<T: Send + 'static>(
     let state = Arc::new(State { result: Mutex::new(None), done: Condvar::new() });
     let st = state.clone();
     let user = User(user);
-    let task = f.rt.spawn(async move {
+    let task = rt.spawn(async move {
         let user = user;
         let outcome = work.await;
         let result = {
@@ -102,7 +102,7 @@ pub extern "C" fn shoal_pwrite_async(
         let Some(data) = bytes_of(buf, len) else { return std::ptr::null_mut() };
         let data = bytes_copy(data);
         let handle = f.file.clone();
-        start(f, cb, user, async move { handle.write_bytes_at(offset, data).await }, |n| n as i64)
+        start(&f.rt, cb, user, async move { handle.write_bytes_at(offset, data).await }, |n| n as i64)
     })
 }
 
@@ -136,7 +136,7 @@ pub extern "C" fn shoal_pread_async(
         }
         let into = Into(buf as *mut u8, len);
         let handle = f.file.clone();
-        start(f, cb, user, async move { handle.read_at(offset, len).await }, move |data| {
+        start(&f.rt, cb, user, async move { handle.read_at(offset, len).await }, move |data| {
             let into = into;
             let n = data.len().min(into.1);
             // SAFETY: the caller's buffer of `len` bytes, alive until the future completes
@@ -154,7 +154,7 @@ pub extern "C" fn shoal_fsync_async(f: *const shoal_file, cb: shoal_callback, us
     guard(std::ptr::null_mut(), || {
         let Some(f) = file(f) else { return std::ptr::null_mut() };
         let handle = f.file.clone();
-        start(f, cb, user, async move { handle.fsync().await }, |_| 0)
+        start(&f.rt, cb, user, async move { handle.fsync().await }, |_| 0)
     })
 }
 

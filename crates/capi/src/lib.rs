@@ -26,6 +26,7 @@ mod file;
 mod future;
 mod list_io;
 mod meta;
+mod path_async;
 
 pub use client::*;
 pub use dir::*;

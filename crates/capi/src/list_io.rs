@@ -192,7 +192,7 @@ pub extern "C" fn shoal_read_list_async(
         let Some(l) = lists(mem, mem_count, ext, ext_count) else { return std::ptr::null_mut() };
         let handle = f.file.clone();
         let extents = l.file.clone();
-        start(f, cb, user, async move { handle.read_list(&extents).await }, move |got| {
+        start(&f.rt, cb, user, async move { handle.read_list(&extents).await }, move |got| {
             let l = l;
             l.scatter(&got)
         })
@@ -217,6 +217,6 @@ pub extern "C" fn shoal_write_list_async(
         let pieces = l.gather();
         let total: usize = pieces.iter().map(|p| p.1.len()).sum();
         let handle = f.file.clone();
-        start(f, cb, user, async move { handle.write_list(&pieces).await }, move |()| total as i64)
+        start(&f.rt, cb, user, async move { handle.write_list(&pieces).await }, move |()| total as i64)
     })
 }

@@ -91,3 +91,12 @@ fn c_programs_move_many_extents_with_list_io() {
     let exe = compile(&lib, "list", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_run_namespace_calls_as_futures() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    let exe = compile(&lib, "paths_async", "shared", tmp.path());
+    run(&exe, &c.config);
+}

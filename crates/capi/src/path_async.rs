@@ -1,0 +1,242 @@
+//! The asynchronous twins of the calls on paths (and `fstat`): each returns a
+//! `shoal_future` at once (see `future.rs` for results, callbacks and cancelling). What a
+//! call gives back through a pointer (`shoal_attr`, `shoal_file *`) is written when the
+//! future completes, before its callback; the pointer must stay valid until then.
+
+use crate::client::{client, shoal_attr, shoal_client, text};
+use crate::error::{fail, guard};
+use crate::file::{file, open_flags, shoal_file};
+use crate::future::{shoal_callback, shoal_future, start};
+use std::ffi::{c_char, c_int, c_void};
+use std::sync::Arc;
+
+/// A pointer of the caller's that a completing future writes through.
+struct Out<T>(*mut T);
+// SAFETY: the caller keeps it valid until the future completes or is cancelled
+// (documented); it is written only while the future's result is unset (`future::start`).
+unsafe impl<T> Send for Out<T> {}
+
+impl<T> Out<T> {
+    /// `p`, or `None` (EFAULT) if NULL.
+    fn new(p: *mut T, what: &str) -> Option<Out<T>> {
+        if p.is_null() {
+            fail(libc::EFAULT, format_args!("{what} is NULL"));
+            return None;
+        }
+        Some(Out(p))
+    }
+
+    fn put(self, v: T) {
+        // SAFETY: non-NULL (checked in `new`) and valid until completion (see above).
+        unsafe { *self.0 = v };
+    }
+}
+
+/// What a call returns when it cannot start (errno set).
+const NONE: *mut shoal_future = std::ptr::null_mut();
+
+/// Attributes of `path` (following a final symbolic link) into `*out`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_stat_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    out: *mut shoal_attr,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    guard(NONE, || {
+        let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return NONE };
+        let Some(out) = Out::new(out, "the shoal_attr to fill") else { return NONE };
+        let (cl, path) = (c.client.clone(), path.to_string());
+        start(c.rt.handle(), cb, user, async move { cl.stat(&path).await }, move |a| {
+            out.put(shoal_attr::from(&a));
+            0
+        })
+    })
+}
+
+/// As `shoal_stat_async`, not following a final symbolic link.
+#[no_mangle]
+pub extern "C" fn shoal_lstat_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    out: *mut shoal_attr,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    guard(NONE, || {
+        let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return NONE };
+        let Some(out) = Out::new(out, "the shoal_attr to fill") else { return NONE };
+        let (cl, path) = (c.client.clone(), path.to_string());
+        start(c.rt.handle(), cb, user, async move { cl.lstat(&path).await }, move |a| {
+            out.put(shoal_attr::from(&a));
+            0
+        })
+    })
+}
+
+/// Attributes of the open file `f`, fresh from its server, into `*out`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_fstat_async(
+    f: *const shoal_file,
+    out: *mut shoal_attr,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    guard(NONE, || {
+        let Some(f) = file(f) else { return NONE };
+        let Some(out) = Out::new(out, "the shoal_attr to fill") else { return NONE };
+        let handle = f.file.clone();
+        start(&f.rt, cb, user, async move { handle.stat().await }, move |a| {
+            out.put(shoal_attr::from(&a));
+            0
+        })
+    })
+}
+
+/// Open (with O_CREAT: create) `path`, as `shoal_open`; the new `shoal_file *` goes into
+/// `*out` when the future completes with 0 (close it with `shoal_close`). Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_open_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    flags: c_int,
+    mode: u32,
+    out: *mut *mut shoal_file,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    guard(NONE, || {
+        let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return NONE };
+        let Some(how) = open_flags(path, flags, mode) else { return NONE };
+        let Some(out) = Out::new(out, "the shoal_file pointer to fill") else { return NONE };
+        let (cl, path, rt) = (c.client.clone(), path.to_string(), c.rt.handle().clone());
+        start(c.rt.handle(), cb, user, async move { cl.open(&path, how).await }, move |f| {
+            out.put(Box::into_raw(Box::new(shoal_file { file: Arc::new(f), rt })));
+            0
+        })
+    })
+}
+
+/// Start `call` on the client `c` with the text of `paths` (NUL-terminated strings of the
+/// caller's, copied here): the shape of every call below whose result is 0 or -errno.
+fn on_paths<const N: usize, F, Fut, T>(
+    c: *const shoal_client,
+    paths: [(*const c_char, &str); N],
+    cb: shoal_callback,
+    user: *mut c_void,
+    call: F,
+) -> *mut shoal_future
+where
+    F: FnOnce(::shoal_client::Client, [String; N]) -> Fut,
+    Fut: std::future::Future<Output = ::shoal_client::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    guard(NONE, || {
+        let Some(c) = client(c) else { return NONE };
+        let mut texts = Vec::with_capacity(N);
+        for (p, what) in paths {
+            let Some(t) = text(p, what) else { return NONE };
+            texts.push(t.to_string());
+        }
+        let Ok(texts) = <[String; N]>::try_from(texts) else { return NONE };
+        start(c.rt.handle(), cb, user, call(c.client.clone(), texts), |_| 0)
+    })
+}
+
+/// Make the directory `path` with permission bits `mode`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_mkdir_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    mode: u32,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    on_paths(c, [(path, "the path")], cb, user, move |cl, [p]| async move { cl.mkdir(&p, mode & 0o7777).await })
+}
+
+/// Remove the empty directory `path`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_rmdir_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    on_paths(c, [(path, "the path")], cb, user, |cl, [p]| async move { cl.rmdir(&p).await })
+}
+
+/// Remove the file or symbolic link `path`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_unlink_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    on_paths(c, [(path, "the path")], cb, user, |cl, [p]| async move { cl.unlink(&p).await })
+}
+
+/// Rename `from` to `to` (replacing `to`, as rename(2)). Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_rename_async(
+    c: *const shoal_client,
+    from: *const c_char,
+    to: *const c_char,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    let paths = [(from, "the source path"), (to, "the target path")];
+    on_paths(c, paths, cb, user, |cl, [f, t]| async move { cl.rename(&f, &t).await })
+}
+
+/// Cut or extend the file `path` to `size` bytes. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_truncate_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    size: u64,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    on_paths(c, [(path, "the path")], cb, user, move |cl, [p]| async move { cl.truncate(&p, size).await })
+}
+
+/// Set the permission bits of `path`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_chmod_async(
+    c: *const shoal_client,
+    path: *const c_char,
+    mode: u32,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    on_paths(c, [(path, "the path")], cb, user, move |cl, [p]| async move { cl.chmod(&p, mode & 0o7777).await })
+}
+
+/// Make a symbolic link `link_path` pointing to `target`. Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_symlink_async(
+    c: *const shoal_client,
+    target: *const c_char,
+    link_path: *const c_char,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    let paths = [(target, "the target"), (link_path, "the link path")];
+    on_paths(c, paths, cb, user, |cl, [t, l]| async move { cl.symlink(&t, &l).await })
+}
+
+/// Give the file `existing` a second name `new_path` (a hard link). Result: 0 or -errno.
+#[no_mangle]
+pub extern "C" fn shoal_link_async(
+    c: *const shoal_client,
+    existing: *const c_char,
+    new_path: *const c_char,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    let paths = [(existing, "the existing path"), (new_path, "the new path")];
+    on_paths(c, paths, cb, user, |cl, [e, n]| async move { cl.link(&e, &n).await })
+}
