@@ -44,15 +44,7 @@ pub extern "C" fn shoal_stat_async(
     cb: shoal_callback,
     user: *mut c_void,
 ) -> *mut shoal_future {
-    guard(NONE, || {
-        let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return NONE };
-        let Some(out) = Out::new(out, "the shoal_attr to fill") else { return NONE };
-        let (cl, path) = (c.client.clone(), path.to_string());
-        start(c.rt.handle(), cb, user, async move { cl.stat(&path).await }, move |a| {
-            out.put(shoal_attr::from(&a));
-            0
-        })
-    })
+    attrs_of_path(c, path, true, out, cb, user)
 }
 
 /// As `shoal_stat_async`, not following a final symbolic link.
@@ -64,11 +56,30 @@ pub extern "C" fn shoal_lstat_async(
     cb: shoal_callback,
     user: *mut c_void,
 ) -> *mut shoal_future {
+    attrs_of_path(c, path, false, out, cb, user)
+}
+
+/// `stat` (`follow`) or `lstat` of `path` into `*out`, as a future.
+fn attrs_of_path(
+    c: *const shoal_client,
+    path: *const c_char,
+    follow: bool,
+    out: *mut shoal_attr,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
     guard(NONE, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return NONE };
         let Some(out) = Out::new(out, "the shoal_attr to fill") else { return NONE };
         let (cl, path) = (c.client.clone(), path.to_string());
-        start(c.rt.handle(), cb, user, async move { cl.lstat(&path).await }, move |a| {
+        let work = async move {
+            if follow {
+                cl.stat(&path).await
+            } else {
+                cl.lstat(&path).await
+            }
+        };
+        start(c.rt.handle(), cb, user, work, move |a| {
             out.put(shoal_attr::from(&a));
             0
         })
