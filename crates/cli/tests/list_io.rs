@@ -10,6 +10,18 @@ fn requests(c: &shoal_client::Client) -> u64 {
     c.traffic().values().map(|t| t.0).sum()
 }
 
+/// A client without cache or readahead: the read that fetches a handle's capability leaves
+/// no prefetch on its way while a list's requests are counted.
+fn reader_without_readahead(cluster: &Cluster) -> shoal_client::Client {
+    let opts = shoal_client::ClientOptions {
+        readahead: 0,
+        cache_ttl: std::time::Duration::ZERO,
+        dir_lease: std::time::Duration::ZERO,
+        ..cluster.options()
+    };
+    shoal_client::Client::from_config(&cluster.config, opts).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ten_thousand_4k_pieces_move_in_one_request_per_server() {
     let cluster = Cluster::start(4);
@@ -29,7 +41,7 @@ async fn ten_thousand_4k_pieces_move_in_one_request_per_server() {
     assert_eq!(f.attr().size, (n - 1) * 8192 + 4096);
 
     // Read back through another client: every piece, and the holes between them are zeros.
-    let reader = cluster.uncached_client();
+    let reader = reader_without_readahead(&cluster);
     let g = reader.open("/strided", OpenFlags::read_only()).await.unwrap();
     g.read_at(0, 1).await.unwrap();
     let want: Vec<(u64, usize)> = (0..n).map(|i| (i * 8192, 4096)).collect();
@@ -77,4 +89,38 @@ async fn pieces_past_the_end_are_short_and_later_pieces_win() {
     // A handle open for reading only may not write a list, and vice versa.
     let err = g.write_list(&[(0, Bytes::from_static(b"x"))]).await.unwrap_err();
     assert_eq!(err.errno, shoal_client::Errno::EBADF);
+}
+
+/// A server of a version without list I/O (it does not offer `FEATURE_LIST_IO`) gets the
+/// same pieces as one plain read or write each; the others still get one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_list_io_gets_plain_reads_and_writes() {
+    let mut cluster = Cluster::start(3);
+    cluster.stop(2);
+    cluster.restart_with_env(2, &[("SHOAL_FEATURES_OFF", "list_io")]);
+    let fs = cluster.client();
+    // Stripes of 64 KiB over the 3 servers; 30 pieces of 1 KiB, one every 64 KiB: 10 in
+    // each object.
+    let spec = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(3), ..Default::default() };
+    let f = fs.create("/old", 0o644, Some(spec)).await.unwrap();
+    let pieces: Vec<(u64, Bytes)> = (0..30u64).map(|i| (i << 16, Bytes::from(pattern(3, i << 16, 1024)))).collect();
+    f.read_at(0, 1).await.unwrap();
+    let before = requests(&fs);
+    f.write_list(&pieces).await.unwrap();
+    // Two servers take one request; the old one, ten.
+    assert_eq!(requests(&fs) - before, 2 + 10);
+    f.close().await.unwrap();
+
+    let reader = reader_without_readahead(&cluster);
+    let g = reader.open("/old", OpenFlags::read_only()).await.unwrap();
+    g.read_at(0, 1).await.unwrap();
+    let want: Vec<(u64, usize)> = (0..30u64).map(|i| (i << 16, 1024)).collect();
+    let before = requests(&reader);
+    let got = g.read_list(&want).await.unwrap();
+    assert_eq!(requests(&reader) - before, 2 + 10);
+    for (i, b) in got.iter().enumerate() {
+        let off = (i as u64) << 16;
+        assert!(b[..] == pattern(3, off, 1024)[..], "piece {i} differs");
+    }
+    assert!(cluster.log(2).lines().all(|l| !l.contains("malformed")), "the old server saw a list request");
 }

@@ -346,3 +346,34 @@ async fn consecutive_directories_are_spread_over_the_servers() {
     }
     assert_eq!(homes.len(), 4, "4 directories made one after the other landed on {homes:?}");
 }
+
+/// Tasks of one client making the same new directories at once (`mkdir -p` from many
+/// threads, as Dask and zarr writers do) all find them afterwards: the client's cache and
+/// leases never keep "no such name" for a directory that exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_client_making_the_same_directories_from_many_tasks_finds_them_all() {
+    let cluster = Cluster::start(3);
+    let fs = cluster.client();
+    for round in 0..20 {
+        let tasks: Vec<_> = (0..8)
+            .map(|i| {
+                let fs = fs.clone();
+                tokio::spawn(async move {
+                    let dir = format!("/r{round}/c/{i}");
+                    fs.mkdir_all(&dir, 0o755).await.map_err(|e| format!("{dir}: {e}"))?;
+                    for j in 0..4 {
+                        let path = format!("{dir}/{j}");
+                        let f = fs.create(&path, 0o644, None).await.map_err(|e| format!("{path}: {e}"))?;
+                        f.close().await.map_err(|e| format!("{path}: {e}"))?;
+                    }
+                    fs.stat(&format!("/r{round}/c")).await.map_err(|e| format!("stat: {e}"))?;
+                    Ok::<(), String>(())
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+        assert_eq!(fs.readdir(&format!("/r{round}/c")).await.unwrap().len(), 8);
+    }
+}

@@ -282,6 +282,43 @@ async fn readahead_stops_at_the_end_of_file_and_fetches_each_piece_once() {
     assert!(r.read_at(size - 10, 100).await.unwrap()[..] == pattern(7, size - 10, 100)[..]);
 }
 
+/// Readahead that nobody reads still finishes. A fresh client's first reads start pieces
+/// on servers it has no connection to yet; such a piece, left half-way through opening its
+/// connection, once held that connection slot until the handle read it: every later call
+/// that came to the slot waited for the client's whole timeout (found by a list read
+/// after forward reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readahead_left_unread_does_not_hold_up_other_calls() {
+    let cluster = Cluster::start(4);
+    let stripe = 64u64 << 10;
+    let spec = LayoutSpec { stripe_size: Some(stripe), stripe_count: Some(4), ..Default::default() };
+    let size = 4 << 20;
+    let f = cluster.client().create("/ahead", 0o644, Some(spec)).await.unwrap();
+    f.write_at(0, &pattern(5, 0, size)).await.unwrap();
+    f.close().await.unwrap();
+
+    for round in 0..4 {
+        let fs = cluster.client();
+        let r = fs.open("/ahead", OpenFlags::read_only()).await.unwrap();
+        // Two forward reads on object 0: the second starts readahead on the others.
+        r.read_at(0, 4096).await.unwrap();
+        r.read_at(4096, 4096).await.unwrap();
+        // The handle never reads what was fetched ahead; calls to every server go on.
+        let g = fs.open("/ahead", OpenFlags::read_only()).await.unwrap();
+        for i in 0..16u64 {
+            let off = (i % 4) * stripe + 100_000 * round;
+            let started = Instant::now();
+            let got = g.read_at(off, 1000).await.unwrap();
+            assert!(got[..] == pattern(5, off, 1000)[..]);
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "round {round}, read {i} waited {:?}",
+                started.elapsed()
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn times_set_after_drain_are_not_stamped_over() {
     use shoal_client::{TimeSet, Timestamp};

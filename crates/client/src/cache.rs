@@ -86,7 +86,10 @@ impl Cache {
         self.fresh(at, now).then_some(val)
     }
 
-    /// Remember `dir/name` (`None`: does not exist).
+    /// Remember `dir/name` (`None`: does not exist), as known at `now`: when the lookup that
+    /// found it was sent, or when the change that made it was answered. An entry known at a
+    /// later time is kept: a lookup of a name that crossed this client's own change of it
+    /// (sent before, answered after) must not bring the old state back.
     pub(crate) fn put_entry(&self, dir: Ino, name: &str, val: Option<(Ino, FileKind)>, now: Instant) {
         if !self.enabled() {
             return;
@@ -106,9 +109,14 @@ impl Cache {
                 e.len = 0;
             }
         }
-        let old = e.dirs.entry(dir).or_default().insert(name.to_string(), (now, val));
-        if old.is_none() {
-            e.len += 1;
+        let names = e.dirs.entry(dir).or_default();
+        match names.get_mut(name) {
+            Some((at, _)) if *at > now => {}
+            Some(known) => *known = (now, val),
+            None => {
+                names.insert(name.to_string(), (now, val));
+                e.len += 1;
+            }
         }
     }
 
@@ -261,6 +269,21 @@ mod tests {
         assert_eq!(c.entry(Ino(1), "x", t0), Some(None));
         c.put_entry(Ino(1), "x", Some((Ino(9), FileKind::File)), t0);
         assert_eq!(c.entry(Ino(1), "x", t0), Some(Some((Ino(9), FileKind::File))));
+        assert_eq!(c.sizes().0, 1);
+    }
+
+    #[test]
+    fn an_answer_older_than_what_is_known_does_not_replace_it() {
+        let c = Cache::new(S);
+        let sent = Instant::now();
+        let made = sent + Duration::from_millis(5);
+        // A mkdir answered at `made`; a lookup sent at `sent` (before) answered after it.
+        c.put_entry(Ino(1), "d", Some((Ino(9), FileKind::Dir)), made);
+        c.put_entry(Ino(1), "d", None, sent);
+        assert_eq!(c.entry(Ino(1), "d", made), Some(Some((Ino(9), FileKind::Dir))));
+        // A lookup sent later is newer.
+        c.put_entry(Ino(1), "d", None, made + Duration::from_millis(1));
+        assert_eq!(c.entry(Ino(1), "d", made), Some(None));
         assert_eq!(c.sizes().0, 1);
     }
 

@@ -213,7 +213,7 @@ fn map_error(e: MapError) -> Error {
 fn pool_options(opts: &ClientOptions, session: u64, notices: Option<shoal_rpc::NoticeSink>) -> PoolOptions {
     let mut features = shoal_proto::hello::default_features();
     if opts.attr_leases {
-        features |= shoal_proto::hello::FEATURE_ATTR_LEASES;
+        features |= shoal_proto::hello::FEATURE_ATTR_LEASES & !shoal_proto::hello::features_off();
     }
     PoolOptions {
         features,
@@ -461,6 +461,13 @@ impl Client {
 
     pub(crate) fn pool(&self) -> Arc<Pool> {
         self.shared.pool.read().clone()
+    }
+
+    /// Whether `server` agreed on the feature bit `feature` in `Hello` (connecting to it if
+    /// need be): for operations older servers do not know.
+    pub(crate) async fn server_has(&self, server: ServerId, feature: u64) -> Result<bool> {
+        let pool = self.pool();
+        pool.features(server).await.map(|f| f & feature != 0).map_err(|e| server_error(&pool, server, e))
     }
 
     pub(crate) fn max_in_flight(&self) -> usize {
@@ -886,10 +893,12 @@ impl Client {
         }
     }
 
-    /// Cache upkeep after `dir/name` came to name `attr`.
+    /// Cache upkeep after `dir/name` came to name `attr` (by a request sent at `now`). The
+    /// entry is dated when the reply came, so that a lookup's answer sent before this change
+    /// was made, and arriving after it, cannot replace it (`Cache::put_entry`).
     fn entered(&self, dir: Ino, name: &str, attr: &Attr, now: Instant) {
         let c = self.cache();
-        c.put_entry(dir, name, Some((attr.ino, attr.kind)), now);
+        c.put_entry(dir, name, Some((attr.ino, attr.kind)), Instant::now());
         c.put_attr(attr, now);
         c.forget_attr(dir);
     }

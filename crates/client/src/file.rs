@@ -284,19 +284,6 @@ impl Sender {
         done
     }
 
-    /// Send a write-behind write now, on this thread, and let the runtime finish it once a
-    /// reply wakes it (`detach.rs`).
-    fn launch(&self, done: WriteFuture) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => crate::detach::run(rt, async move {
-                let _ = done.await;
-            }),
-            Err(_) => {
-                let _ = done.now_or_never();
-            }
-        }
-    }
-
     /// Send what cell `id` still holds after [`HOLD_FOR`].
     fn end_hold_later(&self, id: u64) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
@@ -311,7 +298,7 @@ impl Sender {
                 me.release(&mut io, |c| c.id == id)
             };
             for w in writes {
-                me.launch(w);
+                launch(w);
             }
         });
     }
@@ -384,7 +371,7 @@ fn on_object(e: Error, index: u32, server: ServerId) -> Error {
 
 /// Read one object piece: its bytes (fewer at the end of the object, none for an object
 /// nobody wrote yet).
-async fn read_piece(client: &Client, cap: &Holder, layout: &Layout, ino: Ino, p: Piece) -> Result<Bytes> {
+pub(crate) async fn read_piece(client: &Client, cap: &Holder, layout: &Layout, ino: Ino, p: Piece) -> Result<Bytes> {
     let server = layout.servers[p.index as usize];
     let call = |cap| {
         let op = Op::Read { ino, index: p.index, offset: p.object_offset, len: p.len as u32, cap };
@@ -400,6 +387,47 @@ async fn read_piece(client: &Client, cap: &Holder, layout: &Layout, ino: Ino, p:
     }
 }
 
+/// Write one object piece, `chunk`, of a write that ends at `end` in the file, to `server`
+/// (which holds object `p.index`); `inode_local`: that server is the inode's home.
+pub(crate) async fn write_piece(
+    client: &Client,
+    cap: &Holder,
+    ino: Ino,
+    server: ServerId,
+    p: Piece,
+    chunk: Bytes,
+    end: u64,
+) -> Result<()> {
+    let inode_local = server == client.home_of(ino);
+    let call = |cap| {
+        let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local, cap };
+        client.call(To::Server(server), op, chunk.clone())
+    };
+    match cap.with(client, call).await {
+        Ok((Reply::Written { len }, _)) if len as u64 == p.len => Ok(()),
+        Ok((Reply::Written { len }, _)) => {
+            Err(Error::new(Errno::EIO, format!("server {server} wrote {len} of {} bytes of object {}", p.len, p.index)))
+        }
+        Ok((other, _)) => Err(unexpected(&other)),
+        Err(e) => Err(on_object(e, p.index, server)),
+    }
+}
+
+/// Start `fut` (a write-behind write, a readahead piece) now, on this thread, and let the
+/// runtime finish it once a reply wakes it (`detach.rs`). Finishing matters even when
+/// nobody awaits the outcome: a request that is half-way through opening a connection
+/// holds that connection slot until it is polled again (`shoal_rpc::Pool`).
+fn launch<T: Clone + Send + Sync + 'static>(fut: Shared<BoxFuture<'static, Outcome<T>>>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => crate::detach::run(rt, async move {
+            let _ = fut.await;
+        }),
+        Err(_) => {
+            let _ = fut.now_or_never();
+        }
+    }
+}
+
 /// Send the pieces of a write of `data` at `offset` (ending at `end`) and wait for every
 /// answer.
 async fn write_pieces(
@@ -412,28 +440,13 @@ async fn write_pieces(
 ) -> Result<()> {
     let len = data.len() as u64;
     let end = offset + len;
-    let home = client.home_of(ino);
     let parts = split_pieces(&layout, offset, len, MAX_PIECE);
     let (client, cap, layout, data) = (&client, &*cap, &layout, &data);
     futures::stream::iter(parts)
         .map(|p| async move {
             let server: ServerId = layout.servers[p.index as usize];
             let start = (p.file_offset - offset) as usize;
-            let chunk = data.slice(start..start + p.len as usize);
-            let call = |cap| {
-                let inode_local = server == home;
-                let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local, cap };
-                client.call(To::Server(server), op, chunk.clone())
-            };
-            match cap.with(client, call).await {
-                Ok((Reply::Written { len }, _)) if len as u64 == p.len => Ok(()),
-                Ok((Reply::Written { len }, _)) => Err(Error::new(
-                    Errno::EIO,
-                    format!("server {server} wrote {len} of {} bytes of object {}", p.len, p.index),
-                )),
-                Ok((other, _)) => Err(unexpected(&other)),
-                Err(e) => Err(on_object(e, p.index, server)),
-            }
+            write_piece(client, cap, ino, server, p, data.slice(start..start + p.len as usize), end).await
         })
         .buffer_unordered(client.max_in_flight())
         .try_collect::<Vec<()>>()
@@ -632,7 +645,7 @@ impl File {
             (io.next_write, held)
         };
         for w in held {
-            sender.launch(w);
+            launch(w);
         }
         loop {
             let next = {
@@ -693,9 +706,10 @@ impl File {
         }
         let plan = self.plan_read(&mut inner.io.lock(), offset, offset + total, size, ra);
         let Some((parts, fresh)) = plan else { return self.read_direct(offset, total).await };
-        // Start the new requests now: they travel while earlier pieces are awaited.
+        // Start the new requests now: they travel while earlier pieces are awaited, and
+        // finish on the runtime even if no read ever wants them.
         for c in fresh {
-            let _ = c.now_or_never();
+            launch(c);
         }
         let mut got = Vec::with_capacity(parts.len());
         for (start, data) in parts {
@@ -886,7 +900,7 @@ impl File {
         // Gather it if it may be; else wait for room, and for any write in flight to the
         // same bytes (their order at the servers would be anyone's guess); then go.
         let awaited = loop {
-            let mut launch = Vec::new();
+            let mut to_send = Vec::new();
             let step = {
                 let mut io = inner.io.lock();
                 self.harvest(&mut io);
@@ -901,11 +915,11 @@ impl File {
                 };
                 let taken = match gathered {
                     Gathered::Taken(writes) => {
-                        launch = writes;
+                        to_send = writes;
                         true
                     }
                     Gathered::Left(held) => {
-                        launch.extend(held);
+                        to_send.extend(held);
                         false
                     }
                 };
@@ -919,7 +933,7 @@ impl File {
                         if taken {
                         } else if behind {
                             io.write_bytes += len;
-                            launch.push(sender.push(&mut io, offset, data.take().unwrap_or_default()));
+                            to_send.push(sender.push(&mut io, offset, data.take().unwrap_or_default()));
                         } else {
                             let fut = write_pieces(
                                 inner.client.clone(),
@@ -950,8 +964,8 @@ impl File {
             };
             // Sent now, on this thread, before returning; the runtime carries the rest
             // (pieces beyond max_in_flight, a connection still being opened) once woken.
-            for w in launch {
-                sender.launch(w);
+            for w in to_send {
+                launch(w);
             }
             match step {
                 Step::Wait(busy) => {

@@ -90,6 +90,11 @@ struct Held {
 struct DirState {
     /// Namespace requests of this client on the directory in flight.
     inflight: u32,
+    /// The names those requests change, with how many requests change each. A lease does
+    /// not answer for them: until the reply is applied (`end`), what it knows of such a
+    /// name may already be wrong (another task of this client that made the name and got
+    /// EEXIST would otherwise be told by the lease that the name does not exist).
+    changing: HashMap<String, u32>,
     /// Lease requests on their way.
     asking: u32,
     /// Bumped by every change of this client and every revocation: a lease reply is taken
@@ -218,7 +223,11 @@ impl LeaseCache {
     pub(crate) fn lookup(&self, dir: Ino, name: &str, now: Instant) -> Option<Known> {
         let inner = self.inner.lock();
         let p = pos(name);
-        let l = inner.dirs.get(&dir)?.covering(p.0.reverse_bits(), now)?;
+        let s = inner.dirs.get(&dir)?;
+        if s.changing.contains_key(name) {
+            return None;
+        }
+        let l = s.covering(p.0.reverse_bits(), now)?;
         match l.names.get(&p) {
             Some(k) => Some(*k),
             None if l.complete => Some(None),
@@ -244,7 +253,11 @@ impl LeaseCache {
     pub(crate) fn answering(&self, dir: Ino, name: &str, now: Instant) -> Option<Instant> {
         let inner = self.inner.lock();
         let p = pos(name);
-        let l = inner.dirs.get(&dir)?.covering(p.0.reverse_bits(), now)?;
+        let s = inner.dirs.get(&dir)?;
+        if s.changing.contains_key(name) {
+            return None;
+        }
+        let l = s.covering(p.0.reverse_bits(), now)?;
         (l.complete || l.names.contains_key(&p)).then_some(l.expires)
     }
 
@@ -418,9 +431,10 @@ impl LeaseCache {
             return None;
         }
         let mut inner = self.inner.lock();
-        for (dir, _) in &names {
+        for (dir, name) in &names {
             let s = inner.dirs.entry(*dir).or_default();
             s.inflight += 1;
+            *s.changing.entry(name.clone()).or_default() += 1;
             s.epoch += 1;
         }
         Some(Touch { names })
@@ -435,6 +449,12 @@ impl LeaseCache {
         for ((dir, name), outcome) in touch.names.iter().zip(outcomes) {
             let Some(s) = inner.dirs.get_mut(dir) else { continue };
             s.inflight = s.inflight.saturating_sub(1);
+            if let Some(n) = s.changing.get_mut(name) {
+                *n -= 1;
+                if *n == 0 {
+                    s.changing.remove(name);
+                }
+            }
             s.epoch += 1;
             let full = inner.names >= MAX_NAMES;
             let p = pos(name);
@@ -650,6 +670,27 @@ mod tests {
         let (rest, _) = c.listing(DIR, Some(&first[2].name), 0, now).unwrap();
         assert_eq!(first.len() + rest.len(), page.len());
         assert_eq!(rest[0].name, page[3].name);
+    }
+
+    /// Tasks of one client making the same name: those answered EEXIST before the one that
+    /// made it hears back must not be told by the lease that the name does not exist.
+    #[test]
+    fn a_name_being_changed_by_this_client_is_not_answered_from_the_lease() {
+        let c = cache();
+        let (even, odd) = halves();
+        listing(&c, 1, 0, 0, &even);
+        let now = Instant::now();
+        assert_eq!(c.lookup(DIR, &odd[0], now), Some(None));
+        let mkdir = |name: &str| Op::Mkdir { dir: DIR, name: name.to_string(), perm: 0o755 };
+        let (winner, loser) = (c.begin(&mkdir(&odd[0])).unwrap(), c.begin(&mkdir(&odd[0])).unwrap());
+        assert_eq!(c.lookup(DIR, &odd[0], now), None, "a change in flight: ask the server");
+        assert_eq!(c.answering(DIR, &odd[0], now), None);
+        assert_eq!(c.lookup(DIR, &odd[1], now), Some(None), "other names are still answered");
+        c.end(loser, &mkdir(&odd[0]), Err(Errno::EEXIST));
+        assert_eq!(c.lookup(DIR, &odd[0], now), None, "the winner's reply is still on its way");
+        let made = Reply::Attr(crate::path_ops::dir_stub(Ino(77)));
+        c.end(winner, &mkdir(&odd[0]), Ok(&made));
+        assert_eq!(c.lookup(DIR, &odd[0], now), Some(Some((Ino(77), FileKind::Dir))));
     }
 
     #[test]

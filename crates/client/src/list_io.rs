@@ -17,11 +17,12 @@
 
 use crate::client::{unexpected, To};
 use crate::error::{Error, Result};
-use crate::file::{split_pieces, File};
+use crate::file::{read_piece, split_pieces, write_piece, File};
 use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use shoal_placement::Piece;
 use shoal_proto::frame::MAX_DATA;
+use shoal_proto::hello::FEATURE_LIST_IO;
 use shoal_proto::msg::{ObjectPiece, Op, Reply, MAX_LIST_PIECES};
 use shoal_proto::{Errno, ServerId};
 use std::collections::BTreeMap;
@@ -52,6 +53,21 @@ fn by_server<T>(layout_servers: &[ServerId], pieces: Vec<(Piece, T)>) -> BTreeMa
 /// A server's answer to one list read: the object pieces asked (each tagged with the extent
 /// it fills), how many bytes each got, and those bytes back to back.
 type Answer = (Vec<(Piece, usize)>, Vec<u32>, Bytes);
+
+/// A server without list I/O (`FEATURE_LIST_IO`): the pieces of `group` read with one
+/// `Read` each, as many at a time as the client allows, and put together as a list read's
+/// answer.
+async fn read_one_by_one(file: &File, group: Vec<(Piece, usize)>) -> Result<Answer> {
+    let (client, cap, layout, ino) = (file.client(), file.holder(), file.layout(), file.ino());
+    let reads: Vec<_> = group.iter().map(|(p, _)| read_piece(client, cap, layout, ino, *p)).collect();
+    let parts: Vec<Bytes> = futures::stream::iter(reads).buffered(client.max_in_flight()).try_collect().await?;
+    let lens = parts.iter().map(|b| b.len() as u32).collect();
+    let mut data = BytesMut::with_capacity(parts.iter().map(Bytes::len).sum());
+    for b in &parts {
+        data.extend_from_slice(b);
+    }
+    Ok((group, lens, data.freeze()))
+}
 
 fn wire(p: &Piece) -> ObjectPiece {
     ObjectPiece { index: p.index, offset: p.object_offset, len: p.len as u32 }
@@ -107,6 +123,9 @@ impl File {
         let (client, cap, ino) = (self.client(), self.holder(), self.ino());
         let answers: Vec<Answer> = futures::stream::iter(requests)
             .map(|(server, group)| async move {
+                if !client.server_has(server, FEATURE_LIST_IO).await? {
+                    return read_one_by_one(self, group).await;
+                }
                 let list: Vec<ObjectPiece> = group.iter().map(|(p, _)| wire(p)).collect();
                 let call = |cap| {
                     let op = Op::ReadList { ino, pieces: list.clone(), cap };
@@ -186,6 +205,12 @@ impl File {
         futures::stream::iter(groups)
             .map(|(server, requests)| async move {
                 // One request after another: the order of overlapping pieces is kept.
+                if !client.server_has(server, FEATURE_LIST_IO).await? {
+                    for (p, chunk) in requests.into_iter().flatten() {
+                        write_piece(client, cap, ino, server, p, chunk, end).await?;
+                    }
+                    return Ok(());
+                }
                 for group in requests {
                     let list: Vec<ObjectPiece> = group.iter().map(|(p, _)| wire(p)).collect();
                     let mut data = BytesMut::with_capacity(group.iter().map(|(p, _)| p.len as usize).sum());

@@ -705,7 +705,7 @@ impl Client {
 }
 
 /// Attributes standing for a directory known only by number (never returned to callers).
-fn dir_stub(ino: Ino) -> Attr {
+pub(crate) fn dir_stub(ino: Ino) -> Attr {
     use shoal_proto::msg::Timestamp;
     Attr {
         ino,

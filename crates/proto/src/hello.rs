@@ -38,23 +38,50 @@ pub const FEATURE_PARTITIONS: u64 = 1 << 2;
 /// record per lease.
 pub const FEATURE_ATTR_LEASES: u64 = 1 << 3;
 
+/// List I/O (docs/protocol.md, "List I/O"): the server knows `Op::ReadList` and
+/// `Op::WriteList`. A client sends them only to servers that agreed; to an older server it
+/// sends the same object pieces as one `Read` or `Write` each (servers of a version without
+/// them close a connection that carries a request they cannot decode).
+pub const FEATURE_LIST_IO: u64 = 1 << 4;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
-pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS | FEATURE_ATTR_LEASES;
+pub const KNOWN_FEATURES: u64 =
+    FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS | FEATURE_ATTR_LEASES | FEATURE_LIST_IO;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
-/// `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost. A server accepts
-/// every bit it knows ([`server_features`]).
+/// `SHOAL_DATA_CRC=off` (or `0`), the switch used to measure its cost, and less the bits
+/// named in `SHOAL_FEATURES_OFF` ([`features_off`]). A server accepts every bit it offers
+/// and attribute leases ([`server_features`]).
 pub fn default_features() -> u64 {
-    match std::env::var("SHOAL_DATA_CRC").as_deref() {
-        Ok("off") | Ok("0") => KNOWN_FEATURES & !FEATURE_DATA_CRC & !FEATURE_ATTR_LEASES,
-        _ => KNOWN_FEATURES & !FEATURE_ATTR_LEASES,
-    }
+    let crc_off = matches!(std::env::var("SHOAL_DATA_CRC").as_deref(), Ok("off") | Ok("0"));
+    let off = features_off() | if crc_off { FEATURE_DATA_CRC } else { 0 };
+    KNOWN_FEATURES & !FEATURE_ATTR_LEASES & !off
 }
 
-/// The features a server accepts: those it offers plus attribute leases.
+/// The features a server accepts: those it offers plus attribute leases (unless switched
+/// off).
 pub fn server_features() -> u64 {
-    default_features() | FEATURE_ATTR_LEASES
+    (default_features() | FEATURE_ATTR_LEASES) & !features_off()
+}
+
+/// The feature bits named in the environment variable `SHOAL_FEATURES_OFF`, comma-separated
+/// (`data_crc`, `leases`, `partitions`, `attr_leases`, `list_io`; other names are ignored):
+/// a process that behaves as a version without them, which is how the tests check that
+/// peers of different versions work together.
+pub fn features_off() -> u64 {
+    let Ok(names) = std::env::var("SHOAL_FEATURES_OFF") else { return 0 };
+    names
+        .split(',')
+        .map(|n| match n.trim() {
+            "data_crc" => FEATURE_DATA_CRC,
+            "leases" => FEATURE_LEASES,
+            "partitions" => FEATURE_PARTITIONS,
+            "attr_leases" => FEATURE_ATTR_LEASES,
+            "list_io" => FEATURE_LIST_IO,
+            _ => 0,
+        })
+        .fold(0, |a, b| a | b)
 }
 
 /// The `Hello` this build sends: its whole version range and its default features.

@@ -211,6 +211,8 @@ struct Conn {
     broken: Arc<AtomicBool>,
     /// Data sections sent on this connection carry a CRC32C (negotiated in `Hello`).
     data_crc: bool,
+    /// The feature bits both sides agreed on in `Hello` (`shoal_proto::hello`).
+    features: u64,
 }
 
 /// The sending side of a connection. The socket is shut down for writing when the last
@@ -425,7 +427,8 @@ impl Conn {
             }
             fail_all(&b, &p, why);
         });
-        Ok((Conn { out, pending, broken, data_crc: agreed.features & FEATURE_DATA_CRC != 0 }, server))
+        let data_crc = agreed.features & FEATURE_DATA_CRC != 0;
+        Ok((Conn { out, pending, broken, data_crc, features: agreed.features }, server))
     }
 
     /// Send `frame`; its reply (or ENOTCONN if the connection breaks first) goes to
@@ -655,6 +658,17 @@ impl Pool {
         let conn = Arc::new(conn);
         self.conns.lock().insert(key, conn.clone());
         Ok(conn)
+    }
+
+    /// The feature bits `server` agreed on in `Hello` (connecting to it if need be): what a
+    /// caller checks before sending an operation that older servers do not know.
+    pub async fn features(&self, server: ServerId) -> Result<u64, CallError> {
+        let live =
+            self.liveness.get(&server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
+        match tokio::time::timeout(self.opts.timeout, self.conn(server, live)).await {
+            Ok(conn) => Ok(conn?.features),
+            Err(_) => Err(CallError::transport(Errno::ETIMEDOUT, format!("no answer within {:?}", self.opts.timeout))),
+        }
     }
 
     /// Send `op` (with `data` as the bulk section) to `server` and wait for the reply.
