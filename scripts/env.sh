@@ -22,13 +22,20 @@ shoal_install_missing() {
 }
 
 # Python packages: maturin builds the wheel of the `shoal` package (pyproject.toml); the
-# others are what its tests use (pytest) and what its fsspec file system is tested with.
-export SHOAL_PYTHON_PACKAGES="maturin pytest fsspec numpy pandas pyarrow"
+# others are what its tests use (pytest) and what its fsspec file system is tested with:
+# pandas, pyarrow, Dask (dataframe, bag, array), xarray on zarr and netCDF (scipy for
+# netCDF 3, h5netcdf over h5py for netCDF 4). Pinned to the versions tested with Python
+# 3.11, numpy 2.4, pandas 3.1 and pyarrow 26; zarr 3 runs a synchronous fsspec file system
+# such as shoal:// through fsspec's AsyncFileSystemWrapper. A package already installed
+# (any version) is kept. (Dask's "dataframe" extra is numpy, pandas and pyarrow, listed
+# here already: no brackets, which the shell would take for a glob.)
+export SHOAL_PYTHON_PACKAGES="maturin pytest fsspec numpy pandas pyarrow dask==2026.8.0 xarray==2026.9.0 zarr==3.1.6 scipy==1.17.1 h5netcdf==1.8.2 h5py==3.16.0"
 
 # Install the Python packages above that are missing (pip, for the python3 on $PATH).
 shoal_install_python_missing() {
   local need=() pkg
-  for pkg in $SHOAL_PYTHON_PACKAGES; do python3 -m pip show -q "$pkg" >/dev/null 2>&1 || need+=("$pkg"); done
+  # `pip show` takes the bare name, without the version (==...).
+  for pkg in $SHOAL_PYTHON_PACKAGES; do python3 -m pip show -q "${pkg%%[=<>]*}" >/dev/null 2>&1 || need+=("$pkg"); done
   [ ${#need[@]} -gt 0 ] || return 0
   echo "== installing Python packages: ${need[*]}"
   python3 -m pip install -q --root-user-action=ignore "${need[@]}"

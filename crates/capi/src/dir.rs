@@ -41,9 +41,16 @@ pub extern "C" fn shoal_opendir(c: *const shoal_client, path: *const c_char) -> 
     guard(std::ptr::null_mut(), || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return std::ptr::null_mut() };
         let Some(entries) = c.block(c.client.readdir(path)) else { return std::ptr::null_mut() };
+        shoal_dir::new(entries)
+    })
+}
+
+impl shoal_dir {
+    /// A listing of `entries` for the caller (freed by `shoal_closedir`).
+    pub(crate) fn new(entries: Vec<DirEntry>) -> *mut shoal_dir {
         let current = shoal_dirent { ino: 0, kind: 0, name: [0; SHOAL_NAME_MAX + 1] };
         Box::into_raw(Box::new(shoal_dir { entries, next: 0, current }))
-    })
+    }
 }
 
 /// The next entry of `d`, or NULL at the end (errno untouched) or for a NULL `d` (EFAULT).

@@ -15,6 +15,11 @@ pub struct shoal_file {
 }
 
 impl shoal_file {
+    /// The open file `f`, driven by the runtime `rt`, for the caller (freed by `shoal_close`).
+    pub(crate) fn new(f: File, rt: tokio::runtime::Handle) -> *mut shoal_file {
+        Box::into_raw(Box::new(shoal_file { file: Arc::new(f), rt }))
+    }
+
     /// Run `fut` to its end on the calling thread (see `error::block`).
     pub(crate) fn block<T>(&self, fut: impl Future<Output = ::shoal_client::Result<T>>) -> Option<T> {
         crate::error::block(&self.rt, fut)
@@ -40,7 +45,7 @@ pub extern "C" fn shoal_open(c: *const shoal_client, path: *const c_char, flags:
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return std::ptr::null_mut() };
         let Some(how) = open_flags(path, flags, mode) else { return std::ptr::null_mut() };
         match c.block(c.client.open(path, how)) {
-            Some(f) => Box::into_raw(Box::new(shoal_file { file: Arc::new(f), rt: c.rt.handle().clone() })),
+            Some(f) => shoal_file::new(f, c.rt.handle().clone()),
             None => std::ptr::null_mut(),
         }
     })

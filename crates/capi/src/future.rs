@@ -3,7 +3,7 @@
 //! completion callback with user data).
 //!
 //! A future's result is an `int64_t`: what the blocking twin returns on success (bytes
-//! read or written, 0), or `-errno`. The callback, if given, is called once with the result
+//! read or written, a length, a count, 0), or `-errno`. The callback, if given, is called once with the result
 //! and the user data, on a runtime thread, when the call completes (not when it is
 //! cancelled). After `shoal_future_cancel` returns, the call's buffer is no longer touched.
 

@@ -1,8 +1,8 @@
 //! `libshoal`: Shoal's native client for C (docs/c-api.md; the header `shoal.h` is
 //! generated from this crate by `build.rs`).
 //!
-//! Every call exists in a blocking form, and the data calls also in an asynchronous form
-//! that returns a future (`future.rs`). Conventions, for every function:
+//! Every call exists in a blocking form and in an asynchronous form that returns a future
+//! (`future.rs`). Conventions, for every function:
 //!
 //! * **Errors**: a call that fails returns -1 (or NULL), sets `errno`, and keeps a message
 //!   naming the cause for the calling thread (`shoal_last_error`). `errno` and the message
@@ -24,8 +24,11 @@ mod dir;
 mod error;
 mod file;
 mod future;
+mod layout;
 mod list_io;
 mod meta;
+mod meta_async;
+mod out;
 mod path_async;
 
 pub use client::*;
@@ -33,4 +36,5 @@ pub use dir::*;
 pub use error::*;
 pub use file::*;
 pub use future::*;
+pub use layout::*;
 pub use meta::*;

@@ -3,28 +3,9 @@
 use crate::client::{client, put_attr, shoal_attr, shoal_client, text};
 use crate::error::{fail, guard, status};
 use crate::file::bytes_of;
-use ::shoal_client::{TimeSet, Timestamp};
+use crate::out::{Out, Slots};
+use ::shoal_client::{Client, Result, StatFs, TimeSet, Timestamp};
 use std::ffi::{c_char, c_int, c_void};
-
-/// Copy `src` into the caller's `buf` of `len` bytes: the full length of `src` (what a
-/// buffer must hold), or -1 with ERANGE when `buf` is too small (nothing is copied). A
-/// `len` of 0 only asks for the length.
-fn give(src: &[u8], buf: *mut c_void, len: usize) -> isize {
-    if len == 0 {
-        return src.len() as isize;
-    }
-    if src.len() > len {
-        fail(libc::ERANGE, format_args!("{} bytes do not fit in a buffer of {len}", src.len()));
-        return -1;
-    }
-    if buf.is_null() {
-        fail(libc::EFAULT, "the buffer is NULL");
-        return -1;
-    }
-    // SAFETY: the caller's buffer of `len` >= src.len() bytes.
-    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), buf as *mut u8, src.len()) };
-    src.len() as isize
-}
 
 /// Attributes of `path` itself (a final symbolic link is not followed). 0 or -1.
 #[no_mangle]
@@ -47,6 +28,11 @@ pub extern "C" fn shoal_symlink(c: *const shoal_client, target: *const c_char, l
     })
 }
 
+/// The caller's buffer of `len` bytes for a result of unknown length (`Slots`).
+pub(crate) fn byte_slots(buf: *mut c_void, len: usize) -> Option<Slots<u8>> {
+    Slots::new(buf as *mut u8, len, "the buffer", "bytes")
+}
+
 /// The target of the symbolic link `path` into `buf` (not NUL-terminated, as readlink(2)).
 /// Returns its length, or -1 (ERANGE: `buf` of `len` bytes is too small; `len` 0 asks
 /// for the length only).
@@ -54,8 +40,9 @@ pub extern "C" fn shoal_symlink(c: *const shoal_client, target: *const c_char, l
 pub extern "C" fn shoal_readlink(c: *const shoal_client, path: *const c_char, buf: *mut c_char, len: usize) -> isize {
     guard(-1, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
+        let Some(buf) = byte_slots(buf as *mut c_void, len) else { return -1 };
         let Some(target) = c.block(c.client.readlink(path)) else { return -1 };
-        give(target.as_bytes(), buf as *mut c_void, len)
+        buf.give_or_fail(target.as_bytes())
     })
 }
 
@@ -85,9 +72,13 @@ pub extern "C" fn shoal_chmod(c: *const shoal_client, path: *const c_char, mode:
 pub extern "C" fn shoal_chown(c: *const shoal_client, path: *const c_char, uid: u32, gid: u32) -> c_int {
     guard(-1, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
-        let keep = |v: u32| (v != u32::MAX).then_some(v);
-        status(c.block(c.client.chown(path, keep(uid), keep(gid))))
+        status(c.block(c.client.chown(path, owner(uid), owner(gid))))
     })
+}
+
+/// A uid or gid of chown(2): -1 (as `uid_t`) leaves it unchanged.
+pub(crate) fn owner(id: u32) -> Option<u32> {
+    (id != u32::MAX).then_some(id)
 }
 
 /// A time for `shoal_utimens`: seconds and nanoseconds since the epoch, or with `nsec`
@@ -114,25 +105,33 @@ fn time_set(t: shoal_time) -> Option<Option<TimeSet>> {
     }
 }
 
+/// The access and modification times to set (`None`: leave it alone).
+pub(crate) type Times = (Option<TimeSet>, Option<TimeSet>);
+
+/// The times to set from the caller's `times` (two, or NULL for both now); `None` (EINVAL)
+/// for a bad `nsec`.
+pub(crate) fn times_of(path: &str, times: *const shoal_time) -> Option<Times> {
+    if times.is_null() {
+        return Some((Some(TimeSet::Now), Some(TimeSet::Now)));
+    }
+    // SAFETY: the caller's array of two shoal_time, alive for the call.
+    let t = unsafe { std::slice::from_raw_parts(times, 2) };
+    match (time_set(t[0]), time_set(t[1])) {
+        (Some(a), Some(m)) => Some((a, m)),
+        _ => {
+            fail(libc::EINVAL, format_args!("utimens {path}: nanoseconds out of range"));
+            None
+        }
+    }
+}
+
 /// Set the access and modification times of `path` (`times[0]`, `times[1]`; NULL: both
 /// now). 0 or -1 (EINVAL for a bad `nsec`).
 #[no_mangle]
 pub extern "C" fn shoal_utimens(c: *const shoal_client, path: *const c_char, times: *const shoal_time) -> c_int {
     guard(-1, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
-        let (atime, mtime) = if times.is_null() {
-            (Some(TimeSet::Now), Some(TimeSet::Now))
-        } else {
-            // SAFETY: the caller's array of two shoal_time.
-            let t = unsafe { std::slice::from_raw_parts(times, 2) };
-            match (time_set(t[0]), time_set(t[1])) {
-                (Some(a), Some(m)) => (a, m),
-                _ => {
-                    fail(libc::EINVAL, format_args!("utimens {path}: nanoseconds out of range"));
-                    return -1;
-                }
-            }
-        };
+        let Some((atime, mtime)) = times_of(path, times) else { return -1 };
         status(c.block(c.client.utimens(path, atime, mtime)))
     })
 }
@@ -159,32 +158,64 @@ pub struct shoal_statfs {
     pub servers_total: u32,
 }
 
-/// Capacity and use of the cluster into `out`. 0 or -1.
-#[no_mangle]
-pub extern "C" fn shoal_statfs_get(c: *const shoal_client, out: *mut shoal_statfs) -> c_int {
-    guard(-1, || {
-        let Some(c) = client(c) else { return -1 };
-        if out.is_null() {
-            fail(libc::EFAULT, "the shoal_statfs to fill is NULL");
-            return -1;
-        }
-        let Some(s) = c.block(c.client.statfs()) else { return -1 };
-        let v = shoal_statfs {
+impl From<StatFs> for shoal_statfs {
+    fn from(s: StatFs) -> shoal_statfs {
+        shoal_statfs {
             capacity_bytes: s.capacity_bytes,
             free_bytes: s.free_bytes,
             inodes: s.inodes,
             servers_up: s.servers_up as u32,
             servers_total: s.servers_total as u32,
-        };
-        // SAFETY: `out` is non-NULL and points at a shoal_statfs of the caller's.
-        unsafe { *out = v };
+        }
+    }
+}
+
+/// Capacity and use of the cluster into `out`. 0 or -1.
+#[no_mangle]
+pub extern "C" fn shoal_statfs_get(c: *const shoal_client, out: *mut shoal_statfs) -> c_int {
+    guard(-1, || {
+        let Some(c) = client(c) else { return -1 };
+        let Some(out) = Out::new(out, "the shoal_statfs to fill") else { return -1 };
+        let Some(s) = c.block(c.client.statfs()) else { return -1 };
+        out.put(shoal_statfs::from(s));
         0
     })
 }
 
-/// The inode of `path` (following a final symbolic link).
-fn ino_of(c: &shoal_client, path: &str) -> Option<::shoal_client::Ino> {
-    c.block(c.client.stat(path)).map(|a| a.ino)
+// The extended attribute calls on paths, each written once for its blocking form and its
+// asynchronous twin (`meta_async.rs`). The client's calls take an inode: a path's is looked
+// up first, following a final symbolic link (as getxattr(2) does).
+
+/// `setxattr(2)`'s `flags` as (create only, replace only).
+pub(crate) fn xattr_flags(flags: c_int) -> (bool, bool) {
+    (flags & libc::XATTR_CREATE != 0, flags & libc::XATTR_REPLACE != 0)
+}
+
+pub(crate) async fn setxattr_path(cl: &Client, path: &str, name: &str, value: &[u8], flags: c_int) -> Result<()> {
+    let (create, replace) = xattr_flags(flags);
+    let ino = cl.stat(path).await?.ino;
+    cl.setxattr(ino, name, value, create, replace).await
+}
+
+pub(crate) async fn getxattr_path(cl: &Client, path: &str, name: &str) -> Result<Vec<u8>> {
+    let ino = cl.stat(path).await?.ino;
+    cl.getxattr(ino, name).await
+}
+
+/// The names, each NUL-terminated, one after the other (as listxattr(2) gives them).
+pub(crate) async fn listxattr_path(cl: &Client, path: &str) -> Result<Vec<u8>> {
+    let ino = cl.stat(path).await?.ino;
+    let mut all = Vec::new();
+    for n in cl.listxattr(ino).await? {
+        all.extend_from_slice(n.as_bytes());
+        all.push(0);
+    }
+    Ok(all)
+}
+
+pub(crate) async fn removexattr_path(cl: &Client, path: &str, name: &str) -> Result<()> {
+    let ino = cl.stat(path).await?.ino;
+    cl.removexattr(ino, name).await
 }
 
 /// Set the extended attribute `name` of `path` to `len` bytes at `value`. `flags`: 0,
@@ -203,9 +234,7 @@ pub extern "C" fn shoal_setxattr(
             return -1;
         };
         let Some(value) = bytes_of(value, len) else { return -1 };
-        let Some(ino) = ino_of(c, path) else { return -1 };
-        let (create, replace) = (flags & libc::XATTR_CREATE != 0, flags & libc::XATTR_REPLACE != 0);
-        status(c.block(c.client.setxattr(ino, name, value, create, replace)))
+        status(c.block(setxattr_path(&c.client, path, name, value, flags)))
     })
 }
 
@@ -223,9 +252,9 @@ pub extern "C" fn shoal_getxattr(
         let (Some(c), Some(path), Some(name)) = (client(c), text(path, "the path"), text(name, "the name")) else {
             return -1;
         };
-        let Some(ino) = ino_of(c, path) else { return -1 };
-        let Some(value) = c.block(c.client.getxattr(ino, name)) else { return -1 };
-        give(&value, buf, len)
+        let Some(buf) = byte_slots(buf, len) else { return -1 };
+        let Some(value) = c.block(getxattr_path(&c.client, path, name)) else { return -1 };
+        buf.give_or_fail(&value)
     })
 }
 
@@ -235,14 +264,9 @@ pub extern "C" fn shoal_getxattr(
 pub extern "C" fn shoal_listxattr(c: *const shoal_client, path: *const c_char, buf: *mut c_char, len: usize) -> isize {
     guard(-1, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
-        let Some(ino) = ino_of(c, path) else { return -1 };
-        let Some(names) = c.block(c.client.listxattr(ino)) else { return -1 };
-        let mut all = Vec::new();
-        for n in names {
-            all.extend_from_slice(n.as_bytes());
-            all.push(0);
-        }
-        give(&all, buf as *mut c_void, len)
+        let Some(buf) = byte_slots(buf as *mut c_void, len) else { return -1 };
+        let Some(names) = c.block(listxattr_path(&c.client, path)) else { return -1 };
+        buf.give_or_fail(&names)
     })
 }
 
@@ -253,7 +277,6 @@ pub extern "C" fn shoal_removexattr(c: *const shoal_client, path: *const c_char,
         let (Some(c), Some(path), Some(name)) = (client(c), text(path, "the path"), text(name, "the name")) else {
             return -1;
         };
-        let Some(ino) = ino_of(c, path) else { return -1 };
-        status(c.block(c.client.removexattr(ino, name)))
+        status(c.block(removexattr_path(&c.client, path, name)))
     })
 }

@@ -4,36 +4,15 @@
 //! future completes, before its callback; the pointer must stay valid until then.
 
 use crate::client::{client, shoal_attr, shoal_client, text};
-use crate::error::{fail, guard};
+use crate::error::guard;
 use crate::file::{file, open_flags, shoal_file};
 use crate::future::{shoal_callback, shoal_future, start};
+use crate::out::Out;
+use ::shoal_client::OpenFlags;
 use std::ffi::{c_char, c_int, c_void};
-use std::sync::Arc;
-
-/// A pointer of the caller's that a completing future writes through.
-struct Out<T>(*mut T);
-// SAFETY: the caller keeps it valid until the future completes or is cancelled
-// (documented); it is written only while the future's result is unset (`future::start`).
-unsafe impl<T> Send for Out<T> {}
-
-impl<T> Out<T> {
-    /// `p`, or `None` (EFAULT) if NULL.
-    fn new(p: *mut T, what: &str) -> Option<Out<T>> {
-        if p.is_null() {
-            fail(libc::EFAULT, format_args!("{what} is NULL"));
-            return None;
-        }
-        Some(Out(p))
-    }
-
-    fn put(self, v: T) {
-        // SAFETY: non-NULL (checked in `new`) and valid until completion (see above).
-        unsafe { *self.0 = v };
-    }
-}
 
 /// What a call returns when it cannot start (errno set).
-const NONE: *mut shoal_future = std::ptr::null_mut();
+pub(crate) const NONE: *mut shoal_future = std::ptr::null_mut();
 
 /// Attributes of `path` (following a final symbolic link) into `*out`. Result: 0 or -errno.
 #[no_mangle]
@@ -120,23 +99,54 @@ pub extern "C" fn shoal_open_async(
     guard(NONE, || {
         let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return NONE };
         let Some(how) = open_flags(path, flags, mode) else { return NONE };
-        let Some(out) = Out::new(out, "the shoal_file pointer to fill") else { return NONE };
-        let (cl, path, rt) = (c.client.clone(), path.to_string(), c.rt.handle().clone());
-        start(c.rt.handle(), cb, user, async move { cl.open(&path, how).await }, move |f| {
-            out.put(Box::into_raw(Box::new(shoal_file { file: Arc::new(f), rt })));
-            0
-        })
+        open_as_future(c, path, how, out, cb, user)
+    })
+}
+
+/// Open `path` as `how` says, as a future that puts the new `shoal_file *` into `*out`
+/// (`shoal_open_async`, `shoal_create_async`).
+pub(crate) fn open_as_future(
+    c: &shoal_client,
+    path: &str,
+    how: OpenFlags,
+    out: *mut *mut shoal_file,
+    cb: shoal_callback,
+    user: *mut c_void,
+) -> *mut shoal_future {
+    let Some(out) = Out::new(out, "the shoal_file pointer to fill") else { return NONE };
+    let (cl, path, rt) = (c.client.clone(), path.to_string(), c.rt.handle().clone());
+    start(c.rt.handle(), cb, user, async move { cl.open(&path, how).await }, move |f| {
+        out.put(shoal_file::new(f, rt));
+        0
     })
 }
 
 /// Start `call` on the client `c` with the text of `paths` (NUL-terminated strings of the
 /// caller's, copied here): the shape of every call below whose result is 0 or -errno.
-fn on_paths<const N: usize, F, Fut, T>(
+pub(crate) fn on_paths<const N: usize, F, Fut, T>(
     c: *const shoal_client,
     paths: [(*const c_char, &str); N],
     cb: shoal_callback,
     user: *mut c_void,
     call: F,
+) -> *mut shoal_future
+where
+    F: FnOnce(::shoal_client::Client, [String; N]) -> Fut,
+    Fut: std::future::Future<Output = ::shoal_client::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
+    on_paths_then(c, paths, cb, user, call, |_| 0)
+}
+
+/// As `on_paths`, with `finish` making the result of what the call gave (see
+/// `future::start`): a length, or writing through a pointer of the caller's.
+pub(crate) fn on_paths_then<const N: usize, F, Fut, T>(
+    c: *const shoal_client,
+    paths: [(*const c_char, &str); N],
+    cb: shoal_callback,
+    user: *mut c_void,
+    call: F,
+    finish: impl FnOnce(T) -> i64 + Send + 'static,
 ) -> *mut shoal_future
 where
     F: FnOnce(::shoal_client::Client, [String; N]) -> Fut,
@@ -151,7 +161,7 @@ where
             texts.push(t.to_string());
         }
         let Ok(texts) = <[String; N]>::try_from(texts) else { return NONE };
-        start(c.rt.handle(), cb, user, call(c.client.clone(), texts), |_| 0)
+        start(c.rt.handle(), cb, user, call(c.client.clone(), texts), finish)
     })
 }
 

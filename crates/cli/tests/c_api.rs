@@ -100,3 +100,21 @@ fn c_programs_run_namespace_calls_as_futures() {
     let exe = compile(&lib, "paths_async", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_run_the_other_calls_on_paths_as_futures() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    let exe = compile(&lib, "meta_async", "shared", tmp.path());
+    run(&exe, &c.config);
+}
+
+#[test]
+fn c_programs_create_files_with_layouts_and_set_directory_defaults() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    let exe = compile(&lib, "layout", "shared", tmp.path());
+    run(&exe, &c.config);
+}

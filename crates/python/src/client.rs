@@ -3,7 +3,7 @@
 
 use crate::errors::{errno, os_error, value, OrRaise};
 use crate::file::{bytes_of, AsyncFile, File, Handle};
-use crate::types::{Data, DirEntry, Stat, StatFs};
+use crate::types::{Data, DirEntry, Layout, Stat, StatFs};
 use crate::{awaitable, block, runtime};
 use pyo3::prelude::*;
 use shoal_client::{ClientOptions, Errno, OpenFlags, TimeSet, Timestamp};
@@ -277,6 +277,35 @@ macro_rules! path_calls {
                 })
             }
 
+            /// The layout of `path` (following a final symbolic link), as a `Layout`: a
+            /// file's stripe size, stripe count, first server and servers; a directory's
+            /// default for the files created in it (`None` where unset).
+            fn layout<'py>(&self, py: Python<'py>, path: String) -> PyResult<Bound<'py, PyAny>> {
+                let c = self.client.clone();
+                $run(py, async move { c.stat(&path).await.or_raise().map(|a| Layout::of(&a)) })
+            }
+
+            /// Set the default layout of the files created in the directory `path` from
+            /// now on (subdirectories made later inherit it); `None` fields are inherited
+            /// from the cluster, `stripe_count=-1` stripes over every server, `policy` is
+            /// "same" or "spread". A file's layout is fixed when it is created: a file
+            /// raises `FileExistsError` (create it with `layout=` instead). Values the
+            /// cluster does not take raise `OSError` (EINVAL).
+            #[pyo3(signature = (path, *, stripe_size = None, stripe_count = None, first_server = None, policy = None))]
+            fn set_layout<'py>(
+                &self,
+                py: Python<'py>,
+                path: String,
+                stripe_size: Option<i64>,
+                stripe_count: Option<i64>,
+                first_server: Option<i64>,
+                policy: Option<&str>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let spec = Layout::asked(stripe_size, stripe_count, first_server, policy)?.spec();
+                let c = self.client.clone();
+                $run(py, async move { c.set_layout(&path, spec).await.or_raise() })
+            }
+
             /// Capacity and use of the whole file system.
             fn statfs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
                 let c = self.client.clone();
@@ -296,17 +325,21 @@ macro_rules! path_calls {
             }
 
             /// Make `path` hold exactly `data` (created or truncated; durable on return).
-            /// Returns the number of bytes written.
+            /// Returns the number of bytes written. `layout` (a `Layout`) applies if the
+            /// file is created; an existing file keeps its own.
+            #[pyo3(signature = (path, data, *, layout = None))]
             fn write_bytes<'py>(
                 &self,
                 py: Python<'py>,
                 path: String,
                 data: &Bound<'py, PyAny>,
+                layout: Option<&Bound<'py, Layout>>,
             ) -> PyResult<Bound<'py, PyAny>> {
                 let data = bytes_of(data)?;
+                let layout = layout.map(|l| l.get().spec());
                 let c = self.client.clone();
                 $run(py, async move {
-                    let f = c.create(&path, 0o644, None).await.or_raise()?;
+                    let f = c.create(&path, 0o644, layout).await.or_raise()?;
                     let n = f.write_bytes_at(0, data).await.or_raise()?;
                     f.close().await.or_raise()?;
                     Ok(n)
@@ -314,16 +347,26 @@ macro_rules! path_calls {
             }
 
             /// Open `path` with a mode of Python's `open` ("r", "w", "x", "a", with "+";
-            /// "b" and "t" are ignored here), creating it with permission bits `perm`.
-            #[pyo3(signature = (path, mode = String::from("r"), perm = 0o666))]
+            /// "b" and "t" are ignored here), creating it with permission bits `perm` and
+            /// `layout` (a `Layout`; default: the directory's). The layout applies only if
+            /// the file is created (mode "x" makes sure it is); a mode that never creates
+            /// ("r", "r+") with a layout is a `ValueError`.
+            #[pyo3(signature = (path, mode = String::from("r"), perm = 0o666, *, layout = None))]
             fn open_file<'py>(
                 &self,
                 py: Python<'py>,
                 path: String,
                 mode: String,
                 perm: u32,
+                layout: Option<&Bound<'py, Layout>>,
             ) -> PyResult<Bound<'py, PyAny>> {
-                let flags = flags_of(&mode, perm)?;
+                let mut flags = flags_of(&mode, perm)?;
+                if let Some(l) = layout {
+                    if !flags.create {
+                        return Err(value(format!("layout= with mode {mode:?}, which does not create files")));
+                    }
+                    flags.layout = Some(l.get().spec());
+                }
                 let c = self.client.clone();
                 $run(py, async move {
                     let f = c.open(&path, flags).await.or_raise()?;

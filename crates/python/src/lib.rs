@@ -56,5 +56,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::Stat>()?;
     m.add_class::<types::DirEntry>()?;
     m.add_class::<types::StatFs>()?;
+    m.add_class::<types::Layout>()?;
     Ok(())
 }

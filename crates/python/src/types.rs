@@ -1,8 +1,10 @@
 //! What calls return: attributes (`Stat`, shaped like `os.stat_result`), directory entries
-//! (`DirEntry`, like `os.DirEntry`) and capacity (`StatFs`).
+//! (`DirEntry`, like `os.DirEntry`), capacity (`StatFs`) and layouts (`Layout`, also what
+//! `set_layout` and `layout=` take).
 
+use crate::errors::value;
 use pyo3::prelude::*;
-use shoal_client::{Attr, FileKind};
+use shoal_client::{Attr, FileKind, LayoutSpec, PlacementPolicy, ServerId};
 
 fn kind_name(k: FileKind) -> &'static str {
     match k {
@@ -159,6 +161,135 @@ impl StatFs {
             "shoal.StatFs(capacity_bytes={}, free_bytes={}, inodes={}, servers_up={}/{})",
             self.capacity_bytes, self.free_bytes, self.inodes, self.servers_up, self.servers_total
         )
+    }
+}
+
+/// Where a file's bytes live, or what a directory gives the files created in it.
+///
+/// From `Client.layout`: for a file, `stripe_size`, `stripe_count`, `first_server` and
+/// `servers` (the ids of the servers holding objects 0, 1, …; `policy` is not kept and is
+/// `None`); for a directory, its default for new files, `None` where unset (inherited from
+/// the cluster), and `servers` is `None`.
+///
+/// Made by hand (`Layout(stripe_count=4)`), it asks for a layout when a file is created
+/// (`open(..., layout=)`): fields left `None` are inherited from the directory's default,
+/// then from the cluster's.
+#[pyclass(frozen, get_all, eq, module = "shoal._native")]
+#[derive(Clone, PartialEq)]
+pub struct Layout {
+    /// Bytes per stripe (a multiple of 4096, from 4 KiB to 1 GiB).
+    pub stripe_size: Option<u64>,
+    /// How many servers hold the file's objects; -1: every server that holds data.
+    pub stripe_count: Option<i64>,
+    /// The server holding the first object (an id of the cluster map, from 0).
+    pub first_server: Option<u32>,
+    /// Where the first object goes when `first_server` is not given: "same" (the server of
+    /// the file's inode) or "spread" (a server picked by hashing the inode number).
+    pub policy: Option<&'static str>,
+    /// A file's servers, object by object; `None` for a directory's default.
+    pub servers: Option<Vec<u32>>,
+}
+
+impl Layout {
+    /// A layout to ask for, checked: `ValueError` for what no cluster takes (the servers
+    /// say whether theirs takes the rest: `OSError` EINVAL).
+    pub(crate) fn asked(
+        stripe_size: Option<i64>,
+        stripe_count: Option<i64>,
+        first_server: Option<i64>,
+        policy: Option<&str>,
+    ) -> PyResult<Layout> {
+        let stripe_size = match stripe_size {
+            None => None,
+            Some(s) if s > 0 => Some(s as u64),
+            Some(s) => return Err(value(format!("stripe_size {s} must be positive (None: inherit)"))),
+        };
+        let stripe_count = match stripe_count {
+            None => None,
+            Some(c) if c == -1 || (1..=u32::MAX as i64 - 1).contains(&c) => Some(c),
+            Some(c) => return Err(value(format!("stripe_count {c} must be -1 (all servers) or at least 1"))),
+        };
+        let first_server = match first_server {
+            None => None,
+            Some(f) => Some(u32::try_from(f).map_err(|_| value(format!("first_server {f} is not a server id")))?),
+        };
+        let policy = match policy {
+            None => None,
+            Some("same") => Some("same"),
+            Some("spread") => Some("spread"),
+            Some(p) => return Err(value(format!("policy {p:?} is not \"same\" or \"spread\""))),
+        };
+        Ok(Layout { stripe_size, stripe_count, first_server, policy, servers: None })
+    }
+
+    /// What the client sends when creating a file or setting a directory's default (a
+    /// file's `servers` are not asked for: its `first_server` and `stripe_count` say it).
+    pub(crate) fn spec(&self) -> LayoutSpec {
+        LayoutSpec {
+            stripe_size: self.stripe_size,
+            stripe_count: self.stripe_count.map(|c| if c == -1 { u32::MAX } else { c as u32 }),
+            first_server: self.first_server.map(ServerId),
+            policy: self.policy.map(|p| if p == "spread" { PlacementPolicy::Spread } else { PlacementPolicy::Same }),
+        }
+    }
+
+    /// The layout of a file, or the default of a directory (`None`s for anything else).
+    pub(crate) fn of(a: &Attr) -> Layout {
+        if let Some(l) = &a.layout {
+            let servers: Vec<u32> = l.servers.iter().map(|s| s.0).collect();
+            return Layout {
+                stripe_size: Some(l.stripe_size),
+                stripe_count: Some(servers.len() as i64),
+                first_server: servers.first().copied(),
+                policy: None,
+                servers: Some(servers),
+            };
+        }
+        let spec = a.dir_default.clone().unwrap_or_default();
+        Layout {
+            stripe_size: spec.stripe_size,
+            stripe_count: match spec.stripe_count {
+                Some(u32::MAX) => Some(-1),
+                Some(c) if c > 0 => Some(c as i64),
+                _ => None,
+            },
+            first_server: spec.first_server.map(|s| s.0),
+            policy: spec.policy.map(|p| match p {
+                PlacementPolicy::Same => "same",
+                PlacementPolicy::Spread => "spread",
+            }),
+            servers: None,
+        }
+    }
+}
+
+#[pymethods]
+impl Layout {
+    /// A layout to ask for; `None` fields are inherited. `stripe_count=-1`: every server.
+    #[new]
+    #[pyo3(signature = (*, stripe_size = None, stripe_count = None, first_server = None, policy = None))]
+    fn new(
+        stripe_size: Option<i64>,
+        stripe_count: Option<i64>,
+        first_server: Option<i64>,
+        policy: Option<&str>,
+    ) -> PyResult<Layout> {
+        Layout::asked(stripe_size, stripe_count, first_server, policy)
+    }
+
+    fn __repr__(&self) -> String {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "None".into());
+        let mut s = format!(
+            "shoal.Layout(stripe_size={}, stripe_count={}, first_server={}, policy={}",
+            opt(self.stripe_size.map(|v| v.to_string())),
+            opt(self.stripe_count.map(|v| v.to_string())),
+            opt(self.first_server.map(|v| v.to_string())),
+            opt(self.policy.map(|p| format!("'{p}'"))),
+        );
+        if let Some(servers) = &self.servers {
+            s += &format!(", servers={servers:?}");
+        }
+        s + ")"
     }
 }
 

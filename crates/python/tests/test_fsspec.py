@@ -64,3 +64,37 @@ def test_file_system_calls(url, cluster):
         f.write("text via fsspec.open\n")
     with fsspec.open(f"{url}/t.txt", "r") as f:
         assert f.read() == "text via fsspec.open\n"
+
+
+def test_rm_recursive_expands_globs(url, cluster):
+    fs = fsspec.filesystem("shoal", config=cluster)
+    base = url.removeprefix("shoal://")
+    for name in ("keep.txt", "a.parquet/part.0.parquet", "a.parquet/part.1.parquet", "b.parquet/part.0.parquet",
+                 "c.parquet"):
+        fs.pipe(f"{base}/out/{name}", b"x")
+    # As fsspec's own rm: the pattern names trees (directories) and files alike.
+    fs.rm(f"{url}/out/*.parquet", recursive=True)
+    assert fs.ls(f"{base}/out", detail=False) == [f"{base}/out/keep.txt"]
+    # A list holding a tree and names inside it: each tree is removed once.
+    fs.pipe(f"{base}/t/x/y.txt", b"y")
+    fs.rm([f"{base}/t/x/y.txt", f"{base}/t", f"{base}/t/x"], recursive=True)
+    assert not fs.exists(f"{base}/t")
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"{base}/out/*.nothing", recursive=True)
+    with pytest.raises(FileNotFoundError):
+        fs.rm(f"{base}/missing", recursive=True)
+    fs.rm(f"{base}/out/keep.txt")
+    assert fs.ls(f"{base}/out") == []
+
+
+def test_threads_write_into_new_folders_at_once(url, cluster):
+    # As Dask's threads and zarr's concurrent chunk writes do: many files, each in a folder
+    # that does not exist yet and that other threads make at the same moment.
+    from concurrent.futures import ThreadPoolExecutor
+    fs = fsspec.filesystem("shoal", config=cluster)
+    base = url.removeprefix("shoal://")
+    names = [f"{base}/r{r}/c/{i}/{j}" for r in range(15) for i in range(8) for j in range(4)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: fs.pipe_file(name, name.encode()), names))
+    assert sorted(fs.find(base)) == sorted(names)
+    assert fs.cat(names) == {name: name.encode() for name in names}

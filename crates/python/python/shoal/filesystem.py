@@ -11,6 +11,7 @@ holds a path from the file system's root: ``shoal:///a/b`` and ``shoal://a/b`` b
 
 import errno
 import os
+from glob import has_magic
 
 from fsspec.spec import AbstractFileSystem
 
@@ -130,13 +131,24 @@ class ShoalFileSystem(AbstractFileSystem):
             self.client.unlink(path)
 
     def rm(self, path, recursive=False, maxdepth=None):
-        paths = path if isinstance(path, list) else [path]
-        for p in paths:
+        if not (recursive and maxdepth is None):
+            return super().rm(path, recursive=recursive, maxdepth=maxdepth)
+        # Whole trees: one rmtree per name, with glob patterns expanded first as fsspec's
+        # rm does (``rm("/out/*.parquet", recursive=True)``); a name inside a tree already
+        # removed is skipped.
+        names = []
+        for p in path if isinstance(path, list) else [path]:
             p = self._strip_protocol(p)
-            if recursive and maxdepth is None:
-                self.client.rmtree(p)
-            else:
-                super().rm(p, recursive=recursive, maxdepth=maxdepth)
+            names.extend(self.expand_path(p) if has_magic(p) else [p])
+        removed = set()
+        for p in sorted(set(names), key=lambda n: n.count("/")):
+            parent = p
+            while parent not in removed and parent != "/":
+                parent = parent.rsplit("/", 1)[0] or "/"
+            if parent in removed:
+                continue
+            self.client.rmtree(p)
+            removed.add(p)
 
     def mv(self, path1, path2, recursive=False, maxdepth=None, **kwargs):
         self._make_parent(self._strip_protocol(path2))

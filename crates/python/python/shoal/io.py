@@ -124,8 +124,10 @@ class RawFile(io.RawIOBase):
         return f"<shoal.RawFile name={self.name!r} mode={self._mode!r}>"
 
 
-def open_file_object(client, path, mode="r", buffering=-1, encoding=None, errors=None, newline=None, perm=0o666):
-    """What ``shoal.Client.open`` returns: the layers of Python's ``open`` over a RawFile."""
+def open_file_object(client, path, mode="r", buffering=-1, encoding=None, errors=None, newline=None, perm=0o666,
+                     layout=None):
+    """What ``shoal.Client.open`` returns: the layers of Python's ``open`` over a RawFile.
+    ``layout`` (a ``shoal.Layout``) applies if the file is created."""
     if not isinstance(mode, str) or len(set(mode)) != len(mode) or set(mode) - set("rwxab+t"):
         raise ValueError(f"invalid mode: {mode!r}")
     binary = "b" in mode
@@ -135,7 +137,7 @@ def open_file_object(client, path, mode="r", buffering=-1, encoding=None, errors
         raise ValueError("binary mode doesn't take an encoding, errors or newline argument")
     if buffering == 0 and not binary:
         raise ValueError("can't have unbuffered text I/O")
-    native = client.open_file(path, mode.replace("b", "").replace("t", ""), perm)
+    native = client.open_file(path, mode.replace("b", "").replace("t", ""), perm, layout=layout)
     raw = RawFile(native, mode)
     if buffering == 0:
         return raw
