@@ -139,35 +139,30 @@ impl Comm for LocalComm {
             let mut tag = color.to_le_bytes().to_vec();
             tag.extend_from_slice(&key.to_le_bytes());
             let me = self.rank;
-            let shared = self.shared.clone();
-            // Every task sees every (color, key); the lowest rank of each color builds its
-            // group and hands each member its place.
-            self.exchange(Some(tag), |slots| {
-                let tags: Vec<(u64, u64, usize)> = slots
-                    .iter()
+            self.shared.slots.lock()[me] = Some(tag);
+            // One task (the barrier's leader) sorts every (color, key) and makes the groups,
+            // once: a split of 100,000 tasks costs one sort, not one per task.
+            if self.shared.barrier.wait().await.is_leader() {
+                let mut slots = self.shared.slots.lock();
+                let mut tags: Vec<(u64, u64, usize)> = slots
+                    .iter_mut()
                     .enumerate()
                     .map(|(r, s)| {
-                        let b = s.as_deref().unwrap_or(&[0; 16]);
-                        (
-                            u64::from_le_bytes(b[..8].try_into().unwrap()),
-                            u64::from_le_bytes(b[8..16].try_into().unwrap()),
-                            r,
-                        )
+                        let b = s.take().unwrap_or_default();
+                        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+                        (word(0), word(8), r)
                     })
                     .collect();
-                let (my_color, _, _) = tags[me];
-                let mut members: Vec<(u64, usize)> =
-                    tags.iter().filter(|t| t.0 == my_color).map(|t| (t.1, t.2)).collect();
-                members.sort();
-                if members[0].1 == me {
-                    let group = LocalComm::group(members.len());
-                    let mut groups = shared.groups.lock();
-                    for ((_, r), g) in members.iter().zip(group) {
-                        groups[*r] = Some(g);
+                drop(slots);
+                tags.sort_unstable();
+                let mut groups = self.shared.groups.lock();
+                for same in tags.chunk_by(|a, b| a.0 == b.0) {
+                    for (t, g) in same.iter().zip(LocalComm::group(same.len())) {
+                        groups[t.2] = Some(g);
                     }
                 }
-            })
-            .await;
+            }
+            self.shared.barrier.wait().await;
             // Taken before this task's next collective, whose split would refill the slot.
             let mine = self.shared.groups.lock()[me].take();
             mine.map(|g| Box::new(g) as Box<dyn Comm>).ok_or_else(|| Error::Comm("split: no group was made".into()))

@@ -39,6 +39,9 @@ pub const FLAG_COALESCED: u32 = 2;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
     pub flags: u32,
+    /// Coalescing I/O: tasks per collector group (consecutive in the file; their chunks
+    /// packed, each group's start aligned to `fs_block`); 0 without.
+    pub collector_size: u32,
     /// The file system block size chunks were aligned to.
     pub fs_block: u64,
     pub file_number: u32,
@@ -65,7 +68,7 @@ pub struct TaskSlot {
 }
 
 /// Bytes of a header's fixed part (before the task slots) and of one slot.
-const HEADER_FIXED: usize = 8 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 8;
+const HEADER_FIXED: usize = 8 + 4 + 4 + 4 + 8 + 4 + 4 + 8 + 8 + 8 + 8;
 const SLOT_LEN: usize = 24;
 
 impl Header {
@@ -79,6 +82,7 @@ impl Header {
         b.extend_from_slice(HEADER_MAGIC);
         put32(&mut b, FORMAT_VERSION);
         put32(&mut b, self.flags);
+        put32(&mut b, self.collector_size);
         put64(&mut b, self.fs_block);
         put32(&mut b, self.file_number);
         put32(&mut b, self.nfiles);
@@ -100,7 +104,7 @@ impl Header {
         let mut r = Reader::new(first, Where::Header);
         r.magic(HEADER_MAGIC)?;
         r.version()?;
-        r.skip(4 + 8 + 4 + 4 + 8 + 8 + 8)?;
+        r.skip(4 + 4 + 8 + 4 + 4 + 8 + 8 + 8)?;
         let n = r.u64()?;
         if n > (u32::MAX as u64) {
             return Err(Corrupt::Field(Where::Header, "task count"));
@@ -117,6 +121,7 @@ impl Header {
         r.magic(HEADER_MAGIC)?;
         r.version()?;
         let flags = r.u32()?;
+        let collector_size = r.u32()?;
         let fs_block = r.u64()?;
         let file_number = r.u32()?;
         let nfiles = r.u32()?;
@@ -129,7 +134,7 @@ impl Header {
             tasks.push(TaskSlot { rank: r.u64()?, chunk_off: r.u64()?, chunk_len: r.u64()? });
         }
         r.end()?;
-        let h = Header { flags, fs_block, file_number, nfiles, ntasks, data_start, block_len, tasks };
+        let h = Header { flags, collector_size, fs_block, file_number, nfiles, ntasks, data_start, block_len, tasks };
         h.check()?;
         Ok(h)
     }
@@ -347,6 +352,7 @@ mod tests {
     fn header() -> Header {
         Header {
             flags: FLAG_KEY_VALUE,
+            collector_size: 0,
             fs_block: 4096,
             file_number: 0,
             nfiles: 2,

@@ -7,9 +7,11 @@
 //! operations, and the in-process adapter), `logical.rs` (one task's byte stream over its
 //! chunks), `par.rs` (collective open and close), `serial.rs` (the serial API).
 
+pub mod coalesce;
 pub mod comm;
 pub mod error;
 pub mod format;
+pub mod kv;
 pub mod logical;
 pub mod meta;
 pub mod par;
@@ -20,6 +22,6 @@ mod wire;
 pub use comm::{Comm, LocalComm};
 pub use error::{Corrupt, Error, Result, Where};
 pub use logical::{Chunks, Logical};
-pub use par::{ParFile, TaskInfo, WriteOptions};
+pub use par::{MappedFile, ParFile, Plan, TaskInfo, WriteOptions};
 pub use serial::{open_rank, Container, Location, SerialWriter};
 pub use store::Target;

@@ -43,11 +43,14 @@ pub struct Logical {
     block: u64,
     pos: u64,
     write: bool,
+    /// Records instead of a plain stream (`kv.rs`).
+    pub(crate) key_value: bool,
+    pub(crate) kv: crate::kv::KvIndex,
 }
 
 impl Logical {
-    pub(crate) fn new(file: Arc<PhysFile>, chunks: Chunks, write: bool) -> Logical {
-        let mut l = Logical { file, chunks, block: 0, pos: 0, write };
+    pub(crate) fn new(file: Arc<PhysFile>, chunks: Chunks, write: bool, key_value: bool) -> Logical {
+        let mut l = Logical { file, chunks, block: 0, pos: 0, write, key_value, kv: Default::default() };
         if write && l.chunks.used.is_empty() {
             l.chunks.used.push(0);
         }
@@ -74,25 +77,37 @@ impl Logical {
 
     /// Write all of `data` from the current position, going on into the next chunks as
     /// each fills.
-    pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
+    pub async fn write(&mut self, data: &[u8]) -> Result<()> {
+        let mut at = 0;
+        for (offset, n) in self.plan_write(data.len() as u64)? {
+            self.file.write_at(offset, &data[at..at + n as usize]).await?;
+            at += n as usize;
+        }
+        Ok(())
+    }
+
+    /// Where the next `len` bytes written go, as (offset in the physical file, length)
+    /// pieces, one per chunk; the position moves past them as if they were written (the
+    /// caller writes them, or has a collector write them: `coalesce.rs`).
+    pub(crate) fn plan_write(&mut self, mut len: u64) -> Result<Vec<(u64, u64)>> {
         if !self.write {
             return Err(Error::Usage("the container is open for reading".into()));
         }
-        while !data.is_empty() {
+        let mut pieces = Vec::new();
+        while len > 0 {
             let room = self.chunk_len() - self.pos;
             if room == 0 {
                 self.next_chunk();
                 continue;
             }
-            let n = room.min(data.len() as u64) as usize;
-            let at = self.chunks.chunk_at(self.block) + self.pos;
-            self.file.write_at(at, &data[..n]).await?;
-            self.pos += n as u64;
+            let n = room.min(len);
+            pieces.push((self.chunks.chunk_at(self.block) + self.pos, n));
+            self.pos += n;
             let used = &mut self.chunks.used[self.block as usize];
             *used = (*used).max(self.pos);
-            data = &data[n..];
+            len -= n;
         }
-        Ok(())
+        Ok(pieces)
     }
 
     /// Make sure the next `n` bytes fit in the current chunk, moving to the next chunk if
@@ -121,7 +136,22 @@ impl Logical {
     /// Read up to `buf.len()` bytes from the current position, across chunks; 0 at the end.
     pub async fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
         let mut got = 0;
-        while got < buf.len() {
+        for (offset, n) in self.plan_read(buf.len() as u64) {
+            let bytes = self.file.read_at(offset, n as usize).await?;
+            if (bytes.len() as u64) < n {
+                return Err(self.cut_short());
+            }
+            buf[got..got + n as usize].copy_from_slice(&bytes);
+            got += n as usize;
+        }
+        Ok(got)
+    }
+
+    /// Where the next (up to) `len` bytes read come from, as pieces of the physical file;
+    /// the position moves past them.
+    pub(crate) fn plan_read(&mut self, mut len: u64) -> Vec<(u64, u64)> {
+        let mut pieces = Vec::new();
+        while len > 0 {
             let avail = self.bytes_avail_in_chunk();
             if avail == 0 {
                 if self.block + 1 >= self.chunks.used.len() as u64 {
@@ -131,21 +161,24 @@ impl Logical {
                 self.pos = 0;
                 continue;
             }
-            let n = avail.min((buf.len() - got) as u64) as usize;
-            let at = self.chunks.chunk_at(self.block) + self.pos;
-            let bytes = self.file.read_at(at, n).await?;
-            if bytes.len() < n {
-                return Err(Error::Io {
-                    path: self.file.path().to_string(),
-                    errno: libc::EIO,
-                    message: format!("chunk {} ends early: the physical file is cut short", self.block),
-                });
-            }
-            buf[got..got + n].copy_from_slice(&bytes);
-            got += n;
-            self.pos += n as u64;
+            let n = avail.min(len);
+            pieces.push((self.chunks.chunk_at(self.block) + self.pos, n));
+            self.pos += n;
+            len -= n;
         }
-        Ok(got)
+        pieces
+    }
+
+    /// The error for data missing from the physical file.
+    pub(crate) fn cut_short(&self) -> Error {
+        Error::Io {
+            path: self.file.path().to_string(),
+            errno: libc::EIO,
+            message: format!(
+                "rank {}: chunk {} ends early: the physical file is cut short",
+                self.chunks.slot.rank, self.block
+            ),
+        }
     }
 
     /// The rest of the logical file from the current position.

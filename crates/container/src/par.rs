@@ -17,7 +17,7 @@
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::format::{Header, TaskSlot, Trailer, FLAG_KEY_VALUE};
+use crate::format::{Header, TaskSlot, Trailer, FLAG_COALESCED, FLAG_KEY_VALUE};
 use crate::logical::{Chunks, Logical};
 use crate::meta::{physical_name, read_meta, FileMeta};
 use crate::store::{Opened, PhysFile, Placement, Target};
@@ -65,11 +65,14 @@ pub struct WriteOptions {
     pub fs_block: u64,
     /// Key-value records instead of a byte stream (`kv.rs`).
     pub key_value: bool,
+    /// Coalescing I/O (`coalesce.rs`): groups of this many consecutive tasks share one
+    /// collector, their chunks packed without alignment gaps; 0 or 1: none.
+    pub collector_size: u32,
 }
 
 impl Default for WriteOptions {
     fn default() -> WriteOptions {
-        WriteOptions { chunk_size: 1 << 20, nfiles: 1, fs_block: 0, key_value: false }
+        WriteOptions { chunk_size: 1 << 20, nfiles: 1, fs_block: 0, key_value: false, collector_size: 0 }
     }
 }
 
@@ -79,6 +82,8 @@ pub struct ParFile {
     name: String,
     pub(crate) logical: Logical,
     pub(crate) info: TaskInfo,
+    /// Coalescing I/O: the task's collector group (its first task is the collector).
+    pub(crate) group: Option<Box<dyn Comm>>,
     /// Files this process created (rank 0), kept open until the close.
     _created: Vec<Arc<PhysFile>>,
     closed: bool,
@@ -95,6 +100,18 @@ pub struct TaskInfo {
     pub index: u64,
     pub fs_block: u64,
     pub flags: u32,
+    /// Tasks per collector group (0: no coalescing).
+    pub collector_size: u32,
+}
+
+/// Coalescing I/O: split the tasks into their collector groups (collectively; `None`
+/// without coalescing, then nothing is exchanged).
+async fn collector_group(comm: &dyn Comm, info: &TaskInfo) -> Result<Option<Box<dyn Comm>>> {
+    if info.collector_size <= 1 {
+        return Ok(None);
+    }
+    let color = ((info.file_number as u64) << 40) | (info.index / info.collector_size as u64);
+    Ok(Some(comm.split(color, info.index).await?))
 }
 
 fn round_up(v: u64, to: u64) -> u64 {
@@ -130,6 +147,7 @@ impl ParFile {
         let n = comm.size() as u64;
         let mut ask = Enc::default();
         ask.u64(opts.chunk_size).u32(opts.nfiles).u64(opts.fs_block).u32(opts.key_value as u32);
+        ask.u32(if opts.collector_size > 1 { opts.collector_size } else { 0 });
         let asks = comm.gather(ask.done(), 0).await?;
         let mut created = Vec::new();
         let parts = match asks {
@@ -152,6 +170,7 @@ impl ParFile {
             index: d.u64()?,
             fs_block: d.u64()?,
             flags: d.u32()?,
+            collector_size: d.u32()?,
         };
         let chunks = Chunks {
             data_start: d.u64()?,
@@ -160,11 +179,13 @@ impl ParFile {
             used: Vec::new(),
         };
         let file = Opened::global().get(target, &physical_name(name, info.file_number), true).await?;
+        let group = collector_group(&*comm, &info).await?;
         Ok(ParFile {
             comm,
             name: name.to_string(),
-            logical: Logical::new(file, chunks, true),
+            logical: Logical::new(file, chunks, true, info.flags & FLAG_KEY_VALUE != 0),
             info,
+            group,
             _created: created,
             closed: false,
         })
@@ -187,11 +208,13 @@ impl ParFile {
         let mine = take_verdict(comm.scatter(parts, 0).await?, &format!("open {name}"))?;
         let (info, chunks) = decode_reader(&mine, comm.rank() as u64, n)?;
         let file = Opened::global().get(target, &physical_name(name, info.file_number), false).await?;
+        let group = collector_group(&*comm, &info).await?;
         Ok(ParFile {
             comm,
             name: name.to_string(),
-            logical: Logical::new(file, chunks, false),
+            logical: Logical::new(file, chunks, false, info.flags & FLAG_KEY_VALUE != 0),
             info,
+            group,
             _created: Vec::new(),
             closed: false,
         })
@@ -209,11 +232,6 @@ impl ParFile {
     /// This task's logical file.
     pub fn logical(&mut self) -> &mut Logical {
         &mut self.logical
-    }
-
-    /// The group of tasks (for collective calls made through the container).
-    pub(crate) fn comm(&self) -> &dyn Comm {
-        &*self.comm
     }
 
     /// Close collectively. After writing: every file's tail and trailer are written and
@@ -295,7 +313,7 @@ async fn plan_create(
     for (r, a) in asks.iter().enumerate() {
         let mut d = Dec::new(a);
         let size = d.u64()?;
-        let these = (d.u32()?, d.u64()?, d.u32()?);
+        let these = (d.u32()?, d.u64()?, d.u32()?, d.u32()?);
         if size == 0 {
             return Err(Error::Usage(format!("rank {r} asked for a chunk of 0 bytes")));
         }
@@ -310,14 +328,14 @@ async fn plan_create(
         }
         chunk.push(size);
     }
-    let (nfiles, fs_block_asked, kv) = common.unwrap_or((1, 0, 0));
+    let (nfiles, fs_block_asked, kv, collector_size) = common.unwrap_or((1, 0, 0, 0));
     if nfiles == 0 || nfiles as u64 > n.max(1) {
         return Err(Error::Usage(format!("{nfiles} physical files for {n} tasks")));
     }
     if fs_block_asked != 0 && (fs_block_asked % 512 != 0) {
         return Err(Error::Usage(format!("block size {fs_block_asked} is not a multiple of 512")));
     }
-    let flags = if kv != 0 { FLAG_KEY_VALUE } else { 0 };
+    let flags = if kv != 0 { FLAG_KEY_VALUE } else { 0 } | if collector_size > 1 { FLAG_COALESCED } else { 0 };
     let plan = Plan { ntasks: n, nfiles };
     let mut parts = vec![Vec::new(); n as usize];
     for f in 0..nfiles {
@@ -326,27 +344,43 @@ async fn plan_create(
             PhysFile::create(target, &path, Placement { file_number: f, nfiles, stripe_size: fs_block_asked }).await?;
         let fs_block = if fs_block_asked != 0 { fs_block_asked } else { file.fs_block()? };
         let (first, end) = (plan.first_of(f), if f + 1 == nfiles { n } else { plan.first_of(f + 1) });
-        let mut tasks = Vec::with_capacity((end - first) as usize);
-        let mut off = 0u64;
-        for r in first..end {
-            let len = round_up(chunk[r as usize], fs_block);
-            tasks.push(TaskSlot { rank: r, chunk_off: off, chunk_len: len });
-            off = off
-                .checked_add(len)
-                .ok_or_else(|| Error::Usage("the chunks of one block add up past 2^64 bytes".into()))?;
-        }
+        let tasks = slots(first, end, &chunk[first as usize..end as usize], fs_block, collector_size)?;
+        let block_len = tasks.last().map_or(0, |t| round_up(t.chunk_off + t.chunk_len, fs_block));
         let data_start = round_up(Header::encoded_len(tasks.len()), fs_block);
-        let header = Header { flags, fs_block, file_number: f, nfiles, ntasks: n, data_start, block_len: off, tasks };
+        let header =
+            Header { flags, collector_size, fs_block, file_number: f, nfiles, ntasks: n, data_start, block_len, tasks };
         file.write_at(0, &header.encode()).await?;
         for (i, t) in header.tasks.iter().enumerate() {
             let mut e = Enc::default();
-            e.u32(f).u32(nfiles).u64(i as u64).u64(fs_block).u32(flags);
+            e.u32(f).u32(nfiles).u64(i as u64).u64(fs_block).u32(flags).u32(collector_size);
             e.u64(data_start).u64(header.block_len).u64(t.chunk_off).u64(t.chunk_len);
             parts[t.rank as usize] = verdict(Ok(e.done()));
         }
         created.push(Opened::global().put(target, file));
     }
     Ok(parts)
+}
+
+/// The chunks of ranks `first..end` (one file) in a block: each aligned to `fs_block`, or
+/// with coalescing packed within each group of `collector_size` and each group aligned.
+fn slots(first: u64, end: u64, chunk: &[u64], fs_block: u64, collector_size: u32) -> Result<Vec<TaskSlot>> {
+    let too_big = || Error::Usage("the chunks of one block add up past 2^64 bytes".into());
+    let mut tasks = Vec::with_capacity((end - first) as usize);
+    let mut off = 0u64;
+    for (i, r) in (first..end).enumerate() {
+        let len = if collector_size > 1 {
+            if i % collector_size as usize == 0 {
+                off = off.checked_next_multiple_of(fs_block).ok_or_else(too_big)?;
+            }
+            chunk[i]
+        } else {
+            chunk[i].checked_next_multiple_of(fs_block).ok_or_else(too_big)?
+        };
+        tasks.push(TaskSlot { rank: r, chunk_off: off, chunk_len: len });
+        off = off.checked_add(len).ok_or_else(too_big)?;
+    }
+    off.checked_next_multiple_of(fs_block).ok_or_else(too_big)?;
+    Ok(tasks)
 }
 
 /// Rank 0 at an open for reading: every physical file's metadata; every task's chunks.
@@ -395,7 +429,7 @@ pub(crate) fn encode_reader(m: &FileMeta, i: usize) -> Vec<u8> {
     let h = &m.header;
     let t = h.tasks[i];
     let mut e = Enc::default();
-    e.u32(h.file_number).u32(h.nfiles).u64(i as u64).u64(h.fs_block).u32(h.flags);
+    e.u32(h.file_number).u32(h.nfiles).u64(i as u64).u64(h.fs_block).u32(h.flags).u32(h.collector_size);
     e.u64(h.data_start).u64(h.block_len).u64(t.rank).u64(t.chunk_off).u64(t.chunk_len);
     e.u64s(&m.tail.used[i]);
     e.done()
@@ -404,9 +438,98 @@ pub(crate) fn encode_reader(m: &FileMeta, i: usize) -> Vec<u8> {
 pub(crate) fn decode_reader(b: &[u8], _me: u64, ntasks: u64) -> Result<(TaskInfo, Chunks)> {
     let mut d = Dec::new(b);
     let (file_number, nfiles, index, fs_block, flags) = (d.u32()?, d.u32()?, d.u64()?, d.u64()?, d.u32()?);
+    let collector_size = d.u32()?;
     let (data_start, block_len) = (d.u64()?, d.u64()?);
     let slot = TaskSlot { rank: d.u64()?, chunk_off: d.u64()?, chunk_len: d.u64()? };
     let used = d.u64s()?;
-    let info = TaskInfo { rank: slot.rank, ntasks, file_number, nfiles, index, fs_block, flags };
+    let info = TaskInfo { rank: slot.rank, ntasks, file_number, nfiles, index, fs_block, flags, collector_size };
     Ok((info, Chunks { slot, data_start, block_len, used }))
+}
+
+/// A task's share of a container opened by another number of tasks than wrote it (SIONlib's
+/// mapped open, m:n, for reading): each task names the logical files it wants, any set,
+/// overlapping or empty, and reads each as its own `Logical`.
+pub struct MappedFile {
+    comm: Box<dyn Comm>,
+    ntasks: u64,
+    files: Vec<(u64, Logical)>,
+}
+
+impl MappedFile {
+    /// Open `name` collectively, this task reading the logical files `ranks`.
+    pub async fn open(comm: Box<dyn Comm>, target: &Target, name: &str, ranks: &[u64]) -> Result<MappedFile> {
+        let mut e = Enc::default();
+        e.u64s(ranks);
+        let parts = match comm.gather(e.done(), 0).await? {
+            Some(asks) => match plan_mapped(target, name, &asks).await {
+                Ok(parts) => parts,
+                Err(err) => {
+                    let v = verdict(Err(err));
+                    vec![v; asks.len()]
+                }
+            },
+            None => Vec::new(),
+        };
+        let mine = take_verdict(comm.scatter(parts, 0).await?, &format!("open {name}"))?;
+        let mut d = Dec::new(&mine);
+        let ntasks = d.u64()?;
+        let mut files = Vec::new();
+        for _ in 0..d.u64()? {
+            let (info, chunks) = decode_reader(d.bytes()?, 0, ntasks)?;
+            let file = Opened::global().get(target, &physical_name(name, info.file_number), false).await?;
+            let kv = info.flags & FLAG_KEY_VALUE != 0;
+            files.push((info.rank, Logical::new(file, chunks, false, kv)));
+        }
+        Ok(MappedFile { comm, ntasks, files })
+    }
+
+    /// Logical files in the container (tasks that wrote it).
+    pub fn ntasks_written(&self) -> u64 {
+        self.ntasks
+    }
+
+    /// The logical files this task opened, in the order it named them.
+    pub fn ranks(&self) -> Vec<u64> {
+        self.files.iter().map(|(r, _)| *r).collect()
+    }
+
+    /// The logical file of `rank` (one this task named).
+    pub fn logical(&mut self, rank: u64) -> Result<&mut Logical> {
+        self.files
+            .iter_mut()
+            .find(|(r, _)| *r == rank)
+            .map(|(_, l)| l)
+            .ok_or_else(|| Error::Usage(format!("rank {rank} was not among the logical files this task opened")))
+    }
+
+    /// Close collectively.
+    pub async fn close(self) -> Result<()> {
+        self.comm.barrier().await
+    }
+}
+
+/// Rank 0 at a mapped open: every task's logical files.
+async fn plan_mapped(target: &Target, name: &str, asks: &[Vec<u8>]) -> Result<Vec<Vec<u8>>> {
+    let metas = read_all_meta(target, name).await?;
+    let ntasks = metas[0].header.ntasks;
+    let mut where_is = vec![None; ntasks as usize];
+    for (f, m) in metas.iter().enumerate() {
+        for (i, t) in m.header.tasks.iter().enumerate() {
+            where_is[t.rank as usize] = Some((f, i));
+        }
+    }
+    let mut parts = Vec::with_capacity(asks.len());
+    for (task, a) in asks.iter().enumerate() {
+        let ranks = Dec::new(a).u64s()?;
+        let mut e = Enc::default();
+        e.u64(ntasks).u64(ranks.len() as u64);
+        for r in ranks {
+            let (f, i) = where_is.get(r as usize).copied().flatten().ok_or_else(|| {
+                Error::Usage(format!("task {task} asked for logical file {r}; {name} holds {ntasks}"))
+            })?;
+            e.bytes(&encode_reader(&metas[f], i));
+        }
+        parts.push(verdict(Ok(e.done())));
+    }
+    Ok(parts)
 }

@@ -113,7 +113,7 @@ impl Container {
     pub async fn reader(&self, rank: u64) -> Result<Logical> {
         let (m, c) = self.chunks_of(rank)?;
         let file = PhysFile::open(&self.target, &m.path, false).await?;
-        Ok(Logical::new(Arc::new(file), c, false))
+        Ok(Logical::new(Arc::new(file), c, false, self.key_value()))
     }
 
     /// All of `rank`'s logical file.
@@ -147,7 +147,8 @@ pub async fn open_rank(target: &Target, name: &str, rank: u64) -> Result<Logical
     let chunks =
         Chunks { slot: h.tasks[i], data_start: h.data_start, block_len: h.block_len, used: meta.tail.used[i].clone() };
     let file = PhysFile::open(target, &meta.path, false).await?;
-    Ok(Logical::new(Arc::new(file), chunks, false))
+    let kv = h.flags & crate::format::FLAG_KEY_VALUE != 0;
+    Ok(Logical::new(Arc::new(file), chunks, false, kv))
 }
 
 fn no_rank(name: &str, rank: u64, n: u64) -> Error {

@@ -18,7 +18,7 @@ async fn write_container(name: &str, n: usize, nfiles: u32) {
         let name = name.to_string();
         tokio::spawn(async move {
             let r = comm.rank();
-            let opts = WriteOptions { chunk_size: 1500 + 100 * r as u64, nfiles, fs_block: 4096, key_value: false };
+            let opts = WriteOptions { chunk_size: 1500 + 100 * r as u64, nfiles, fs_block: 4096, ..Default::default() };
             let mut f = ParFile::create(Box::new(comm), &Target::Posix, &name, &opts).await.unwrap();
             for piece in data(r).chunks(1500) {
                 f.logical().ensure_free_space(piece.len() as u64).unwrap();
