@@ -2,7 +2,8 @@
 //!
 //! Exit codes: 0 success; 1 the operation failed (a one-line message names the path and the
 //! cause); 2 the command line itself was wrong (usage error); `shoal scrub` adds 3 (damage
-//! found) and 4 (a server could not be scrubbed).
+//! found) and 4 (a server could not be scrubbed); `shoal container` adds 3 (not a readable
+//! container).
 
 mod cmd;
 mod fmt;
@@ -21,7 +22,7 @@ use std::process::ExitCode;
 Paths that name Shoal files are written shoal://dir/file (commands that only take Shoal \
 paths also accept /dir/file). The cluster is found through --config, else $SHOAL_CONFIG.\n\n\
 Exit status: 0 success, 1 failure (one line on stderr names the path and the cause), 2 usage error \
-(`shoal scrub` adds 3 and 4, see its --help).",
+(`shoal scrub` adds 3 and 4, `shoal container` adds 3, see their --help).",
     after_help = "Start here:\n  shoal cluster up --servers 4 --dir /tmp/shoal\n  export SHOAL_CONFIG=/tmp/shoal/cluster.toml\n  shoal cp -r ./data shoal://data && shoal ls -l shoal://data"
 )]
 struct Cli {
@@ -83,6 +84,25 @@ enum Command {
     /// Compute, without servers, how placement spreads directories, partitions, inodes and data
     /// objects over 1 to 100,000 servers, and what a server joining or leaving moves.
     Sim(cmd::sim::SimArgs),
+    /// Task-local I/O containers (SIONlib): show their structure, extract or print the tasks'
+    /// logical files, rewrite them without gaps.
+    #[command(
+        subcommand,
+        long_about = "Task-local I/O containers (SIONlib, crates/container): many tasks' logical files \
+in a few physical files. These commands show a container's structure (dump), extract the tasks' \
+logical files into plain files (split), print one task's (cat) and rewrite a container with one \
+chunk per task and no gaps (defrag): SIONlib's siondump, sionsplit, sioncat and siondefrag.\n\n\
+A container is named as `shoal cp` names files: shoal://dir/name is on Shoal (through --config or \
+$SHOAL_CONFIG), anything else is a local path (a local disk, a FUSE mount, another file system; \
+no cluster needed). The name is that of its first physical file; the others are name.000001, \
+name.000002, ….\n\n\
+Exit status: 0 success; 1 failure (a missing container, a file system error); 2 usage error \
+(no such rank, an output that would overwrite the container); 3 not a readable container (not \
+one, cut short, never closed, or a metadata block that fails its CRC32C; the message names the \
+physical file and the block). docs/container-tools.md has the details, docs/container-format.md \
+the format."
+    )]
+    Container(cmd::container::ContainerCmd),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -128,6 +148,7 @@ fn main() -> ExitCode {
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,
             Command::Bench(c) => cmd::bench::run(&ctx, c).await,
             Command::Scrub(a) => cmd::scrub::scrub(&ctx, a).await,
+            Command::Container(c) => cmd::container::run(&ctx, c).await,
             Command::Sim(a) => cmd::sim::sim(a),
         }
     });

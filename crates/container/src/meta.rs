@@ -73,9 +73,8 @@ pub async fn read_meta(file: &PhysFile) -> Result<FileMeta> {
         return Err(bad(Corrupt::Short(Where::Tail)));
     }
     let tail = Tail::decode(&bytes, &header).map_err(bad)?;
-    if header.data_start.checked_add(tail.nblocks.checked_mul(header.block_len).unwrap_or(u64::MAX))
-        != Some(trailer.tail_at)
-    {
+    let blocks_end = tail.nblocks.checked_mul(header.block_len).and_then(|b| b.checked_add(header.data_start));
+    if blocks_end != Some(trailer.tail_at) {
         return Err(bad(Corrupt::Field(Where::Tail, "block count (the tail is not where the blocks end)")));
     }
     Ok(FileMeta { path, header, tail, len })

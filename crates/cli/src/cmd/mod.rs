@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod container;
 pub mod cp;
 pub mod demo;
 pub mod files;
