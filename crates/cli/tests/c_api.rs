@@ -8,28 +8,16 @@ use common::Cluster;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Build libshoal (the test's own package does not depend on it) and return the directory
-/// holding libshoal.so, libshoal.a, shoal.pc and include/shoal.h.
+/// Build libshoal and return the directory holding libshoal.so, libshoal.a, shoal.pc and
+/// include/shoal.h.
 fn libshoal() -> PathBuf {
-    let out = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "shoal-capi"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run cargo build -p shoal-capi");
-    assert!(out.status.success(), "building libshoal failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    // This test binary is <target>/release/deps/c_api-<hash>: the libraries are in <target>/release.
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for f in ["libshoal.so", "libshoal.a", "shoal.pc", "include/shoal.h"] {
-        assert!(dir.join(f).exists(), "{} was not made", dir.join(f).display());
-    }
-    dir
+    common::build_c_library("shoal-capi", &["libshoal.so", "libshoal.a", "shoal.pc", "include/shoal.h"])
 }
 
 /// Compile `tests/c/<name>.c` into `<into>/<name>-<how>`: `how` "shared" links through
 /// pkg-config, "static" against libshoal.a.
 fn compile(lib: &Path, name: &str, how: &str, into: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(format!("{name}.c"));
+    let src = common::manifest_dir().join("tests/c").join(format!("{name}.c"));
     let exe = into.join(format!("{name}-{how}"));
     let mut cc = Command::new("gcc");
     cc.args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror", "-O1", "-o"]).arg(&exe).arg(&src);

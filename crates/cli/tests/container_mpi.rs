@@ -13,29 +13,19 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Build libshoal_container (the test's own package does not depend on it) and return the
-/// directory holding the libraries, shoal_container.pc and include/.
+/// Build libshoal_container and return the directory holding the libraries,
+/// shoal_container.pc and include/.
 fn libshoal_container() -> PathBuf {
-    let out = Command::new(env!("CARGO"))
-        .args(["build", "--release", "-p", "shoal-container-capi"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run cargo build -p shoal-container-capi");
-    assert!(out.status.success(), "building libshoal_container failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    // This test binary is <target>/release/deps/container_mpi-<hash>: the libraries are in
-    // <target>/release.
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    for f in [
-        "libshoal_container.so",
-        "libshoal_container.a",
-        "shoal_container.pc",
-        "include/shoal_container.h",
-        "include/shoal_container_mpi.h",
-    ] {
-        assert!(dir.join(f).exists(), "{} was not made", dir.join(f).display());
-    }
-    dir
+    common::build_c_library(
+        "shoal-container-capi",
+        &[
+            "libshoal_container.so",
+            "libshoal_container.a",
+            "shoal_container.pc",
+            "include/shoal_container.h",
+            "include/shoal_container_mpi.h",
+        ],
+    )
 }
 
 /// Whether MPI's compiler wrapper is installed; if not the tests are skipped, as the other
@@ -52,7 +42,7 @@ fn have_mpi() -> bool {
 /// Compile checkpoint.c into `<into>/checkpoint-<how>` with mpicc: `how` "shared" links
 /// through pkg-config, "static" against libshoal_container.a.
 fn compile(lib: &Path, how: &str, into: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../container-capi/examples/checkpoint.c");
+    let src = common::manifest_dir().join("../container-capi/examples/checkpoint.c");
     let exe = into.join(format!("checkpoint-{how}"));
     let mut cc = Command::new("mpicc");
     cc.args(["-std=c11", "-D_POSIX_C_SOURCE=200809L", "-Wall", "-Wextra", "-Werror", "-O1", "-o"]).arg(&exe).arg(&src);

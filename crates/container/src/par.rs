@@ -151,7 +151,7 @@ impl ParFile {
         let asks = comm.gather(ask.done(), 0).await?;
         let mut created = Vec::new();
         let parts = match asks {
-            Some(asks) => match plan_create(target, name, n, &asks, &mut created).await {
+            Some(asks) => match Box::pin(plan_create(target, name, n, &asks, &mut created)).await {
                 Ok(parts) => parts,
                 Err(e) => {
                     let v = verdict(Err(e));
@@ -178,7 +178,7 @@ impl ParFile {
             slot: TaskSlot { rank: info.rank, chunk_off: d.u64()?, chunk_len: d.u64()? },
             used: Vec::new(),
         };
-        let file = Opened::global().get(target, &physical_name(name, info.file_number), true).await?;
+        let file = Box::pin(Opened::global().get(target, &physical_name(name, info.file_number), true)).await?;
         let group = collector_group(&*comm, &info).await?;
         Ok(ParFile {
             comm,
@@ -195,7 +195,7 @@ impl ParFile {
     pub async fn open(comm: Box<dyn Comm>, target: &Target, name: &str) -> Result<ParFile> {
         let n = comm.size() as u64;
         let parts = if comm.rank() == 0 {
-            match plan_open(target, name, n).await {
+            match Box::pin(plan_open(target, name, n)).await {
                 Ok(parts) => parts,
                 Err(e) => {
                     let v = verdict(Err(e));
@@ -207,7 +207,7 @@ impl ParFile {
         };
         let mine = take_verdict(comm.scatter(parts, 0).await?, &format!("open {name}"))?;
         let (info, chunks) = decode_reader(&mine, comm.rank() as u64, n)?;
-        let file = Opened::global().get(target, &physical_name(name, info.file_number), false).await?;
+        let file = Box::pin(Opened::global().get(target, &physical_name(name, info.file_number), false)).await?;
         let group = collector_group(&*comm, &info).await?;
         Ok(ParFile {
             comm,
@@ -242,16 +242,27 @@ impl ParFile {
             return self.comm.barrier().await;
         }
         let drained = self.logical.file.drain().await;
-        let group = self.comm.split(self.info.file_number as u64, self.info.index).await?;
+        // With one physical file its tasks are all the tasks: no split, and the broadcast
+        // of the file's status is the end of the close for everyone.
+        let several = self.info.nfiles > 1;
+        let split;
+        let group: &dyn Comm = if several {
+            split = self.comm.split(self.info.file_number as u64, self.info.index).await?;
+            &*split
+        } else {
+            &*self.comm
+        };
         let mut e = Enc::default();
         e.u32(drained.is_ok() as u32).u64s(&self.logical.chunks.used);
         let all = group.gather(e.done(), 0).await?;
         let status = match all {
-            Some(all) => verdict(self.finish_file(all).await.map(|_| Vec::new())),
+            Some(all) => verdict(Box::pin(self.finish_file(all)).await.map(|_| Vec::new())),
             None => Vec::new(),
         };
         let status = take_verdict(group.bcast(status, 0).await?, &format!("close {}", self.name));
-        self.comm.barrier().await?;
+        if several {
+            self.comm.barrier().await?;
+        }
         drained?;
         status.map(|_| ())
     }
@@ -461,7 +472,7 @@ impl MappedFile {
         let mut e = Enc::default();
         e.u64s(ranks);
         let parts = match comm.gather(e.done(), 0).await? {
-            Some(asks) => match plan_mapped(target, name, &asks).await {
+            Some(asks) => match Box::pin(plan_mapped(target, name, &asks)).await {
                 Ok(parts) => parts,
                 Err(err) => {
                     let v = verdict(Err(err));
@@ -476,7 +487,7 @@ impl MappedFile {
         let mut files = Vec::new();
         for _ in 0..d.u64()? {
             let (info, chunks) = decode_reader(d.bytes()?, 0, ntasks)?;
-            let file = Opened::global().get(target, &physical_name(name, info.file_number), false).await?;
+            let file = Box::pin(Opened::global().get(target, &physical_name(name, info.file_number), false)).await?;
             let kv = info.flags & FLAG_KEY_VALUE != 0;
             files.push((info.rank, Logical::new(file, chunks, false, kv)));
         }
