@@ -39,6 +39,10 @@ pub enum BenchCmd {
     /// The standard set (IO500-like easy and hard cases, scaled to this machine) on the
     /// native client, a FUSE mount, a local directory and tmpfs; rewrites docs/benchmarks.md.
     Suite(suite::SuiteArgs),
+    /// Task-local I/O (partest): N tasks write and read their data as N files, as one
+    /// container, as a multi-file container and through collectors; create time, bandwidth,
+    /// bytes on disk, on the native client and POSIX directories side by side.
+    Container(crate::container::ContainerArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -315,6 +319,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
             let name = format!("md{}", if a.shared_dir { " (shared directory)" } else { " (directory per process)" });
             run_workload(config, timeout, &a.common, name, Workload::Md(md), phases).await
         }
+        BenchCmd::Container(a) => crate::container::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await

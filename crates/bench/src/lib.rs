@@ -12,10 +12,12 @@
 //! * [`timeline`]: when operations complete, and the rate of a phase's first and last tenth.
 //! * [`listing`]: the md `list` phase's check that every name is listed exactly once.
 //! * [`preload`]: where the interception library is (the `preload` target's workers).
+//! * [`container`]: `shoal bench container`, task-local files against containers.
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
 
 pub mod cli;
 pub mod clock;
+pub mod container;
 pub mod counters;
 pub mod driver;
 pub mod hist;

@@ -828,3 +828,40 @@ fn mpirun_rank_missing_or_gone_fails_the_run_naming_it() {
         "{err}"
     );
 }
+
+/// `shoal bench container`: every layout on the native client and a local directory writes,
+/// reads back (each task's bytes checked: a wrong byte fails the run) and reports its bytes
+/// on disk; coalescing packs 1 KiB tasks into little more than their data.
+#[test]
+fn container_benchmark_runs_every_layout_on_native_and_posix() {
+    let c = Cluster::start(4);
+    let local = tempfile::tempdir().unwrap();
+    let posix = format!("posix:{}", local.path().display());
+    let r =
+        run_json(&c, &["bench", "container", "-T", &format!("native,{posix}"), "-N", "24", "-s", "1K,96K", "--json"]);
+    let rows = r["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 2 * 4, "{r}");
+    for row in rows {
+        let data = u(&row["data_bytes"]);
+        assert_eq!(data, 24 * u(&row["size"]), "{row}");
+        assert!(f(&row["create_s"]) > 0.0 && f(&row["write_mib_s"]) > 0.0 && f(&row["read_mib_s"]) > 0.0, "{row}");
+        let size = u(&row["size_bytes"]);
+        assert!(size >= data, "files smaller than the data: {row}");
+        if row["target"] == "posix" {
+            assert!(u(&row["disk_bytes"]) >= data, "less on disk than the data: {row}");
+        } else {
+            assert!(row["disk_bytes"].is_null(), "{row}");
+        }
+        if row["layout"] == "coalesced" && row["size"] == 1024 && row["target"] == "posix" {
+            // Groups of tasks fill one 4 KiB block each; plus the header's and the tail's
+            // blocks. (On Shoal the blocks are 1 MiB stripes: 24 tasks fill a fortieth.)
+            assert!(size <= 2 * data, "coalesced container of {size} bytes for {data}: {row}");
+        }
+    }
+    // The run directories are gone.
+    assert!(shoal_ls(&c, "/shoal-bench").is_empty());
+    assert_eq!(std::fs::read_dir(local.path()).unwrap().count(), 0);
+    let (code, _, err) = c.shoal(&["bench", "container", "-T", &posix, "-L", "sion,nope"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("unknown layout \"nope\""), "{err}");
+}

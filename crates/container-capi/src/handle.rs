@@ -15,7 +15,13 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 #[allow(non_camel_case_types)]
 pub struct shoal_container {
     pub(crate) kind: Kind,
+    /// The key list being walked (`shoal_container_key_list_reset`/`_next`): every key
+    /// with its records' lengths, and the next to hand out.
+    pub(crate) keys: Option<(Vec<KeyRecords>, usize)>,
 }
+
+/// A key and the lengths of its records.
+pub(crate) type KeyRecords = (u64, Vec<u64>);
 
 pub(crate) enum Kind {
     Par(ParFile),
@@ -46,7 +52,7 @@ pub(crate) struct Writer {
 
 impl shoal_container {
     pub(crate) fn new(kind: Kind) -> *mut shoal_container {
-        Box::into_raw(Box::new(shoal_container { kind }))
+        Box::into_raw(Box::new(shoal_container { kind, keys: None }))
     }
 
     /// The logical file calls act on; `None` (errno set) if it cannot be had.
@@ -103,7 +109,7 @@ pub(crate) fn opt_text<'a>(p: *const c_char, what: &str) -> Option<Option<&'a st
 
 /// `size * nmemb` bytes at `ptr`: `None` (EINVAL, EFAULT) when they overflow or `ptr` is
 /// NULL with bytes to move; `Some(0)` moves nothing.
-fn total(ptr: *const c_void, size: usize, nmemb: usize, what: &str) -> Option<usize> {
+pub(crate) fn total(ptr: *const c_void, size: usize, nmemb: usize, what: &str) -> Option<usize> {
     let Some(n) = size.checked_mul(nmemb) else {
         fail(libc::EINVAL, format_args!("{what}: {nmemb} items of {size} bytes overflow"));
         return None;

@@ -7,7 +7,8 @@
 //! * `comm.rs`: `shoal_comm`, the generic communication interface as C callbacks, and its
 //!   adapter to the container's `Comm`.
 //! * `par.rs`: collective open and close; `handle.rs`: the handle and the calls on a
-//!   logical file (fwrite, fread, seek, …); `serial.rs`: the serial API.
+//!   logical file (fwrite, fread, seek, …); `keyval.rs`: key-value records and the
+//!   collective reads and writes through collectors; `serial.rs`: the serial API.
 //! * `runtime.rs`: the process's runtime, blocking on it from C, and container names
 //!   (`shoal://` or host paths).
 //!
@@ -23,6 +24,7 @@
 mod comm;
 mod error;
 mod handle;
+mod keyval;
 mod par;
 mod runtime;
 mod serial;
@@ -30,6 +32,7 @@ mod serial;
 pub use comm::*;
 pub use error::*;
 pub use handle::*;
+pub use keyval::*;
 pub use par::*;
 pub use serial::*;
 

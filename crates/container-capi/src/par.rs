@@ -4,20 +4,53 @@ use crate::comm::{shoal_comm, CComm};
 use crate::error::{fail, guard};
 use crate::handle::{opt_text, shoal_container, text, Kind};
 use crate::runtime::{block, target};
-use container::{ParFile, WriteOptions};
+use container::{ParFile, WriteOptions, COLLECTOR_AUTO};
 use std::ffi::{c_char, c_int};
 
-/// "w" or "r" (a "b" before or after is allowed, as SIONlib and fopen write them): whether
-/// to write; `None` (EINVAL set) for anything else.
-pub(crate) fn writing(mode: &str) -> Option<bool> {
-    match mode {
-        "w" | "wb" | "bw" => Some(true),
-        "r" | "rb" | "br" => Some(false),
-        _ => {
-            fail(libc::EINVAL, format_args!("mode {mode:?}: \"w\" (write) or \"r\" (read)"));
-            None
+/// How a container is opened, from a SIONlib-style mode string.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Mode {
+    pub(crate) write: bool,
+    pub(crate) key_value: bool,
+    /// Tasks per collector (0: none; `COLLECTOR_AUTO`: chosen from the block size).
+    pub(crate) collector_size: u32,
+}
+
+/// Parse `mode`: "w" or "r" (a "b" before or after is allowed, as SIONlib and fopen write
+/// them), then options after commas, as SIONlib's: "keyval" (or "keyval=inline"): records
+/// under keys; "collsize=N": collective I/O through a collector per N tasks ("collsize=-1",
+/// "collsize=auto" or just "coll": as many as fill one block). `None` (EINVAL set) for
+/// anything else.
+pub(crate) fn parse_mode(mode: &str) -> Option<Mode> {
+    let mut parts = mode.split(',').map(str::trim);
+    let write = match parts.next().unwrap_or("") {
+        "w" | "wb" | "bw" => true,
+        "r" | "rb" | "br" => false,
+        other => {
+            fail(libc::EINVAL, format_args!("mode {mode:?}: starts with \"w\" (write) or \"r\" (read), not {other:?}"));
+            return None;
+        }
+    };
+    let mut m = Mode { write, ..Mode::default() };
+    for opt in parts {
+        match opt.split_once('=') {
+            None if opt == "keyval" => m.key_value = true,
+            Some(("keyval", "inline")) => m.key_value = true,
+            None if opt == "coll" || opt == "collective" => m.collector_size = COLLECTOR_AUTO,
+            Some(("collsize", "-1" | "auto")) => m.collector_size = COLLECTOR_AUTO,
+            Some(("collsize", n)) if n.parse::<u32>().is_ok_and(|n| n >= 1) => {
+                m.collector_size = n.parse::<u32>().unwrap_or(0);
+            }
+            _ => {
+                fail(
+                    libc::EINVAL,
+                    format_args!("mode {mode:?}: unknown option {opt:?} (keyval, collsize=N, collsize=auto)"),
+                );
+                return None;
+            }
         }
     }
+    Some(m)
 }
 
 /// The number of physical files asked for; `None` (EINVAL set) below 1.
@@ -39,6 +72,11 @@ pub(crate) fn files(nfiles: c_int) -> Option<u32> {
 ///   the stripe size, which a non-zero value sets, a multiple of 4096 there).
 /// * `mode` "r": open it for reading with as many tasks as wrote it; `chunksize`, `nfiles`
 ///   and `fs_block` are ignored (`shoal_container_get_info` tells them).
+/// * Options after a comma, for writing (a reader learns them from the container):
+///   "w,keyval": key-value records (`shoal_container_fwrite_key`, …);
+///   "w,collsize=N": collective I/O (`shoal_container_coll_fwrite`, …) through one collector
+///   per N consecutive tasks, their chunks packed together ("w,collsize=auto": as many
+///   tasks as fill one block).
 ///
 /// `name` `shoal://dir/c` is the Shoal path `/dir/c` (cluster: the configuration file
 /// `config`, or `$SHOAL_CONFIG` when NULL); any other name is a Shoal path if `config` is
@@ -77,14 +115,21 @@ pub extern "C" fn shoal_container_paropen(
         else {
             return std::ptr::null_mut();
         };
-        let Some(write) = writing(mode) else { return std::ptr::null_mut() };
+        let Some(mode) = parse_mode(mode) else { return std::ptr::null_mut() };
+        let write = mode.write;
         let opts = if write {
             let Some(nfiles) = files(nfiles) else { return std::ptr::null_mut() };
             if chunksize == 0 {
                 fail(libc::EINVAL, "paropen: a chunk size of 0 bytes");
                 return std::ptr::null_mut();
             }
-            WriteOptions { chunk_size: chunksize, nfiles, fs_block, ..WriteOptions::default() }
+            WriteOptions {
+                chunk_size: chunksize,
+                nfiles,
+                fs_block,
+                key_value: mode.key_value,
+                collector_size: mode.collector_size,
+            }
         } else {
             WriteOptions::default()
         };

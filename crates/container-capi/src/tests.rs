@@ -341,3 +341,82 @@ fn a_serial_writer_keeps_each_tasks_position() {
         assert_eq!(shoal_container_close(one), 0);
     }
 }
+
+#[test]
+fn key_value_and_collective_calls_round_trip_through_the_c_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = CString::new(dir.path().join("kv").to_str().unwrap()).unwrap();
+    let coll = CString::new(dir.path().join("coll").to_str().unwrap()).unwrap();
+    let freed = Arc::new(AtomicUsize::new(0));
+    let n = 4;
+    let record = |rank: usize, key: u64, i: usize| vec![(rank * 16 + key as usize + i) as u8; 300 + 200 * i];
+    let mode = |m: &str| CString::new(m).unwrap();
+    tasks(n, &freed, |rank, c| {
+        let h = shoal_container_paropen(kv.as_ptr(), mode("w,keyval").as_ptr(), 1000, 1, 4096, &c, std::ptr::null());
+        assert!(!h.is_null(), "{}", last_error());
+        // Keys 7 and 3 interleaved; records longer than a chunk run on into the next ones.
+        for i in 0..4 {
+            for key in [7u64, 3] {
+                let r = record(rank, key, i);
+                assert_eq!(shoal_container_fwrite_key(r.as_ptr() as *const c_void, key, 1, r.len(), h), r.len());
+            }
+        }
+        assert_eq!(shoal_container_parclose(h), 0, "{}", last_error());
+    });
+    tasks(n, &freed, |rank, c| {
+        let h = shoal_container_paropen(kv.as_ptr(), mode("r").as_ptr(), 0, 0, 0, &c, std::ptr::null());
+        assert!(!h.is_null(), "{}", last_error());
+        let mut keys = Vec::new();
+        assert_eq!(shoal_container_key_list_reset(h), 0);
+        let mut k = 0;
+        while shoal_container_key_list_next(h, &mut k) == 1 {
+            keys.push(k);
+        }
+        assert_eq!(keys, [3, 7]);
+        let (mut records, mut bytes) = (0, 0);
+        assert_eq!(shoal_container_key_stat(h, 7, &mut records, &mut bytes), 0);
+        assert_eq!((records, bytes), (4, (0..4).map(|i| 300 + 200 * i as u64).sum()));
+        // All of key 7 in one read, then record 2 of key 3 from byte 10.
+        let want: Vec<u8> = (0..4).flat_map(|i| record(rank, 7, i)).collect();
+        let mut got = vec![0u8; want.len() + 10];
+        assert_eq!(shoal_container_fread_key(got.as_mut_ptr() as *mut c_void, 7, 1, got.len(), h), want.len());
+        assert_eq!(&got[..want.len()], &want[..]);
+        assert_eq!(shoal_container_seek_key(h, 3, 2, 10), 0);
+        let mut part = vec![0u8; 20];
+        assert_eq!(shoal_container_fread_key(part.as_mut_ptr() as *mut c_void, 3, 1, 20, h), 20);
+        assert_eq!(part, record(rank, 3, 2)[10..30]);
+        assert_eq!(shoal_container_seek_key(h, 3, 9, 0), -1);
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(shoal_container_parclose(h), 0, "{}", last_error());
+    });
+    // Collectors of 2 tasks: each group's chunks packed together, written by its first task.
+    tasks(n, &freed, |rank, c| {
+        let h =
+            shoal_container_paropen(coll.as_ptr(), mode("w,collsize=2").as_ptr(), 1000, 1, 4096, &c, std::ptr::null());
+        assert!(!h.is_null(), "{}", last_error());
+        let d = &data(rank)[..1000];
+        assert_eq!(shoal_container_coll_fwrite(d.as_ptr() as *const c_void, 10, 100, h), 100);
+        assert_eq!(shoal_container_parclose(h), 0, "{}", last_error());
+    });
+    tasks(n, &freed, |rank, c| {
+        let h = shoal_container_paropen(coll.as_ptr(), mode("r").as_ptr(), 0, 0, 0, &c, std::ptr::null());
+        assert!(!h.is_null(), "{}", last_error());
+        let mut got = vec![0u8; 1000];
+        assert_eq!(shoal_container_coll_fread(got.as_mut_ptr() as *mut c_void, 10, 100, h), 100);
+        assert_eq!(got, data(rank)[..1000]);
+        // A key call on a container without keys fails, clearly.
+        let mut k = 0;
+        assert_eq!(shoal_container_key_list_next(h, &mut k), -1);
+        assert_eq!(shoal_container_parclose(h), 0, "{}", last_error());
+    });
+    // 2 groups of 2 tasks: 1000 bytes each, packed; one block per group.
+    let len = std::fs::metadata(dir.path().join("coll")).unwrap().len();
+    assert!(len <= 4 * 4096, "coalesced container of {len} bytes");
+    // Bad modes fail before any communication.
+    tasks(1, &freed, |_, c| {
+        let h = shoal_container_paropen(coll.as_ptr(), mode("w,collsize=x").as_ptr(), 1000, 1, 0, &c, std::ptr::null());
+        assert!(h.is_null());
+        assert_eq!(errno(), libc::EINVAL);
+        assert!(last_error().contains("collsize=x"), "{}", last_error());
+    });
+}

@@ -22,6 +22,6 @@ mod wire;
 pub use comm::{Comm, LocalComm};
 pub use error::{Corrupt, Error, Result, Where};
 pub use logical::{Chunks, Logical};
-pub use par::{MappedFile, ParFile, Plan, TaskInfo, WriteOptions};
+pub use par::{MappedFile, ParFile, Plan, TaskInfo, WriteOptions, COLLECTOR_AUTO};
 pub use serial::{open_rank, Container, Location, SerialWriter};
 pub use store::Target;

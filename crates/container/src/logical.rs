@@ -137,11 +137,9 @@ impl Logical {
     pub async fn read(&mut self, buf: &mut [u8]) -> Result<usize> {
         let mut got = 0;
         for (offset, n) in self.plan_read(buf.len() as u64) {
-            let bytes = self.file.read_at(offset, n as usize).await?;
-            if (bytes.len() as u64) < n {
+            if self.file.read_into(offset, &mut buf[got..got + n as usize]).await? < n as usize {
                 return Err(self.cut_short());
             }
-            buf[got..got + n as usize].copy_from_slice(&bytes);
             got += n as usize;
         }
         Ok(got)

@@ -66,9 +66,15 @@ pub struct WriteOptions {
     /// Key-value records instead of a byte stream (`kv.rs`).
     pub key_value: bool,
     /// Coalescing I/O (`coalesce.rs`): groups of this many consecutive tasks share one
-    /// collector, their chunks packed without alignment gaps; 0 or 1: none.
+    /// collector, their chunks packed without alignment gaps; 0 or 1: none;
+    /// [`COLLECTOR_AUTO`]: as many tasks as fill one block with their chunks.
     pub collector_size: u32,
 }
+
+/// [`WriteOptions::collector_size`]: choose the group size from the block size and the
+/// chunks (the largest chunk of a file's tasks, so that a group's chunks fill about one
+/// block: small chunks then cost little more than their bytes on disk).
+pub const COLLECTOR_AUTO: u32 = u32::MAX;
 
 impl Default for WriteOptions {
     fn default() -> WriteOptions {
@@ -339,7 +345,7 @@ async fn plan_create(
         }
         chunk.push(size);
     }
-    let (nfiles, fs_block_asked, kv, collector_size) = common.unwrap_or((1, 0, 0, 0));
+    let (nfiles, fs_block_asked, kv, mut collector_size) = common.unwrap_or((1, 0, 0, 0));
     if nfiles == 0 || nfiles as u64 > n.max(1) {
         return Err(Error::Usage(format!("{nfiles} physical files for {n} tasks")));
     }
@@ -355,6 +361,11 @@ async fn plan_create(
             PhysFile::create(target, &path, Placement { file_number: f, nfiles, stripe_size: fs_block_asked }).await?;
         let fs_block = if fs_block_asked != 0 { fs_block_asked } else { file.fs_block()? };
         let (first, end) = (plan.first_of(f), if f + 1 == nfiles { n } else { plan.first_of(f + 1) });
+        if collector_size == COLLECTOR_AUTO {
+            // Decided once, on file 0 (the largest file: files differ by one task at most).
+            let largest = chunk[first as usize..end as usize].iter().copied().max().unwrap_or(1);
+            collector_size = (fs_block / largest).clamp(2, (end - first).max(2)) as u32;
+        }
         let tasks = slots(first, end, &chunk[first as usize..end as usize], fs_block, collector_size)?;
         let block_len = tasks.last().map_or(0, |t| round_up(t.chunk_off + t.chunk_len, fs_block));
         let data_start = round_up(Header::encoded_len(tasks.len()), fs_block);

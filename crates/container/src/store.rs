@@ -51,7 +51,7 @@ pub struct Placement {
 /// hundreds of megabytes (measured: 5.3 KB per task before, most of the open's time spent
 /// zeroing fresh pages).
 pub enum PhysFile {
-    Posix { path: String, file: std::fs::File },
+    Posix { path: String, file: Arc<std::fs::File> },
     Shoal { path: String, file: shoal_client::File },
 }
 
@@ -67,7 +67,7 @@ impl PhysFile {
                     .truncate(true)
                     .open(path)
                     .map_err(|e| Error::io(path, e))?;
-                Ok(PhysFile::Posix { path: path.to_string(), file })
+                Ok(PhysFile::Posix { path: path.to_string(), file: Arc::new(file) })
             }
             Target::Shoal(client) => {
                 let servers = client.map().servers.len() as u32;
@@ -103,7 +103,7 @@ impl PhysFile {
             Target::Posix => {
                 let file =
                     std::fs::OpenOptions::new().read(true).write(write).open(path).map_err(|e| Error::io(path, e))?;
-                Ok(PhysFile::Posix { path: path.to_string(), file })
+                Ok(PhysFile::Posix { path: path.to_string(), file: Arc::new(file) })
             }
             Target::Shoal(client) => {
                 let flags = if write { OpenFlags::read_write() } else { OpenFlags::read_only() };
@@ -130,7 +130,15 @@ impl PhysFile {
 
     pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         match self {
-            PhysFile::Posix { path, file } => file.write_all_at(data, offset).map_err(|e| Error::io(path, e)),
+            PhysFile::Posix { path, file } if data.len() < BLOCKING_FROM => {
+                file.write_all_at(data, offset).map_err(|e| Error::io(path, e))
+            }
+            PhysFile::Posix { path, file } => {
+                let data = data.to_vec();
+                off_runtime(data.len(), file, move |f| f.write_all_at(&data, offset))
+                    .await
+                    .map_err(|e| Error::io(path, e))
+            }
             PhysFile::Shoal { path, file } => {
                 Box::pin(file.write_bytes_at(offset, Bytes::copy_from_slice(data)))
                     .await
@@ -143,20 +151,22 @@ impl PhysFile {
     /// Up to `len` bytes at `offset`: fewer only at the end of the file (holes read as zeros).
     pub async fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         match self {
-            PhysFile::Posix { path, file } => {
+            PhysFile::Posix { path, file } => off_runtime(len, file, move |f| {
                 let mut buf = vec![0; len];
                 let mut got = 0;
                 while got < len {
-                    match file.read_at(&mut buf[got..], offset + got as u64) {
+                    match f.read_at(&mut buf[got..], offset + got as u64) {
                         Ok(0) => break,
                         Ok(n) => got += n,
                         Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(Error::io(path, e)),
+                        Err(e) => return Err(e),
                     }
                 }
                 buf.truncate(got);
                 Ok(buf)
-            }
+            })
+            .await
+            .map_err(|e| Error::io(path, e)),
             PhysFile::Shoal { path, file } => {
                 let mut out = Vec::with_capacity(len);
                 while out.len() < len {
@@ -169,6 +179,32 @@ impl PhysFile {
                     out.extend_from_slice(&b);
                 }
                 Ok(out)
+            }
+        }
+    }
+
+    /// Fill `buf` from `offset`; returns the bytes read (fewer only at the end of the file).
+    /// On Shoal the client's buffers are copied straight into `buf`, once.
+    pub async fn read_into(&self, offset: u64, buf: &mut [u8]) -> Result<usize> {
+        match self {
+            PhysFile::Shoal { path, file } => {
+                let mut got = 0;
+                while got < buf.len() {
+                    let b = Box::pin(file.read_at(offset + got as u64, buf.len() - got))
+                        .await
+                        .map_err(|e| Error::shoal(path, e))?;
+                    if b.is_empty() {
+                        break;
+                    }
+                    buf[got..got + b.len()].copy_from_slice(&b);
+                    got += b.len();
+                }
+                Ok(got)
+            }
+            PhysFile::Posix { .. } => {
+                let b = self.read_at(offset, buf.len()).await?;
+                buf[..b.len()].copy_from_slice(&b);
+                Ok(b.len())
             }
         }
     }
@@ -193,9 +229,34 @@ impl PhysFile {
     /// Make what was written durable.
     pub async fn sync(&self) -> Result<()> {
         match self {
-            PhysFile::Posix { path, file } => file.sync_all().map_err(|e| Error::io(path, e)),
+            PhysFile::Posix { path, file } => {
+                off_runtime(usize::MAX, file, |f| f.sync_all()).await.map_err(|e| Error::io(path, e))
+            }
             PhysFile::Shoal { path, file } => Box::pin(file.fsync()).await.map_err(|e| Error::shoal(path, e)),
         }
+    }
+}
+
+/// POSIX calls moving at least this many bytes run on a blocking thread (so that tasks'
+/// large reads and writes proceed in parallel and the runtime's workers stay free); smaller
+/// ones run in place, where a thread hand-off would cost more than the call (100,000 tasks
+/// writing 64 bytes each).
+const BLOCKING_FROM: usize = 64 << 10;
+
+/// Run the blocking call `op` on `file`: on tokio's blocking threads when it moves
+/// `bytes >= BLOCKING_FROM` (`usize::MAX` for fsync) and a runtime is running, else here.
+async fn off_runtime<T: Send + 'static>(
+    bytes: usize,
+    file: &Arc<std::fs::File>,
+    op: impl FnOnce(&std::fs::File) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    if bytes < BLOCKING_FROM || tokio::runtime::Handle::try_current().is_err() {
+        return op(file);
+    }
+    let file = file.clone();
+    match tokio::task::spawn_blocking(move || op(&file)).await {
+        Ok(r) => r,
+        Err(e) => Err(std::io::Error::other(format!("a blocking file-system call failed: {e}"))),
     }
 }
 
