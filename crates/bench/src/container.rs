@@ -4,7 +4,7 @@
 //! the native client and on POSIX directories (a FUSE mount, a local disk, tmpfs), side by
 //! side.
 //!
-//! The tasks are async tasks of this process, joined by the container's in-process
+//! The tasks are runtime tasks of this process, joined by the container's in-process
 //! communicator (`LocalComm`); at most `--in-flight` of them do file-system I/O at a time
 //! (as N tasks on a few nodes would), in every layout.
 //!
@@ -255,8 +255,7 @@ struct Measured {
 async fn one_run(p: &Place, layout: Layout, size: u64, a: &ContainerArgs) -> Result<Measured> {
     let dir = format!("{}/{}-{size}", p.dir, layout.name());
     make_dir(p, &dir).await?;
-    let io = Arc::new(Semaphore::new(a.in_flight.max(1)));
-    let job = Job { place: p, dir: dir.clone(), layout, size, io, args: a };
+    let job = Job::new(p, dir.clone(), layout, size, a);
     let create_s = timed(job.create()).await?;
     clean(p, &dir).await;
     make_dir(p, &dir).await?;
@@ -286,18 +285,38 @@ async fn timed(f: impl std::future::Future<Output = Result<()>>) -> Result<f64> 
     Ok(t.elapsed().as_secs_f64())
 }
 
-/// One layout on one target: what every task does.
-struct Job<'a> {
-    place: &'a Place,
+/// One layout on one target: what every task does. Shared by the tasks, each a runtime
+/// task of its own (so that the tasks' work, theirs and the benchmark's, spreads over the
+/// runtime's threads in every layout alike).
+struct Job {
+    target: Target,
     dir: String,
     layout: Layout,
     size: u64,
+    tasks: usize,
     /// Permits to do file-system I/O (tasks doing I/O at once).
-    io: Arc<Semaphore>,
-    args: &'a ContainerArgs,
+    io: Semaphore,
+    options: WriteOptions,
 }
 
-impl Job<'_> {
+impl Job {
+    fn new(p: &Place, dir: String, layout: Layout, size: u64, a: &ContainerArgs) -> Arc<Job> {
+        let collector_size = match (layout, a.collector_size) {
+            (Layout::Coalesced, 0) => COLLECTOR_AUTO,
+            (Layout::Coalesced, c) => c.max(2),
+            _ => 0,
+        };
+        let options = WriteOptions {
+            chunk_size: size.max(1),
+            nfiles: if layout == Layout::Multi { a.nfiles.clamp(1, a.tasks as u32) } else { 1 },
+            fs_block: a.fs_block,
+            key_value: false,
+            collector_size,
+        };
+        let io = Semaphore::new(a.in_flight.max(1));
+        Arc::new(Job { target: p.target.clone(), dir, layout, size, tasks: a.tasks, io, options })
+    }
+
     fn file_of(&self, rank: usize) -> String {
         format!("{}/task.{rank:06}", self.dir)
     }
@@ -306,184 +325,181 @@ impl Job<'_> {
         format!("{}/tasks.sion", self.dir)
     }
 
-    fn options(&self, chunk: u64) -> WriteOptions {
-        let collector_size = match (self.layout, self.args.collector_size) {
-            (Layout::Coalesced, 0) => COLLECTOR_AUTO,
-            (Layout::Coalesced, c) => c.max(2),
-            _ => 0,
-        };
-        WriteOptions {
-            chunk_size: chunk.max(1),
-            nfiles: if self.layout == Layout::Multi { self.args.nfiles.clamp(1, self.args.tasks as u32) } else { 1 },
-            fs_block: self.args.fs_block,
-            key_value: false,
-            collector_size,
-        }
-    }
-
     /// Every task's file made and closed, empty.
-    async fn create(&self) -> Result<()> {
+    async fn create(self: &Arc<Self>) -> Result<()> {
         match self.layout {
-            Layout::Files => self.each_file(|path| self.file_create_empty(path)).await,
-            _ => {
-                self.on_tasks(|comm, _| async move {
-                    let f = ParFile::create(comm, &self.place.target, &self.container(), &self.options(1)).await?;
-                    f.close().await?;
-                    Ok(())
-                })
-                .await
-            }
+            Layout::Files => self.on_files(file_create_empty).await,
+            _ => self.on_tasks(container_create_empty).await,
         }
     }
 
     /// Every task's data written, durable, and its file closed.
-    async fn write(&self) -> Result<()> {
+    async fn write(self: &Arc<Self>) -> Result<()> {
         match self.layout {
-            Layout::Files => self.each_file(|path| self.file_write(path)).await,
-            _ => {
-                self.on_tasks(|comm, rank| async move {
-                    let opts = self.options(self.size);
-                    let mut f = ParFile::create(comm, &self.place.target, &self.container(), &opts).await?;
-                    if self.layout == Layout::Coalesced {
-                        // Collective: the collectors do the I/O.
-                        f.fwrite_coll(&pattern(rank, self.size)).await?;
-                    } else {
-                        // The data is made once the task may do I/O, as with files: at most
-                        // `in_flight` tasks hold theirs at a time.
-                        let _io = self.io.acquire().await?;
-                        f.logical().write(&pattern(rank, self.size)).await?;
-                    }
-                    f.close().await?;
-                    Ok(())
-                })
-                .await
-            }
+            Layout::Files => self.on_files(file_write).await,
+            _ => self.on_tasks(container_write).await,
         }
     }
 
     /// Every task's data read back and checked.
-    async fn read(&self) -> Result<()> {
+    async fn read(self: &Arc<Self>) -> Result<()> {
         match self.layout {
-            Layout::Files => self.each_file(|path| self.file_read(path)).await,
-            _ => {
-                self.on_tasks(|comm, rank| async move {
-                    let mut f = ParFile::open(comm, &self.place.target, &self.container()).await?;
-                    let (n, got) = if self.layout == Layout::Coalesced {
-                        let mut got = vec![0u8; self.size as usize];
-                        (f.fread_coll(&mut got).await?, got)
-                    } else {
-                        let _io = self.io.acquire().await?;
-                        let mut got = vec![0u8; self.size as usize];
-                        let mut n = 0;
-                        while n < got.len() {
-                            match f.logical().read(&mut got[n..]).await? {
-                                0 => break,
-                                k => n += k,
-                            }
-                        }
-                        (n, got)
-                    };
-                    check(&got[..n], rank, self.size)?;
-                    f.close().await?;
-                    Ok(())
-                })
-                .await
-            }
+            Layout::Files => self.on_files(file_read).await,
+            _ => self.on_tasks(container_read).await,
         }
     }
 
-    /// `task(comm, rank)` on every task at once, joined by one communicator.
-    async fn on_tasks<'s, F, Fut>(&'s self, task: F) -> Result<()>
+    /// `task(job, comm, rank)` on every task at once, joined by one communicator.
+    async fn on_tasks<Fut>(self: &Arc<Self>, task: fn(Arc<Job>, Box<dyn Comm>, usize) -> Fut) -> Result<()>
     where
-        F: Fn(Box<dyn Comm>, usize) -> Fut,
-        Fut: std::future::Future<Output = Result<()>> + Send + 's,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
     {
-        // All tasks are polled by this one (`join_all` polls only the woken ones): they
-        // borrow `self`, and waking a future of the set costs less than scheduling a
-        // runtime task. The client's own work still runs on the runtime's workers.
-        let tasks = LocalComm::group(self.args.tasks).into_iter().map(|c| {
-            let rank = c.rank();
-            task(Box::new(c), rank)
-        });
-        let results = futures::future::join_all(tasks).await;
-        results.into_iter().find(Result::is_err).unwrap_or(Ok(()))
+        let handles: Vec<_> = LocalComm::group(self.tasks)
+            .into_iter()
+            .map(|c| {
+                let rank = c.rank();
+                tokio::spawn(task(self.clone(), Box::new(c), rank))
+            })
+            .collect();
+        join(handles).await
     }
 
-    /// `op(path)` for every task's file, at most `in_flight` at once.
-    async fn each_file<F, Fut>(&self, op: F) -> Result<()>
+    /// `task(job, rank)` for every task's file, at most `in_flight` at once.
+    async fn on_files<Fut>(self: &Arc<Self>, task: fn(Arc<Job>, usize) -> Fut) -> Result<()>
     where
-        F: Fn(usize) -> Fut,
-        Fut: std::future::Future<Output = Result<()>>,
+        Fut: std::future::Future<Output = Result<()>> + Send + 'static,
     {
-        let mut s = futures::stream::iter(0..self.args.tasks).map(op).buffer_unordered(self.args.in_flight.max(1));
-        while let Some(r) = s.next().await {
-            r?;
-        }
-        Ok(())
-    }
-
-    async fn file_create_empty(&self, rank: usize) -> Result<()> {
-        let path = self.file_of(rank);
-        match &self.place.target {
-            Target::Shoal(c) => {
-                c.create(&path, 0o644, None).await?.close().await?;
-                Ok(())
-            }
-            Target::Posix => {
-                blocking(move || {
-                    std::fs::File::create(&path).with_context(|| format!("create {path}"))?;
-                    Ok(())
+        let handles: Vec<_> = (0..self.tasks)
+            .map(|rank| {
+                let job = self.clone();
+                tokio::spawn(async move {
+                    let _io = job.io.acquire().await?;
+                    task(job.clone(), rank).await
                 })
-                .await
-            }
+            })
+            .collect();
+        join(handles).await
+    }
+}
+
+/// Every task's result; the first error.
+async fn join(handles: Vec<tokio::task::JoinHandle<Result<()>>>) -> Result<()> {
+    let mut first = Ok(());
+    for h in handles {
+        let r = h.await.context("a benchmark task panicked").and_then(|r| r);
+        if first.is_ok() {
+            first = r;
         }
     }
+    first
+}
 
-    async fn file_write(&self, rank: usize) -> Result<()> {
-        let path = self.file_of(rank);
-        let data = pattern(rank, self.size);
-        match &self.place.target {
-            Target::Shoal(c) => {
-                let f = c.create(&path, 0o644, None).await?;
-                f.write_bytes_at(0, data.into()).await?;
-                // The native close makes the file durable.
-                f.close().await?;
+async fn container_create_empty(job: Arc<Job>, comm: Box<dyn Comm>, _rank: usize) -> Result<()> {
+    let opts = WriteOptions { chunk_size: 1, ..job.options.clone() };
+    let f = ParFile::create(comm, &job.target, &job.container(), &opts).await?;
+    f.close().await?;
+    Ok(())
+}
+
+async fn container_write(job: Arc<Job>, comm: Box<dyn Comm>, rank: usize) -> Result<()> {
+    let mut f = ParFile::create(comm, &job.target, &job.container(), &job.options).await?;
+    if job.layout == Layout::Coalesced {
+        // Collective: the collectors do the I/O.
+        f.fwrite_coll(&pattern(rank, job.size)).await?;
+    } else {
+        // The data is made once the task may do I/O, as with files: at most `in_flight`
+        // tasks hold theirs at a time.
+        let _io = job.io.acquire().await?;
+        f.logical().write(&pattern(rank, job.size)).await?;
+    }
+    f.close().await?;
+    Ok(())
+}
+
+async fn container_read(job: Arc<Job>, comm: Box<dyn Comm>, rank: usize) -> Result<()> {
+    let mut f = ParFile::open(comm, &job.target, &job.container()).await?;
+    let mut got = Vec::new();
+    let n = if job.layout == Layout::Coalesced {
+        got.resize(job.size as usize, 0);
+        f.fread_coll(&mut got).await?
+    } else {
+        let _io = job.io.acquire().await?;
+        got.resize(job.size as usize, 0);
+        let mut n = 0;
+        while n < got.len() {
+            match f.logical().read(&mut got[n..]).await? {
+                0 => break,
+                k => n += k,
+            }
+        }
+        n
+    };
+    check(&got[..n], rank, job.size)?;
+    f.close().await?;
+    Ok(())
+}
+
+async fn file_create_empty(job: Arc<Job>, rank: usize) -> Result<()> {
+    let path = job.file_of(rank);
+    match &job.target {
+        Target::Shoal(c) => {
+            c.create(&path, 0o644, None).await?.close().await?;
+            Ok(())
+        }
+        Target::Posix => {
+            blocking(move || {
+                std::fs::File::create(&path).with_context(|| format!("create {path}"))?;
                 Ok(())
-            }
-            Target::Posix => {
-                blocking(move || {
-                    use std::io::Write;
-                    let mut f = std::fs::File::create(&path).with_context(|| format!("create {path}"))?;
-                    f.write_all(&data).with_context(|| format!("write {path}"))?;
-                    f.sync_all().with_context(|| format!("fsync {path}"))?;
-                    Ok(())
-                })
-                .await
-            }
+            })
+            .await
         }
     }
+}
 
-    async fn file_read(&self, rank: usize) -> Result<()> {
-        let path = self.file_of(rank);
-        let size = self.size;
-        let got = match &self.place.target {
-            Target::Shoal(c) => {
-                let f = c.open(&path, shoal_client::OpenFlags::read_only()).await?;
-                let mut got = Vec::with_capacity(size as usize);
-                while (got.len() as u64) < size {
-                    let b = f.read_at(got.len() as u64, size as usize - got.len()).await?;
-                    if b.is_empty() {
-                        break;
-                    }
-                    got.extend_from_slice(&b);
+async fn file_write(job: Arc<Job>, rank: usize) -> Result<()> {
+    let path = job.file_of(rank);
+    let data = pattern(rank, job.size);
+    match &job.target {
+        Target::Shoal(c) => {
+            let f = c.create(&path, 0o644, None).await?;
+            f.write_bytes_at(0, data.into()).await?;
+            // The native close makes the file durable.
+            f.close().await?;
+            Ok(())
+        }
+        Target::Posix => {
+            blocking(move || {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&path).with_context(|| format!("create {path}"))?;
+                f.write_all(&data).with_context(|| format!("write {path}"))?;
+                f.sync_all().with_context(|| format!("fsync {path}"))?;
+                Ok(())
+            })
+            .await
+        }
+    }
+}
+
+async fn file_read(job: Arc<Job>, rank: usize) -> Result<()> {
+    let path = job.file_of(rank);
+    let size = job.size;
+    let got = match &job.target {
+        Target::Shoal(c) => {
+            let f = c.open(&path, shoal_client::OpenFlags::read_only()).await?;
+            let mut got = Vec::with_capacity(size as usize);
+            while (got.len() as u64) < size {
+                let b = f.read_at(got.len() as u64, size as usize - got.len()).await?;
+                if b.is_empty() {
+                    break;
                 }
-                f.close().await?;
-                got
+                got.extend_from_slice(&b);
             }
-            Target::Posix => blocking(move || std::fs::read(&path).with_context(|| format!("read {path}"))).await?,
-        };
-        check(&got, rank, size)
-    }
+            f.close().await?;
+            got
+        }
+        Target::Posix => blocking(move || std::fs::read(&path).with_context(|| format!("read {path}"))).await?,
+    };
+    check(&got, rank, size)
 }
 
 /// Blocking file-system calls on tokio's blocking threads, so that `in_flight` of them
@@ -492,19 +508,44 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
     tokio::task::spawn_blocking(f).await.context("a benchmark thread panicked")?
 }
 
-/// Task `rank`'s bytes: its rank and the offset, so that a misplaced piece shows.
+/// Task `rank`'s bytes: 8-byte words naming the rank and the word's place, so that a
+/// misplaced piece shows. Cheap to make (the benchmark's own work must not be what it
+/// measures: a byte-by-byte pattern took 60 % of the CPU of a 1 MiB run).
 fn pattern(rank: usize, size: u64) -> Vec<u8> {
-    (0..size).map(|i| (rank as u64).wrapping_mul(131).wrapping_add(i / 251).wrapping_add(i) as u8).collect()
+    let mut v = vec![0u8; size as usize];
+    fill_at(&mut v, rank, 0);
+    v
 }
 
 fn check(got: &[u8], rank: usize, size: u64) -> Result<()> {
     if got.len() as u64 != size {
         bail!("task {rank} read {} bytes back of the {size} it wrote", got.len());
     }
-    if got != pattern(rank, size).as_slice() {
-        bail!("task {rank} read back other bytes than it wrote");
+    // Compared a piece at a time against the pattern, without a second full buffer.
+    let mut want = vec![0u8; 64 << 10];
+    for (i, piece) in got.chunks(want.len()).enumerate() {
+        let want = &mut want[..piece.len()];
+        fill_at(want, rank, i * (64 << 10));
+        if piece != &want[..] {
+            bail!("task {rank} read back other bytes than it wrote (near byte {})", i * (64 << 10));
+        }
     }
     Ok(())
+}
+
+/// The piece of task `rank`'s pattern that starts at byte `at` (a multiple of 8).
+fn fill_at(buf: &mut [u8], rank: usize, at: usize) {
+    let tag = (rank as u64) << 40;
+    let first = at / 8;
+    let whole = buf.len() / 8;
+    let mut words = buf.chunks_exact_mut(8);
+    for (i, w) in (&mut words).enumerate() {
+        w.copy_from_slice(&(tag | (first + i) as u64).to_le_bytes());
+    }
+    let rest = words.into_remainder();
+    let last = (tag | (first + whole) as u64).to_le_bytes();
+    let n = rest.len();
+    rest.copy_from_slice(&last[..n]);
 }
 
 async fn make_dir(p: &Place, dir: &str) -> Result<()> {

@@ -80,11 +80,45 @@ async fn containers_round_trip_on_shoal_in_every_mode() {
     round_trip(target.clone(), "/kv", 12, WriteOptions { key_value: true, ..chunked.clone() }).await;
     round_trip(target.clone(), "/coll", 12, WriteOptions { collector_size: 4, ..chunked.clone() }).await;
 
-    // Blocks are aligned to the stripe size of the container (the cluster's default).
+    // Blocks are aligned to the stripe size of the container (the cluster's default: every
+    // chunk fits in a stripe), and span whole rounds of the servers: each task's chunks,
+    // over all its blocks, are on one server.
     let c = Container::open(&target, "/plain").await.unwrap();
-    let stripe = cluster.client().stat("/plain").await.unwrap().layout.unwrap().stripe_size;
-    assert_eq!(c.files()[0].header.fs_block, stripe);
+    let layout = cluster.client().stat("/plain").await.unwrap().layout.unwrap();
+    let (stripe, n) = (layout.stripe_size, layout.servers.len() as u64);
+    assert_eq!((c.files()[0].header.fs_block, n), (stripe, 3));
+    assert_eq!(c.files()[0].header.block_len % (stripe * n), 0);
     assert!(c.location(5).unwrap().chunk_starts.iter().all(|s| s % stripe == 0));
+    // 3 tasks writing 2.5 stripes each into chunks of one stripe: 3 blocks each, every
+    // task's chunks on one server, the tasks on different servers.
+    let (t, st) = (target.clone(), stripe);
+    on_tasks(3, move |comm| {
+        let target = t.clone();
+        async move {
+            let r = comm.rank();
+            let opts = WriteOptions { chunk_size: st, ..Default::default() };
+            let mut f = ParFile::create(Box::new(comm), &target, "/blocks", &opts).await.unwrap();
+            f.logical().write(&vec![r as u8; (st * 5 / 2) as usize]).await.unwrap();
+            f.close().await.unwrap();
+        }
+    })
+    .await;
+    let c = Container::open(&target, "/blocks").await.unwrap();
+    let mut servers = HashSet::new();
+    for r in 0..3 {
+        let starts = c.location(r).unwrap().chunk_starts;
+        assert_eq!(starts.len(), 3, "rank {r}: {starts:?}");
+        let on: HashSet<u64> = starts.iter().map(|s| (s / stripe) % n).collect();
+        assert_eq!(on.len(), 1, "rank {r}: chunks {starts:?} on several servers");
+        servers.extend(on);
+        assert_eq!(c.read_all(r).await.unwrap(), vec![r as u8; (stripe * 5 / 2) as usize]);
+    }
+    assert_eq!(servers.len(), 3);
+    // Chunks larger than the stripe: the container's stripes are as large as the chunk.
+    let big = WriteOptions { chunk_size: stripe + 1, ..Default::default() };
+    round_trip(target.clone(), "/big", 3, big).await;
+    let layout = cluster.client().stat("/big").await.unwrap().layout.unwrap();
+    assert_eq!(layout.stripe_size, (stripe + 1).next_multiple_of(4096));
 
     // Multi-file: each physical file on one server, all on different servers.
     let fs = cluster.client();

@@ -65,8 +65,9 @@ fn pct(part: u64, whole: u64) -> String {
     format!("{:.1}", (part as f64 * 1000.0 / whole as f64).round() / 10.0)
 }
 
-/// What `dump` prints for the known container in one physical file named `shown`.
-fn expected_dump(shown: &str, size: u64) -> String {
+/// What `dump` prints for the known container in one physical file named `shown`, whose
+/// blocks are `block_len` bytes long.
+fn expected_dump(shown: &str, size: u64, block_len: u64) -> String {
     let lines = [
         format!("container   {shown}"),
         "format      version 1 (little-endian, CRC32C on each metadata block)".into(),
@@ -79,7 +80,10 @@ fn expected_dump(shown: &str, size: u64) -> String {
         ),
         "".into(),
         "file         size   tasks block size    block len  blocks  fill%  path".into(),
-        format!("   0 {size:>12}       6       4096        28672       3   {}  {shown}", pct(DATA_BYTES, 3 * 28672)),
+        format!(
+            "   0 {size:>12}       6       4096 {block_len:>12}       3   {}  {shown}",
+            pct(DATA_BYTES, 3 * block_len)
+        ),
         "".into(),
         "    rank file chunk size  chunks        bytes  fill%".into(),
         "       0    0       4096       1         1000   24.4".into(),
@@ -101,7 +105,7 @@ async fn tools_on_a_local_container() {
     assert_eq!(size, std::fs::metadata(&name).unwrap().len());
 
     // dump: the table, exactly; no cluster configuration needed for a local path.
-    assert_eq!(ok(shoal(None, &["container", "dump", &name])), expected_dump(&name, size));
+    assert_eq!(ok(shoal(None, &["container", "dump", &name])), expected_dump(&name, size, 28672));
 
     // dump --json: every field.
     let j: serde_json::Value = serde_json::from_str(&ok(shoal(None, &["container", "dump", "--json", &name]))).unwrap();
@@ -365,7 +369,9 @@ async fn tools_on_a_container_on_shoal() {
     let size = file_sizes(&target, "/runs/ckpt").await[0];
     let sh = |args: &[&str]| tokio::task::block_in_place(|| cluster.shoal(args));
 
-    assert_eq!(ok(sh(&["container", "dump", "shoal://runs/ckpt"])), expected_dump("shoal://runs/ckpt", size));
+    // Blocks of 7 chunks of 4 KiB, padded to whole rounds of the 2 servers (8 stripes): each
+    // task's chunks on one server.
+    assert_eq!(ok(sh(&["container", "dump", "shoal://runs/ckpt"])), expected_dump("shoal://runs/ckpt", size, 32768));
     let j: serde_json::Value =
         serde_json::from_str(&ok(sh(&["container", "dump", "--json", "shoal://runs/ckpt"]))).unwrap();
     assert_eq!((j["target"].as_str(), j["files"][0]["path"].as_str()), (Some("shoal"), Some("shoal://runs/ckpt")));

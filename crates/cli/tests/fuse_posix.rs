@@ -778,6 +778,12 @@ fn library_mount_in_process() {
     assert!(shoal_fuse::is_mounted(dir.path()));
     fs::write(dir.path().join("f"), b"in process").unwrap();
     assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"in process");
+    // An abort through a connection number that another connection has taken since (a
+    // mount gone, its number reused) leaves the live connection alone; its own aborts it.
+    let live = m.connection().expect("the connection of the mount");
+    let stale = shoal_fuse::Connection { number: live.number, dir_ino: live.dir_ino.map(|i| i + 1) };
+    stale.abort();
+    assert_eq!(fs::read(dir.path().join("f")).unwrap(), b"in process");
     m.unmount().unwrap();
     assert!(!shoal_fuse::is_mounted(dir.path()));
     assert_eq!(c.shoal(&["cat", "/f"]).1, "in process");

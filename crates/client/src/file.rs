@@ -134,6 +134,8 @@ struct Inner {
     /// Counted among the client's open files (a regular file, until `close` or drop of the
     /// last clone uncounts it): see `open_files.rs`.
     counted: std::sync::atomic::AtomicBool,
+    /// Readahead turned off for this handle ([`File::set_readahead`]).
+    no_readahead: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -503,6 +505,7 @@ impl File {
                 cursor: tokio::sync::Mutex::new(0),
                 runtime: tokio::runtime::Handle::try_current().ok(),
                 counted: std::sync::atomic::AtomicBool::new(counted),
+                no_readahead: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -510,6 +513,17 @@ impl File {
     /// The file's inode number.
     pub fn ino(&self) -> Ino {
         self.inner.ino
+    }
+
+    /// Turn this handle's readahead on (the default, when the client has it) or off, as
+    /// `posix_fadvise(RANDOM)` does: for a handle shared by readers of disjoint ranges
+    /// (the tasks of a container), where reads that look sequential are not, and
+    /// prefetching would fetch what another reader fetches again. Applies to all clones.
+    pub fn set_readahead(&self, on: bool) {
+        self.inner.no_readahead.store(!on, std::sync::atomic::Ordering::Relaxed);
+        if !on {
+            self.inner.io.lock().chunks.clear();
+        }
     }
 
     /// Where the file's bytes live (empty for a directory).
@@ -701,7 +715,7 @@ impl File {
         }
         let total = (size - offset).min(len as u64);
         let ra = inner.client.options().readahead as u64;
-        if ra == 0 {
+        if ra == 0 || inner.no_readahead.load(std::sync::atomic::Ordering::Relaxed) {
             return self.read_direct(offset, total).await;
         }
         let plan = self.plan_read(&mut inner.io.lock(), offset, offset + total, size, ra);

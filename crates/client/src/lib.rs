@@ -99,7 +99,7 @@ pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::{Bitmap, ClusterMap};
 pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
-    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp,
+    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
 };
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 

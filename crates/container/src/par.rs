@@ -22,6 +22,7 @@ use crate::logical::{Chunks, Logical};
 use crate::meta::{physical_name, read_meta, FileMeta};
 use crate::store::{Opened, PhysFile, Placement, Target};
 use crate::wire::{Dec, Enc};
+use shoal_client::{STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
 use std::sync::Arc;
 
 /// How tasks are split over physical files: `nfiles` contiguous groups by rank.
@@ -355,11 +356,16 @@ async fn plan_create(
     let flags = if kv != 0 { FLAG_KEY_VALUE } else { 0 } | if collector_size > 1 { FLAG_COALESCED } else { 0 };
     let plan = Plan { ntasks: n, nfiles };
     let mut parts = vec![Vec::new(); n as usize];
+    let stripe_size = match target {
+        Target::Shoal(c) if fs_block_asked == 0 && collector_size <= 1 => {
+            chunk_stripe(&chunk, c.map().cluster.stripe_size)
+        }
+        _ => fs_block_asked,
+    };
     for f in 0..nfiles {
         let path = physical_name(name, f);
-        let file =
-            PhysFile::create(target, &path, Placement { file_number: f, nfiles, stripe_size: fs_block_asked }).await?;
-        let fs_block = if fs_block_asked != 0 { fs_block_asked } else { file.fs_block()? };
+        let file = PhysFile::create(target, &path, Placement { file_number: f, nfiles, stripe_size }).await?;
+        let fs_block = if stripe_size != 0 { stripe_size } else { file.fs_block()? };
         let (first, end) = (plan.first_of(f), if f + 1 == nfiles { n } else { plan.first_of(f + 1) });
         if collector_size == COLLECTOR_AUTO {
             // Decided once, on file 0 (the largest file: files differ by one task at most).
@@ -367,7 +373,12 @@ async fn plan_create(
             collector_size = (fs_block / largest).clamp(2, (end - first).max(2)) as u32;
         }
         let tasks = slots(first, end, &chunk[first as usize..end as usize], fs_block, collector_size)?;
-        let block_len = tasks.last().map_or(0, |t| round_up(t.chunk_off + t.chunk_len, fs_block));
+        // A block spans whole rounds of the file's servers (on Shoal; 1 elsewhere): a task's
+        // chunk of every block then falls on the same server as in the first block, so
+        // each task's chunks stay on one server (the padding is a hole). Not with
+        // collectors, whose groups each fill their own stripes.
+        let round = if collector_size > 1 { fs_block } else { fs_block * file.stripe_count() };
+        let block_len = tasks.last().map_or(0, |t| round_up(t.chunk_off + t.chunk_len, round));
         let data_start = round_up(Header::encoded_len(tasks.len()), fs_block);
         let header =
             Header { flags, collector_size, fs_block, file_number: f, nfiles, ntasks: n, data_start, block_len, tasks };
@@ -381,6 +392,18 @@ async fn plan_create(
         created.push(Opened::global().put(target, file));
     }
     Ok(parts)
+}
+
+/// On Shoal, without a block size asked for and without collectors: stripes at least as
+/// large as the largest chunk (a multiple of 4 KiB), so that each task's chunk of a block
+/// is in one stripe, on one server; 0 (the directory's stripe size) when the cluster's
+/// default stripe already holds every chunk.
+fn chunk_stripe(chunk: &[u64], default: u64) -> u64 {
+    let largest = chunk.iter().copied().max().unwrap_or(1).next_multiple_of(STRIPE_SIZE_MIN);
+    if largest <= default {
+        return 0;
+    }
+    largest.min(STRIPE_SIZE_MAX)
 }
 
 /// The chunks of ranks `first..end` (one file) in a block: each aligned to `fs_block`, or

@@ -51,7 +51,7 @@ pub struct Placement {
 /// hundreds of megabytes (measured: 5.3 KB per task before, most of the open's time spent
 /// zeroing fresh pages).
 pub enum PhysFile {
-    Posix { path: String, file: Arc<std::fs::File> },
+    Posix { path: String, file: std::fs::File },
     Shoal { path: String, file: shoal_client::File },
 }
 
@@ -67,7 +67,7 @@ impl PhysFile {
                     .truncate(true)
                     .open(path)
                     .map_err(|e| Error::io(path, e))?;
-                Ok(PhysFile::Posix { path: path.to_string(), file: Arc::new(file) })
+                Ok(PhysFile::Posix { path: path.to_string(), file })
             }
             Target::Shoal(client) => {
                 let servers = client.map().servers.len() as u32;
@@ -103,11 +103,15 @@ impl PhysFile {
             Target::Posix => {
                 let file =
                     std::fs::OpenOptions::new().read(true).write(write).open(path).map_err(|e| Error::io(path, e))?;
-                Ok(PhysFile::Posix { path: path.to_string(), file: Arc::new(file) })
+                Ok(PhysFile::Posix { path: path.to_string(), file })
             }
             Target::Shoal(client) => {
                 let flags = if write { OpenFlags::read_write() } else { OpenFlags::read_only() };
                 let file = Box::pin(client.open(path, flags)).await.map_err(|e| Error::shoal(path, e))?;
+                // The handle is shared by the tasks of this process, each reading its own
+                // chunks: readahead would mistake their reads for one stream (measured:
+                // 4 MiB per task read at half the rate of files with it on).
+                file.set_readahead(false);
                 Ok(PhysFile::Shoal { path: path.to_string(), file })
             }
         }
@@ -128,16 +132,18 @@ impl PhysFile {
         }
     }
 
+    /// Servers the file is striped over (1 outside Shoal).
+    pub fn stripe_count(&self) -> u64 {
+        match self {
+            PhysFile::Posix { .. } => 1,
+            PhysFile::Shoal { file, .. } => file.layout().servers.len().max(1) as u64,
+        }
+    }
+
     pub async fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         match self {
-            PhysFile::Posix { path, file } if data.len() < BLOCKING_FROM => {
-                file.write_all_at(data, offset).map_err(|e| Error::io(path, e))
-            }
             PhysFile::Posix { path, file } => {
-                let data = data.to_vec();
-                off_runtime(data.len(), file, move |f| f.write_all_at(&data, offset))
-                    .await
-                    .map_err(|e| Error::io(path, e))
+                blocking_io(data.len(), || file.write_all_at(data, offset)).map_err(|e| Error::io(path, e))
             }
             PhysFile::Shoal { path, file } => {
                 Box::pin(file.write_bytes_at(offset, Bytes::copy_from_slice(data)))
@@ -151,22 +157,12 @@ impl PhysFile {
     /// Up to `len` bytes at `offset`: fewer only at the end of the file (holes read as zeros).
     pub async fn read_at(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
         match self {
-            PhysFile::Posix { path, file } => off_runtime(len, file, move |f| {
+            PhysFile::Posix { .. } => {
                 let mut buf = vec![0; len];
-                let mut got = 0;
-                while got < len {
-                    match f.read_at(&mut buf[got..], offset + got as u64) {
-                        Ok(0) => break,
-                        Ok(n) => got += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
-                }
+                let got = self.read_into(offset, &mut buf).await?;
                 buf.truncate(got);
                 Ok(buf)
-            })
-            .await
-            .map_err(|e| Error::io(path, e)),
+            }
             PhysFile::Shoal { path, file } => {
                 let mut out = Vec::with_capacity(len);
                 while out.len() < len {
@@ -201,11 +197,19 @@ impl PhysFile {
                 }
                 Ok(got)
             }
-            PhysFile::Posix { .. } => {
-                let b = self.read_at(offset, buf.len()).await?;
-                buf[..b.len()].copy_from_slice(&b);
-                Ok(b.len())
-            }
+            PhysFile::Posix { path, file } => blocking_io(buf.len(), || {
+                let mut got = 0;
+                while got < buf.len() {
+                    match file.read_at(&mut buf[got..], offset + got as u64) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(got)
+            })
+            .map_err(|e| Error::io(path, e)),
         }
     }
 
@@ -230,33 +234,28 @@ impl PhysFile {
     pub async fn sync(&self) -> Result<()> {
         match self {
             PhysFile::Posix { path, file } => {
-                off_runtime(usize::MAX, file, |f| f.sync_all()).await.map_err(|e| Error::io(path, e))
+                blocking_io(usize::MAX, || file.sync_all()).map_err(|e| Error::io(path, e))
             }
             PhysFile::Shoal { path, file } => Box::pin(file.fsync()).await.map_err(|e| Error::shoal(path, e)),
         }
     }
 }
 
-/// POSIX calls moving at least this many bytes run on a blocking thread (so that tasks'
-/// large reads and writes proceed in parallel and the runtime's workers stay free); smaller
-/// ones run in place, where a thread hand-off would cost more than the call (100,000 tasks
-/// writing 64 bytes each).
+/// POSIX calls moving at least this many bytes (and fsync) tell the runtime that they
+/// block (`block_in_place`: its other tasks move to another thread meanwhile), so that
+/// tasks' large reads and writes proceed in parallel; smaller ones just run, where the
+/// hand-off would cost more than the call (100,000 tasks writing 64 bytes each).
 const BLOCKING_FROM: usize = 64 << 10;
 
-/// Run the blocking call `op` on `file`: on tokio's blocking threads when it moves
-/// `bytes >= BLOCKING_FROM` (`usize::MAX` for fsync) and a runtime is running, else here.
-async fn off_runtime<T: Send + 'static>(
-    bytes: usize,
-    file: &Arc<std::fs::File>,
-    op: impl FnOnce(&std::fs::File) -> std::io::Result<T> + Send + 'static,
-) -> std::io::Result<T> {
-    if bytes < BLOCKING_FROM || tokio::runtime::Handle::try_current().is_err() {
-        return op(file);
-    }
-    let file = file.clone();
-    match tokio::task::spawn_blocking(move || op(&file)).await {
-        Ok(r) => r,
-        Err(e) => Err(std::io::Error::other(format!("a blocking file-system call failed: {e}"))),
+/// Run the blocking call `op`, which moves `bytes` (`usize::MAX` for fsync): see
+/// [`BLOCKING_FROM`]. Outside a multi-threaded runtime it just runs.
+fn blocking_io<T>(bytes: usize, op: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if bytes >= BLOCKING_FROM && multi {
+        tokio::task::block_in_place(op)
+    } else {
+        op()
     }
 }
 

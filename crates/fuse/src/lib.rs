@@ -188,22 +188,56 @@ fn set_read_ahead(dev: Option<(u32, u32)>, bytes: u32) {
     }
 }
 
-/// Abort a FUSE connection: every waiting request fails with ENOTCONN at once. Needs the
-/// fusectl file system on /sys/fs/fuse/connections (mounted here if it is not, as root).
-fn abort_connection(conn: u32) {
-    const CTL: &str = "/sys/fs/fuse/connections";
-    let dir = format!("{CTL}/{conn}");
-    if !Path::new(&dir).exists() {
-        let (src, target, fstype) = (c"fusectl", c"/sys/fs/fuse/connections", c"fusectl");
-        // SAFETY: valid NUL-terminated strings; no data argument.
-        let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-        if r != 0 {
-            tracing::warn!("cannot mount fusectl on {CTL}: {}", std::io::Error::last_os_error());
+/// One FUSE connection, as /sys/fs/fuse/connections knows it: its number (the mount's
+/// minor device number) and the inode of its directory there. Numbers are reused once a
+/// mount is gone; the directory's inode is new for every connection, so it tells whether
+/// the number still names this mount's connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connection {
+    pub number: u32,
+    pub dir_ino: Option<u64>,
+}
+
+const FUSECTL: &str = "/sys/fs/fuse/connections";
+
+impl Connection {
+    /// The connection of the mount whose device is `dev` (just mounted).
+    fn of(dev: Option<(u32, u32)>) -> Option<Connection> {
+        use std::os::unix::fs::MetadataExt;
+        let number = dev?.1;
+        let dir = format!("{FUSECTL}/{number}");
+        if !Path::new(&dir).exists() {
+            mount_fusectl();
+        }
+        let dir_ino = std::fs::metadata(&dir).ok().map(|m| m.ino());
+        Some(Connection { number, dir_ino })
+    }
+
+    /// Abort it: every waiting request fails with ENOTCONN at once. Skipped when its number
+    /// now names another connection (this mount is gone, and another took the number: a
+    /// test running beside another saw its reads fail with ECONNABORTED from such an abort).
+    pub fn abort(self) {
+        use std::os::unix::fs::MetadataExt;
+        let dir = format!("{FUSECTL}/{}", self.number);
+        let now = std::fs::metadata(&dir).ok().map(|m| m.ino());
+        if now.is_none() || now != self.dir_ino {
+            tracing::info!("FUSE connection {} is gone (or another's now): not aborted", self.number);
+            return;
+        }
+        let path = format!("{dir}/abort");
+        if let Err(e) = std::fs::write(&path, b"1") {
+            tracing::warn!("cannot abort the FUSE connection through {path}: {e}");
         }
     }
-    let path = format!("{dir}/abort");
-    if let Err(e) = std::fs::write(&path, b"1") {
-        tracing::warn!("cannot abort the FUSE connection through {path}: {e}");
+}
+
+/// Mount the fusectl file system on /sys/fs/fuse/connections (needs root).
+fn mount_fusectl() {
+    let (src, target, fstype) = (c"fusectl", c"/sys/fs/fuse/connections", c"fusectl");
+    // SAFETY: valid NUL-terminated strings; no data argument.
+    let r = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
+    if r != 0 {
+        tracing::debug!("cannot mount fusectl on {FUSECTL}: {}", std::io::Error::last_os_error());
     }
 }
 
@@ -224,7 +258,7 @@ pub fn serve(client_config: &Path, mountpoint: &Path, opts: MountOptions, ready:
     let mp = prepared.mountpoint.clone();
     let dev = device_of(&mp);
     set_read_ahead(dev, prepared.shared.opts.max_readahead);
-    let conn = dev.map(|d| d.1);
+    let conn = Connection::of(dev);
     tracing::info!("mounted {} on {}", client_config.display(), mp.display());
 
     // Signals: first one unmounts, the next aborts the connection.
@@ -255,7 +289,7 @@ pub fn serve(client_config: &Path, mountpoint: &Path, opts: MountOptions, ready:
             } else {
                 tracing::warn!("second signal: aborting the connection");
                 match conn {
-                    Some(c) => abort_connection(c),
+                    Some(c) => c.abort(),
                     None => std::process::exit(1),
                 }
             }
@@ -278,7 +312,7 @@ pub struct Mounted {
     mountpoint: PathBuf,
     background: Option<fuser::BackgroundSession>,
     prepared: Option<Prepared>,
-    conn: Option<u32>,
+    conn: Option<Connection>,
 }
 
 /// Mount in the background: returns once the file system answers.
@@ -293,11 +327,16 @@ pub fn spawn(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Res
         mountpoint: prepared.mountpoint.clone(),
         background: Some(background),
         prepared: Some(prepared),
-        conn: dev.map(|d| d.1),
+        conn: Connection::of(dev),
     })
 }
 
 impl Mounted {
+    /// Its FUSE connection (when /proc and /sys tell it).
+    pub fn connection(&self) -> Option<Connection> {
+        self.conn
+    }
+
     /// Where it is mounted.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
@@ -319,7 +358,7 @@ impl Mounted {
         }
         if !bg.guard.is_finished() {
             match self.conn {
-                Some(c) => abort_connection(c),
+                Some(c) => c.abort(),
                 None => tracing::warn!("cannot abort the FUSE connection of {}", self.mountpoint.display()),
             }
         }
