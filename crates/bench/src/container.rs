@@ -53,7 +53,7 @@ pub struct ContainerArgs {
     pub sizes: Vec<u64>,
     /// Layouts (repeat or separate with commas): files (one per task), container,
     /// multi (a multi-file container, --nfiles), coalesced (a container written through
-    /// collector tasks).
+    /// collector tasks; every task's data is in memory at once, as collectors need it).
     #[arg(short = 'L', long = "layout", value_delimiter = ',', default_value = "files,container,multi,coalesced")]
     pub layouts: Vec<String>,
     /// Physical files of the multi layout.
@@ -180,27 +180,33 @@ pub async fn run(config: Option<PathBuf>, a: ContainerArgs) -> Result<()> {
     let runs = places.len() * a.sizes.len() * layouts.len() * a.reps;
     let bar = if a.quiet || runs == 0 { ProgressBar::hidden() } else { ProgressBar::new(runs as u64) };
     bar.set_style(ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]").expect("template"));
-    let mut rows = Vec::new();
-    for p in &places {
-        for &size in &a.sizes {
-            for &layout in &layouts {
-                let mut reps = Vec::new();
-                for rep in 0..a.reps {
-                    bar.set_message(format!("{} {} {} B/task, run {}", p.label, layout.name(), size, rep + 1));
-                    let r = one_run(p, layout, size, &a)
-                        .await
-                        .with_context(|| format!("{} on {} ({} bytes per task)", layout.name(), p.label, size))?;
-                    reps.push(r);
-                    bar.inc(1);
+    let measured = async {
+        let mut rows = Vec::new();
+        for p in &places {
+            for &size in &a.sizes {
+                for &layout in &layouts {
+                    let mut reps = Vec::new();
+                    for rep in 0..a.reps {
+                        bar.set_message(format!("{} {} {} B/task, run {}", p.label, layout.name(), size, rep + 1));
+                        let r = one_run(p, layout, size, &a)
+                            .await
+                            .with_context(|| format!("{} on {} ({} bytes per task)", layout.name(), p.label, size))?;
+                        reps.push(r);
+                        bar.inc(1);
+                    }
+                    rows.push(medians(&reps));
                 }
-                rows.push(medians(&reps));
             }
         }
+        anyhow::Ok(rows)
     }
+    .await;
     bar.finish_and_clear();
+    // The run directories go, also after a failure.
     for p in &places {
         clean(p, &p.dir).await;
     }
+    let rows = measured?;
     let out = serde_json::json!({ "benchmark": "container", "rows": rows });
     if let Some(f) = &a.json_file {
         std::fs::write(f, serde_json::to_string_pretty(&out)?).with_context(|| format!("write {}", f.display()))?;
