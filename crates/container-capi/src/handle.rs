@@ -121,6 +121,57 @@ pub(crate) fn total(ptr: *const c_void, size: usize, nmemb: usize, what: &str) -
     Some(n)
 }
 
+/// The fwrite-shaped calls: the `size * nmemb` bytes at `ptr` handed to `write` with the
+/// handle's logical file. Returns `nmemb`, or 0 (errno set) on failure, and 0 when there
+/// is nothing to write.
+pub(crate) fn write_items(
+    ptr: *const c_void,
+    size: usize,
+    nmemb: usize,
+    h: *mut shoal_container,
+    what: &str,
+    write: impl FnOnce(&mut Logical, &[u8]) -> Option<()>,
+) -> usize {
+    guard(0, || {
+        let Some(h) = handle(h) else { return 0 };
+        let Some(n) = total(ptr, size, nmemb, what) else { return 0 };
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: the caller's `n` bytes at `ptr` (non-NULL, checked), alive for the call.
+        let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, n) };
+        let Some(l) = h.logical() else { return 0 };
+        write(l, data).map_or(0, |_| nmemb)
+    })
+}
+
+/// The fread-shaped calls: `read` fills the `size * nmemb` bytes at `ptr` from the handle's
+/// logical file and says how many it read. Returns the whole items read, or 0 (errno set).
+pub(crate) fn read_items(
+    ptr: *mut c_void,
+    size: usize,
+    nmemb: usize,
+    h: *mut shoal_container,
+    what: &str,
+    read: impl FnOnce(&mut Logical, &mut [u8]) -> Option<usize>,
+) -> usize {
+    guard(0, || {
+        let Some(h) = handle(h) else { return 0 };
+        let Some(n) = total(ptr, size, nmemb, what) else { return 0 };
+        if n == 0 {
+            return 0;
+        }
+        // SAFETY: the caller's buffer of `n` bytes (non-NULL, checked). It may be
+        // uninitialised: zero it first, so that the slice made of it holds valid bytes.
+        let buf = unsafe {
+            std::ptr::write_bytes(ptr as *mut u8, 0, n);
+            std::slice::from_raw_parts_mut(ptr as *mut u8, n)
+        };
+        let Some(l) = h.logical() else { return 0 };
+        read(l, buf).map_or(0, |got| got / size)
+    })
+}
+
 /// Write `nmemb` items of `size` bytes from `ptr` at the position of the handle's logical
 /// file, going on into its next chunks as each fills (no communication). Returns `nmemb`,
 /// or 0 on failure (errno set), as fwrite(3); 0 also when `size` or `nmemb` is 0. To keep
@@ -132,17 +183,7 @@ pub extern "C" fn shoal_container_fwrite(
     nmemb: usize,
     h: *mut shoal_container,
 ) -> usize {
-    guard(0, || {
-        let Some(h) = handle(h) else { return 0 };
-        let Some(n) = total(ptr, size, nmemb, "fwrite") else { return 0 };
-        if n == 0 {
-            return 0;
-        }
-        // SAFETY: the caller's `n` bytes at `ptr` (non-NULL, checked), alive for the call.
-        let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, n) };
-        let Some(l) = h.logical() else { return 0 };
-        block(l.write(data)).map_or(0, |_| nmemb)
-    })
+    write_items(ptr, size, nmemb, h, "fwrite", |l, data| block(l.write(data)))
 }
 
 /// Read up to `nmemb` items of `size` bytes into `ptr` from the position of the handle's
@@ -151,21 +192,7 @@ pub extern "C" fn shoal_container_fwrite(
 /// of a last partial item are in `ptr` all the same), or 0 with errno set on failure.
 #[no_mangle]
 pub extern "C" fn shoal_container_fread(ptr: *mut c_void, size: usize, nmemb: usize, h: *mut shoal_container) -> usize {
-    guard(0, || {
-        let Some(h) = handle(h) else { return 0 };
-        let Some(n) = total(ptr, size, nmemb, "fread") else { return 0 };
-        if n == 0 {
-            return 0;
-        }
-        // SAFETY: the caller's buffer of `n` bytes (non-NULL, checked). It may be
-        // uninitialised: zero it first, so that the slice made of it holds valid bytes.
-        let buf = unsafe {
-            std::ptr::write_bytes(ptr as *mut u8, 0, n);
-            std::slice::from_raw_parts_mut(ptr as *mut u8, n)
-        };
-        let Some(l) = h.logical() else { return 0 };
-        block(l.read(buf)).map_or(0, |got| got / size)
-    })
+    read_items(ptr, size, nmemb, h, "fread", |l, buf| block(l.read(buf)))
 }
 
 /// Make sure the next `nbytes` bytes written fit in the current chunk, moving to the

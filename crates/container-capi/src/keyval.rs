@@ -5,7 +5,7 @@
 //! "w,collsize=N").
 
 use crate::error::{fail, guard};
-use crate::handle::{handle, shoal_container, total, Kind};
+use crate::handle::{handle, read_items, shoal_container, total, write_items, Kind};
 use crate::runtime::block;
 use std::ffi::{c_int, c_void};
 
@@ -19,17 +19,7 @@ pub extern "C" fn shoal_container_fwrite_key(
     nmemb: usize,
     h: *mut shoal_container,
 ) -> usize {
-    guard(0, || {
-        let Some(h) = handle(h) else { return 0 };
-        let Some(n) = total(ptr, size, nmemb, "fwrite_key") else { return 0 };
-        if n == 0 {
-            return 0;
-        }
-        // SAFETY: the caller's `n` bytes at `ptr` (non-NULL, checked), alive for the call.
-        let data = unsafe { std::slice::from_raw_parts(ptr as *const u8, n) };
-        let Some(l) = h.logical() else { return 0 };
-        block(l.write_key(key, data)).map_or(0, |_| nmemb)
-    })
+    write_items(ptr, size, nmemb, h, "fwrite_key", |l, data| block(l.write_key(key, data)))
 }
 
 /// Read up to `nmemb` items of `size` bytes of `key`'s data into `ptr`, going on from
@@ -44,21 +34,7 @@ pub extern "C" fn shoal_container_fread_key(
     nmemb: usize,
     h: *mut shoal_container,
 ) -> usize {
-    guard(0, || {
-        let Some(h) = handle(h) else { return 0 };
-        let Some(n) = total(ptr, size, nmemb, "fread_key") else { return 0 };
-        if n == 0 {
-            return 0;
-        }
-        // SAFETY: the caller's buffer of `n` bytes (non-NULL, checked), zeroed first so
-        // that the slice made of it holds valid bytes.
-        let buf = unsafe {
-            std::ptr::write_bytes(ptr as *mut u8, 0, n);
-            std::slice::from_raw_parts_mut(ptr as *mut u8, n)
-        };
-        let Some(l) = h.logical() else { return 0 };
-        block(l.read_key(key, buf)).map_or(0, |got| got / size)
-    })
+    read_items(ptr, size, nmemb, h, "fread_key", |l, buf| block(l.read_key(key, buf)))
 }
 
 /// Place `key`'s read position at byte `pos` of its record number `entry` (from 0).
