@@ -60,12 +60,15 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
             bail!("--servers must be at least 1");
         }
         let mut map = ClusterMap::local(opts.servers, 7400, &dir);
+        // Each server's protocol port, then each server's HTTP port.
+        let n = opts.servers as usize;
         let ports = match opts.base_port {
-            Some(p) => (0..opts.servers).map(|i| p + i as u16).collect(),
-            None => free_ports(opts.servers as usize)?,
+            Some(p) => (0..2 * n).map(|i| p + i as u16).collect(),
+            None => free_ports(2 * n)?,
         };
-        for (s, port) in map.servers.iter_mut().zip(ports) {
-            s.addr = format!("127.0.0.1:{port}");
+        for (i, s) in map.servers.iter_mut().enumerate() {
+            s.addr = format!("127.0.0.1:{}", ports[i]);
+            s.http = Some(format!("127.0.0.1:{}", ports[n + i]));
         }
         if let Some(ss) = opts.stripe_size {
             map.cluster.stripe_size = ss;

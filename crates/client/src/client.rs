@@ -222,6 +222,7 @@ fn pool_options(opts: &ClientOptions, session: u64, notices: Option<shoal_rpc::N
         client_name: format!("shoal-client pid {}", std::process::id()),
         session,
         notices,
+        host_keys: opts.host_keys.clone(),
         ..PoolOptions::default()
     }
 }

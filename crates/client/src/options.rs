@@ -65,6 +65,11 @@ pub struct ClientOptions {
     /// caller can hand the call to the kernel. Default off (links resolve inside Shoal,
     /// `..` stays at the root).
     pub host_paths: bool,
+    /// Prove the host key from this ring rather than from the map's `host_key` file: for a
+    /// server's HTTP service, which derives the ring from its cluster key and states, per
+    /// request, the identity each HTTP request proved ([`Client::with_cred`](crate::Client::with_cred)).
+    /// Default none.
+    pub host_keys: Option<shoal_rpc::auth::PeerKeys>,
 }
 
 impl Default for ClientOptions {
@@ -81,6 +86,7 @@ impl Default for ClientOptions {
             dir_lease: Duration::from_secs(3),
             attr_leases: false,
             host_paths: false,
+            host_keys: None,
         }
     }
 }

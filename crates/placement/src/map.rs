@@ -14,6 +14,12 @@
 //! data_dir = "/var/lib/shoal/s0"   # used by the server itself
 //! weight = 1.0
 //! state = "up"                     # "up", "down" (still owns its objects) or "out"
+//! http = "127.0.0.1:8400"          # optional: this server's HTTP port (docs/http.md)
+//!
+//! [http]                             # optional; these are the defaults
+//! anonymous = "read"                 # or "none": requests without a token are refused
+//! anonymous_uid = 65534              # who anonymous requests act as (nobody/nogroup)
+//! anonymous_gid = 65534
 //!
 //! [security]                         # optional; these are the defaults
 //! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
@@ -70,6 +76,10 @@ pub struct ServerEntry {
     pub weight: f64,
     #[serde(default = "default_state")]
     pub state: ServerState,
+    /// `host:port` of this server's HTTP service (files, metrics, the status page); none
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
 }
 
 impl ServerEntry {
@@ -252,6 +262,47 @@ impl Default for Security {
     }
 }
 
+/// What a request to a server's HTTP port that carries no token may do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AnonymousAccess {
+    /// Read what the anonymous identity may read (`GET`, `HEAD`, listings).
+    #[default]
+    Read,
+    /// Nothing: every file request needs a token.
+    None,
+}
+
+fn nobody() -> u32 {
+    65534
+}
+
+/// The `[http]` table: who the servers' HTTP services serve (docs/http.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    #[serde(default)]
+    pub anonymous: AnonymousAccess,
+    /// The uid anonymous requests act as (POSIX permissions apply as to any user).
+    #[serde(default = "nobody")]
+    pub anonymous_uid: u32,
+    /// The gid anonymous requests act as.
+    #[serde(default = "nobody")]
+    pub anonymous_gid: u32,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings { anonymous: AnonymousAccess::Read, anonymous_uid: nobody(), anonymous_gid: nobody() }
+    }
+}
+
+impl HttpSettings {
+    fn is_default(&self) -> bool {
+        *self == HttpSettings::default()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 // A misspelt key (`stripe_cout`) is an error, not a silently applied default.
 #[serde(deny_unknown_fields)]
@@ -261,6 +312,8 @@ pub struct ClusterMap {
     pub servers: Vec<ServerEntry>,
     #[serde(default)]
     pub security: Security,
+    #[serde(default, skip_serializing_if = "HttpSettings::is_default")]
+    pub http: HttpSettings,
 }
 
 /// One line for a TOML error: where (line number) and what, without the source excerpt that
@@ -323,9 +376,11 @@ impl ClusterMap {
                     data_dir: Some(dir.join(format!("s{id}"))),
                     weight: 1.0,
                     state: ServerState::Up,
+                    http: None,
                 })
                 .collect(),
             security: Security::default(),
+            http: HttpSettings::default(),
         }
     }
 
@@ -358,6 +413,20 @@ impl ClusterMap {
             }
             if let Some(other) = self.servers[..i].iter().find(|o| same_addr(&o.addr, &s.addr)) {
                 return Err(format!("server {}: addr {} is also the address of server {}", s.id, s.addr, other.id));
+            }
+            if let Some(http) = &s.http {
+                if !is_host_port(http) {
+                    return Err(format!(
+                        "server {}: http {:?} must be host:port with a port from 1 to 65535",
+                        s.id, http
+                    ));
+                }
+                let taken = self.servers.iter().find(|o| {
+                    same_addr(&o.addr, http) || (o.id != s.id && o.http.as_deref().is_some_and(|h| same_addr(h, http)))
+                });
+                if let Some(other) = taken {
+                    return Err(format!("server {}: http {http} is also an address of server {}", s.id, other.id));
+                }
             }
             if s.data_dir.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
                 return Err(format!(
@@ -486,6 +555,19 @@ mod tests {
         assert!(refused(&|m| m.servers[1].addr = "127.0.0.1".into()).starts_with("server 1: addr \"127.0.0.1\""));
         assert!(refused(&|m| m.servers[1].addr = "host:http".into()).starts_with("server 1: addr"));
         assert!(refused(&|m| m.servers[1].addr = ":7000".into()).starts_with("server 1: addr"));
+        assert!(refused(&|m| m.servers[1].http = Some("8080".into())).starts_with("server 1: http \"8080\""));
+        let addr0 = map(4).servers[0].addr.clone();
+        assert_eq!(
+            refused(&|m| m.servers[1].http = Some(addr0.clone())),
+            format!("server 1: http {addr0} is also an address of server 0")
+        );
+        assert_eq!(
+            refused(&|m| {
+                m.servers[0].http = Some("127.0.0.1:8400".into());
+                m.servers[1].http = Some("127.0.0.1:8400".into());
+            }),
+            "server 0: http 127.0.0.1:8400 is also an address of server 1"
+        );
         assert!(refused(&|m| m.servers[1].weight = -1.0).starts_with("server 1: weight"));
         assert!(refused(&|m| m.cluster.stripe_size = 1000).starts_with("cluster.stripe_size 1000"));
         // Still accepted: all servers, and a count up to the servers not marked out.

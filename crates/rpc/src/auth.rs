@@ -172,13 +172,21 @@ impl Claim {
     /// What this process claims on a new connection to a server of `map`: `None` under
     /// `auth = "none"`; a peer when the pool has `peer_keys`; a host when the host key is
     /// readable (read each time, so a rotated key file is used at once); else a user.
-    pub(crate) fn new(map: &ClusterMap, peer_keys: Option<&PeerKeys>) -> Result<Option<Claim>, CallError> {
+    pub(crate) fn new(
+        map: &ClusterMap,
+        peer_keys: Option<&PeerKeys>,
+        host_keys: Option<&PeerKeys>,
+    ) -> Result<Option<Claim>, CallError> {
         if map.security.auth == AuthMode::None {
             return Ok(None);
         }
         let prover = match peer_keys {
             Some(keys) => match (keys.0)() {
                 Some(ring) => Prover::Key(Role::Peer, ring),
+                None => return Err(CallError::transport(Errno::EACCES, "this server holds no cluster key")),
+            },
+            None if host_keys.is_some() => match host_keys.and_then(|keys| (keys.0)()) {
+                Some(ring) => Prover::Key(Role::Host, ring),
                 None => return Err(CallError::transport(Errno::EACCES, "this server holds no cluster key")),
             },
             None => match KeyRing::load(&map.security.host_key, KeyKind::Host) {

@@ -67,6 +67,10 @@ pub struct PoolOptions {
     /// Set by servers: connect as a peer, proving this cluster key ring. Without it the pool
     /// proves the host key when it can read it, else asks the identity helper (`auth.rs`).
     pub peer_keys: Option<auth::PeerKeys>,
+    /// Prove the host key from this ring instead of reading the map's `host_key` file (a
+    /// server's HTTP service, which derives the host ring from its cluster key and acts
+    /// for the users its requests prove). Ignored when `peer_keys` is set.
+    pub host_keys: Option<auth::PeerKeys>,
     /// Where notices (frames a server sends unasked: lease revocations) go, with the id of
     /// the server that sent them; `None` in place of a notice when such a connection ends
     /// (a notice may have been lost with it). Called on the connection's reader task: it
@@ -93,6 +97,7 @@ impl Default for PoolOptions {
             session: 0,
             features: default_features(),
             peer_keys: None,
+            host_keys: None,
             notices: None,
         }
     }
@@ -311,7 +316,7 @@ impl Conn {
     ) -> Result<(Conn, ServerId), CallError> {
         // Who this side claims to be, decided before connecting (a process that can prove
         // nothing still connects: the error comes from the helper it cannot reach).
-        let claim = auth::Claim::new(map, opts.peer_keys.as_ref())?;
+        let claim = auth::Claim::new(map, opts.peer_keys.as_ref(), opts.host_keys.as_ref())?;
         let stream = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!("connect {addr}: {e}");
             CallError::transport(Errno::ENOTCONN, format!("cannot connect: {e}"))

@@ -14,7 +14,7 @@
 //! ```no_run
 //! # async fn f() -> anyhow::Result<()> {
 //! let opts = shoal_server::ServerOptions {
-//!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None,
+//!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None, http_listen: None,
 //!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
 //!     orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
 //!     lease_max: shoal_server::leases::DEFAULT_MAX,
@@ -29,6 +29,7 @@ mod conn_io;
 mod counters;
 mod dispatch;
 mod error;
+mod http;
 mod intents;
 pub mod leases;
 mod limits;
@@ -77,6 +78,9 @@ pub struct ServerOptions {
     pub data_dir: Option<PathBuf>,
     /// Overrides the address to listen on (default: the map entry's `addr`).
     pub listen: Option<String>,
+    /// Overrides the address of the HTTP service (default: the map entry's `http`; none
+    /// when neither is set).
+    pub http_listen: Option<String>,
     /// Connections held at once; 0 = derived from the descriptor limit (see `limits`).
     pub max_connections: usize,
     /// A connection that has not completed `Hello` within this time is closed.
@@ -134,6 +138,10 @@ fn load_cluster_key(map: &ClusterMap, config: &std::path::Path) -> anyhow::Resul
 pub struct Server {
     state: Arc<State>,
     listen: String,
+    /// Where the HTTP service listens, if anywhere.
+    http_listen: Option<String>,
+    /// The cluster map file (the HTTP gateway's client reloads it).
+    config: PathBuf,
     limits: limits::ConnLimits,
     orphan_grace: Duration,
     /// Under `[security] tls`: the TLS configuration of accepted connections.
@@ -157,6 +165,7 @@ impl Server {
             )
         })?;
         let listen = opts.listen.clone().unwrap_or(entry.addr.clone());
+        let http_listen = opts.http_listen.clone().or(entry.http.clone());
         let id = ServerId(opts.id);
         let keys = load_cluster_key(&map, &opts.config)?;
         let tls = load_tls(&map, &opts.config)?;
@@ -247,7 +256,15 @@ impl Server {
             tracing::info!("{} intents to replay", pending.len());
         }
         intents::pin_pending(&st, &pending).map_err(|e| anyhow!("{e}"))?;
-        Ok(Server { state, listen, limits, orphan_grace: opts.orphan_grace, tls })
+        Ok(Server {
+            state,
+            listen,
+            http_listen,
+            config: opts.config.clone(),
+            limits,
+            orphan_grace: opts.orphan_grace,
+            tls,
+        })
     }
 
     /// The address this server listens on unless told otherwise.
@@ -268,6 +285,14 @@ impl Server {
     /// metadata log and close the stores.
     pub async fn serve(self, listener: TcpListener, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let st = self.state;
+        let http = match &self.http_listen {
+            Some(at) => {
+                let l = TcpListener::bind(at).await.with_context(|| format!("cannot listen for HTTP on {at}"))?;
+                let gw = Arc::new(http::Gateway::new(st.clone(), &self.config)?);
+                Some(tokio::spawn(http::serve(gw, l)))
+            }
+            None => None,
+        };
         let addr: Option<SocketAddr> = listener.local_addr().ok();
         eprintln!("shoald {} listening on {}", st.id, addr.map_or(self.listen.clone(), |a| a.to_string()));
         tracing::info!("server {} serving (map version {})", st.id, st.map.version());
@@ -286,6 +311,10 @@ impl Server {
         }
         net::accept_loop(st.clone(), listener, self.limits, self.tls, shutdown).await;
         tracing::info!("server {} shutting down", st.id);
+        if let Some(http) = http {
+            http.abort();
+            let _ = http.await;
+        }
         wal.abort();
         recovery.abort();
         gc.abort();

@@ -69,6 +69,7 @@ impl Cluster {
             id,
             data_dir: None,
             listen: None,
+            http_listen: None,
             max_connections: 0,
             handshake_timeout: Duration::from_secs(10),
             orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,

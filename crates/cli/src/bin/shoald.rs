@@ -30,6 +30,11 @@ struct Args {
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
 
+    /// Address of the HTTP service, host:port (default: the map entry's http; no HTTP
+    /// service when neither is set).
+    #[arg(long, value_name = "ADDR")]
+    http_listen: Option<String>,
+
     /// Threads that serve requests: 0 = one per CPU; 1 = a single thread (no hand-offs
     /// between threads: best when several servers share a machine, as `shoal cluster up`
     /// arranges). File I/O runs on a separate pool either way.
@@ -111,6 +116,7 @@ fn main() -> ExitCode {
         id: args.id,
         data_dir: args.data_dir,
         listen: args.listen,
+        http_listen: args.http_listen,
         max_connections: args.max_connections,
         handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
         orphan_grace: std::time::Duration::from_secs(args.orphan_grace),

@@ -23,7 +23,8 @@ pub struct UpArgs {
     /// Folder for the config, logs, pid files and each server's data (DIR/s<id>).
     #[arg(long)]
     dir: PathBuf,
-    /// First TCP port (servers use consecutive ports); default: free ports chosen by the kernel.
+    /// First TCP port: servers use consecutive ports from it, then their HTTP ports follow
+    /// (N servers take 2N ports); default: free ports chosen by the kernel.
     #[arg(long)]
     base_port: Option<u16>,
     /// Default stripe size of new files (e.g. 1M, 64K).

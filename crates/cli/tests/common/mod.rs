@@ -53,8 +53,10 @@ impl Cluster {
         let dir = tempfile::Builder::new().prefix("shoal-test-").tempdir().unwrap();
         prepare(dir.path());
         let mut map = ClusterMap::local(n, 0, dir.path());
-        for (s, p) in map.servers.iter_mut().zip(free_ports(n as usize)) {
-            s.addr = format!("127.0.0.1:{p}");
+        let ports = free_ports(2 * n as usize);
+        for (i, s) in map.servers.iter_mut().enumerate() {
+            s.addr = format!("127.0.0.1:{}", ports[i]);
+            s.http = Some(format!("127.0.0.1:{}", ports[n as usize + i]));
         }
         tweak(&mut map);
         let config = dir.path().join("cluster.toml");
@@ -102,6 +104,11 @@ impl Cluster {
 
     pub fn addr(&self, id: u32) -> String {
         self.map.servers[id as usize].addr.clone()
+    }
+
+    /// Base URL of server `id`'s HTTP service (`http://127.0.0.1:PORT`).
+    pub fn http_url(&self, id: u32) -> String {
+        format!("http://{}", self.map.servers[id as usize].http.as_deref().expect("the test cluster has HTTP ports"))
     }
 
     fn wait_ready(&mut self, id: u32) {
