@@ -63,6 +63,19 @@ enum Command {
     Chmod(cmd::files::ChmodArgs),
     /// Copy between the local file system and Shoal, or within Shoal.
     Cp(cmd::cp::CpArgs),
+    /// Copy a remote HTTP(S) file into Shoal, fetched by the servers in parallel byte ranges.
+    #[command(long_about = "Copy a remote HTTP(S) file into Shoal (reverse read, docs/import.md). One server \
+asks the remote for the file's size and whether it serves byte ranges; then every server of the new \
+file's layout fetches the ranges its objects hold, several at once, and writes them in place: the \
+bytes go from the remote to the servers that keep them, never through this process. Use -c -1 to \
+stripe the file over all servers so that all of them fetch.\n\n\
+A remote that does not serve byte ranges (or does not say the file's size) is streamed through \
+this process instead, with a note.\n\n\
+Exit status: 0 imported; 1 failure (unreachable or refusing remote, the remote file changed \
+during the import, a Shoal error); 2 usage error.")]
+    Import(cmd::import::ImportArgs),
+    /// Send a Shoal file to an HTTP(S) URL with a streamed PUT.
+    Export(cmd::import::ExportArgs),
     /// Set the stripe layout of a new file, or the default of a directory (like lfs setstripe).
     Setstripe(cmd::stripe::SetstripeArgs),
     /// Show the stripe layout of a file or the default of a directory (like lfs getstripe).
@@ -139,6 +152,8 @@ fn main() -> ExitCode {
             Command::Ln(a) => cmd::files::ln(&ctx, a).await,
             Command::Chmod(a) => cmd::files::chmod(&ctx, a).await,
             Command::Cp(a) => cmd::cp::cp(&ctx, a).await,
+            Command::Import(a) => cmd::import::import(&ctx, a).await,
+            Command::Export(a) => cmd::import::export(&ctx, a).await,
             Command::Setstripe(a) => cmd::stripe::setstripe(&ctx, a).await,
             Command::Getstripe(a) => cmd::stripe::getstripe(&ctx, a).await,
             Command::Keygen(a) => cmd::keygen::keygen(&ctx, a),

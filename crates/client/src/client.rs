@@ -164,6 +164,8 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Opened { .. } => "Opened",
         Reply::Leased { .. } => "Leased",
         Reply::Partitions { .. } => "Partitions",
+        Reply::UrlInfo(_) => "UrlInfo",
+        Reply::Fetched { .. } => "Fetched",
     }
 }
 
@@ -182,6 +184,8 @@ pub(crate) fn reads_only(op: &Op) -> bool {
             | Op::ListXattr { .. }
             | Op::Read { .. }
             | Op::ReadList { .. }
+            | Op::UrlProbe { .. }
+            | Op::FetchInto { .. }
             | Op::Fsync { .. }
             | Op::Open { .. }
             | Op::StatFs

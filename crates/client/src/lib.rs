@@ -78,6 +78,7 @@ mod detach;
 mod error;
 mod file;
 mod gather;
+mod import;
 mod leases;
 mod list_io;
 mod listing;
@@ -93,13 +94,14 @@ pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
 pub use error::{Error, Result};
 pub use file::{File, GATHER_MAX, HOLD_FOR, MAX_APPEND, MAX_PIECE, READAHEAD_CHUNK};
+pub use import::{ImportOptions, ImportReport};
 pub use list_io::SIEVE_GAP;
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::{Bitmap, ClusterMap};
 pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
-    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
+    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, UrlInfo, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
 };
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 

@@ -20,6 +20,7 @@
 //! anonymous = "read"                 # or "none": requests without a token are refused
 //! anonymous_uid = 65534              # who anonymous requests act as (nobody/nogroup)
 //! anonymous_gid = 65534
+//! import_from = []                   # URL prefixes `shoal import` may fetch (empty: any)
 //!
 //! [security]                         # optional; these are the defaults
 //! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
@@ -289,11 +290,21 @@ pub struct HttpSettings {
     /// The gid anonymous requests act as.
     #[serde(default = "nobody")]
     pub anonymous_gid: u32,
+    /// URL prefixes the servers may fetch from for `shoal import` (docs/import.md); empty:
+    /// any `http` or `https` URL. Servers fetch from their own network position, so a site
+    /// whose servers reach internal services should list what users may import from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub import_from: Vec<String>,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        HttpSettings { anonymous: AnonymousAccess::Read, anonymous_uid: nobody(), anonymous_gid: nobody() }
+        HttpSettings {
+            anonymous: AnonymousAccess::Read,
+            anonymous_uid: nobody(),
+            anonymous_gid: nobody(),
+            import_from: Vec::new(),
+        }
     }
 }
 

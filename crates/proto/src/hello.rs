@@ -44,9 +44,13 @@ pub const FEATURE_ATTR_LEASES: u64 = 1 << 3;
 /// them close a connection that carries a request they cannot decode).
 pub const FEATURE_LIST_IO: u64 = 1 << 4;
 
+/// Reverse read (docs/import.md): the server knows `Op::UrlProbe` and `Op::FetchInto`. A
+/// client imports through servers that agreed and says which did not otherwise.
+pub const FEATURE_FETCH: u64 = 1 << 5;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 =
-    FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS | FEATURE_ATTR_LEASES | FEATURE_LIST_IO;
+    FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS | FEATURE_ATTR_LEASES | FEATURE_LIST_IO | FEATURE_FETCH;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says

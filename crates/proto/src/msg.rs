@@ -157,6 +157,29 @@ pub struct ObjectPiece {
     pub len: u32,
 }
 
+/// A piece of a `FetchInto`: the remote file's bytes `file_offset .. file_offset + len`,
+/// stored at `offset` in the object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FetchPiece {
+    pub file_offset: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Most pieces in one `FetchInto`.
+pub const MAX_FETCH_PIECES: usize = 1 << 12;
+
+/// What a server learnt of a URL (`UrlProbe`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UrlInfo {
+    /// The size of the remote file, when its server said.
+    pub size: Option<u64>,
+    /// Whether its server answers byte ranges (`206 Partial Content`).
+    pub ranges: bool,
+    /// Its strong entity tag, if it gave one (weak ones cannot guard ranges).
+    pub etag: Option<String>,
+}
+
 /// Most pieces in one `ReadList` or `WriteList`.
 pub const MAX_LIST_PIECES: usize = 1 << 16;
 
@@ -462,6 +485,29 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cap: Option<Capability>,
     },
+    /// Reverse read (`shoal import`, docs/import.md): the server asks the HTTP(S) server of
+    /// `url` for its size and whether it serves byte ranges. Answered `UrlInfo`.
+    UrlProbe {
+        url: String,
+    },
+    /// Reverse read: the server fetches byte ranges of `url` itself and writes each straight
+    /// into its object `index` of `ino`: piece `p` is the file's bytes
+    /// `p.file_offset .. + p.len`, stored at `p.offset` in the object. At most `parallel`
+    /// range requests run at once. With `etag`, every range request carries `If-Match`, so
+    /// that a remote file that changes during the import fails it (`EIO`, saying so) instead of
+    /// mixing two versions. Does not change the file's size (the client sets it at the end).
+    /// Answered `Fetched` with the bytes stored.
+    FetchInto {
+        url: String,
+        ino: Ino,
+        index: u32,
+        pieces: Vec<FetchPiece>,
+        parallel: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        etag: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cap: Option<Capability>,
+    },
     /// Make the objects of `ino` on this server, and this server's metadata log, durable.
     Fsync {
         ino: Ino,
@@ -674,6 +720,8 @@ impl Op {
             Op::ReadList { .. } => "read_list",
             Op::WriteList { .. } => "write_list",
             Op::Fsync { .. } => "fsync",
+            Op::UrlProbe { .. } => "url_probe",
+            Op::FetchInto { .. } => "fetch_into",
             Op::Batch { .. } => "batch",
             Op::StatFs => "statfs",
             Op::Status => "status",
@@ -838,6 +886,12 @@ pub enum Reply {
     /// Answer to `Append`: where the bytes went (the file's size before them).
     Appended {
         offset: u64,
+    },
+    /// Answer to `UrlProbe`.
+    UrlInfo(UrlInfo),
+    /// Answer to `FetchInto`: the bytes fetched and stored.
+    Fetched {
+        bytes: u64,
     },
     /// Answer to `ScrubStart` and `ScrubStatus`.
     Scrub(ScrubStatus),

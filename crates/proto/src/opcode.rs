@@ -62,6 +62,8 @@ impl Op {
             Op::PeerPartitionAttr { .. } => 46,
             Op::ReadList { .. } => 47,
             Op::WriteList { .. } => 48,
+            Op::UrlProbe { .. } => 49,
+            Op::FetchInto { .. } => 50,
         }
     }
 }
@@ -93,6 +95,8 @@ impl Reply {
             Reply::Leased { .. } => 21,
             Reply::Partitions { .. } => 22,
             Reply::DataList { .. } => 23,
+            Reply::UrlInfo(_) => 24,
+            Reply::Fetched { .. } => 25,
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use crate::caps;
 use crate::error::{fail, Fail, R};
-use crate::ops::{data, inode, namespace, peer};
+use crate::ops::{data, fetch, inode, namespace, peer};
 use crate::state::State;
 use crate::store::write_crcs::PieceCrcs;
 use bytes::Bytes;
@@ -115,6 +115,7 @@ async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
 fn space_needed(op: &Op, data: &Bytes) -> Option<u64> {
     match op {
         Op::Write { .. } | Op::WriteList { .. } => Some(data.len() as u64),
+        Op::FetchInto { pieces, .. } => Some(pieces.iter().map(|p| p.len).sum()),
         Op::Create { .. }
         | Op::Mkdir { .. }
         | Op::Symlink { .. }
@@ -202,6 +203,11 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Append { ino, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
             data::append(st, ino, data).await?
+        }
+        Op::UrlProbe { url } => fetch::probe(st, &url).await?,
+        Op::FetchInto { url, ino, index, pieces, parallel, etag, cap } => {
+            caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
+            fetch::fetch_into(st, &url, ino, index, pieces, parallel, etag).await?
         }
         Op::Fsync { ino, data_only, cap } => {
             caps::check(st, cap.as_ref(), ino, 0)?;

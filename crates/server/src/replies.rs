@@ -266,6 +266,9 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::ListXattr { .. }
         | Op::Read { .. }
         | Op::ReadList { .. }
+        // Idempotent: a resent fetch stores the same bytes again.
+        | Op::UrlProbe { .. }
+        | Op::FetchInto { .. }
         | Op::Fsync { .. }
         | Op::Open { .. }
         | Op::StatFs

@@ -4,6 +4,7 @@
 //! the work left after a commit.
 
 pub mod data;
+pub mod fetch;
 pub mod inode;
 pub mod namespace;
 pub mod peer;
