@@ -7,6 +7,7 @@ pub mod cp;
 pub mod demo;
 pub mod files;
 pub mod identityd;
+pub mod job;
 pub mod keygen;
 pub mod mount;
 pub mod scrub;
