@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// `mpirun` set up for this machine (root, 2 cores), or `None` when not installed (the
-/// test is skipped with a note, as the other mpirun tests do). `orte_abort_on_non_zero_status
-/// 0` lets every rank finish even when one fails, so that each rank's own exit line shows.
+/// `mpirun -np N shoal` set up for this machine (root, 2 cores), or `None` when not
+/// installed (the test is skipped with a note, as the other mpirun tests do).
+/// `orte_abort_on_non_zero_status 0` lets every rank finish even when one fails, so that
+/// each rank's own line shows; mpirun then exits 0 whatever the ranks did, so each rank
+/// runs under `sh`, which prints its exit status ("exit N", see [`exits`]).
 fn mpirun(np: usize) -> Option<Command> {
     if Command::new("mpirun").arg("--version").stdin(Stdio::null()).output().is_err() {
         eprintln!("SKIPPED: mpirun is not installed (apt-get install openmpi-bin; scripts/env.sh lists it)");
@@ -22,6 +24,7 @@ fn mpirun(np: usize) -> Option<Command> {
         .args(["--oversubscribe", "--tag-output", "--mca", "orte_abort_on_non_zero_status", "0"])
         .arg("-np")
         .arg(np.to_string())
+        .args(["sh", "-c", "\"$0\" \"$@\"; echo \"exit $?\" >&2"])
         .arg(env!("CARGO_BIN_EXE_shoal"))
         .stdin(Stdio::null());
     Some(cmd)
@@ -54,6 +57,17 @@ fn run(mut cmd: Command, limit: Duration) -> (i32, String, String) {
         std::thread::sleep(Duration::from_millis(50));
     };
     (status.code().unwrap_or(-1), std::fs::read_to_string(&o).unwrap(), std::fs::read_to_string(&e).unwrap())
+}
+
+/// Each rank's exit status, from the "exit N" lines of `mpirun --tag-output`.
+fn exits(err: &str, np: u32) -> Vec<i32> {
+    (0..np)
+        .map(|r| {
+            let tag = format!(",{r}]<stderr>:exit ");
+            let line = err.lines().find(|l| l.contains(&tag)).unwrap_or_else(|| panic!("no exit of rank {r}:\n{err}"));
+            line.rsplit(' ').next().unwrap().trim().parse().unwrap()
+        })
+        .collect()
 }
 
 /// Pids of the `shoald` processes whose command line names a config in `shared`.
@@ -141,6 +155,7 @@ fn job_up_stages_in_and_down_stages_out_the_tree_with_results() {
     up.arg(&src);
     let (code, out, err) = run(up, Duration::from_secs(240));
     assert_eq!(code, 0, "job up failed\nstdout: {out}\nstderr: {err}");
+    assert_eq!(exits(&err, 4), vec![0; 4], "{err}");
     let config = shared.join("cluster.toml");
     assert!(out.contains(&format!("export SHOAL_CONFIG={}", config.canonicalize().unwrap().display())), "{out}");
     assert!(err.contains("staged in 4 files and 4 directories"), "{err}");
@@ -180,6 +195,7 @@ fn job_up_stages_in_and_down_stages_out_the_tree_with_results() {
     down.args(["job", "down", "--dir"]).arg(&shared).args(["--split-size", "256K", "--stage-out"]).arg(&dst);
     let (code, out, err) = run(down, Duration::from_secs(240));
     assert_eq!(code, 0, "job down failed\nstdout: {out}\nstderr: {err}");
+    assert_eq!(exits(&err, 4), vec![0; 4], "{err}");
     let mut want = tree(&src);
     want.push(("results".into(), None));
     want.push(("results/out.dat".into(), Some(pattern(300_000, 11))));
@@ -205,7 +221,8 @@ fn job_up_with_a_missing_stage_in_source_fails_on_every_rank_and_leaves_nothing_
     up.args(["job", "up", "--dir"]).arg(&shared).arg("--local").arg(&local);
     up.args(["--bind", "127.0.0.1", "--wait", "60", "--stage-in"]).arg(t.path().join("no-such-source"));
     let (code, out, err) = run(up, Duration::from_secs(180));
-    assert_ne!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(code, 0, "mpirun itself: stdout: {out}\nstderr: {err}");
+    assert_eq!(exits(&err, 4), vec![1; 4], "{err}");
     // One line from each rank (mpirun --tag-output: "[job,rank]<stderr>:"), naming the cause.
     for rank in 0..4 {
         let tag = format!(",{rank}]<stderr>:");
@@ -225,7 +242,8 @@ fn job_up_with_a_missing_stage_in_source_fails_on_every_rank_and_leaves_nothing_
         "60",
     ]);
     let (code, _, err) = run(again, Duration::from_secs(180));
-    assert_ne!(code, 0);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(exits(&err, 4), vec![1; 4], "{err}");
     assert!(err.contains("holds a formation already"), "{err}");
     assert!(shoalds_of(&shared).is_empty());
     // ... which `job down` without a launcher does.

@@ -295,7 +295,7 @@ async fn up_steps(
         let way = Way::In { src: src.clone(), dst: dst.clone() };
         let s = stage::stage(&client, shared, &way, a.split_size, "stage-in").await?;
         if rank == 0 {
-            eprintln!(
+            say(&format!(
                 "staged in {} files and {} directories, {} from {} to shoal:/{} in {:.1} s ({}/s, {} ranks)",
                 s.files,
                 s.dirs,
@@ -305,7 +305,7 @@ async fn up_steps(
                 s.secs,
                 crate::fmt::human_bytes((s.bytes as f64 / s.secs.max(1e-3)) as u64),
                 launch.size
-            );
+            ));
         }
     }
     blocking(|| shared.barrier("ready")).await?;
@@ -314,6 +314,13 @@ async fn up_steps(
         println!("export SHOAL_CONFIG={}", config.display());
     }
     Ok(())
+}
+
+/// One line on stderr in one write: launchers that tag the lines of each rank tag every
+/// write, so a line written in pieces would come out cut up.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
 /// Run a blocking wait (the barriers poll the file system) off the async workers.
@@ -410,7 +417,7 @@ async fn down(ctx: &Ctx, a: DownArgs) -> Result<()> {
             let way = Way::Out { src: "/".into(), dst: dst.clone() };
             let s = stage::stage(&client, &shared, &way, a.split_size, "stage-out").await?;
             if launch.rank == 0 {
-                eprintln!(
+                say(&format!(
                     "staged out {} files and {} directories, {} to {} in {:.1} s ({}/s, {} ranks)",
                     s.files,
                     s.dirs,
@@ -419,7 +426,7 @@ async fn down(ctx: &Ctx, a: DownArgs) -> Result<()> {
                     s.secs,
                     crate::fmt::human_bytes((s.bytes as f64 / s.secs.max(1e-3)) as u64),
                     launch.size
-                );
+                ));
             }
             Ok(())
         })

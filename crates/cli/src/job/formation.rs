@@ -173,11 +173,6 @@ impl Shared {
             pause = (pause * 2).min(Duration::from_millis(200));
         }
     }
-
-    /// Remove this run's folder (barriers, marker, progress).
-    pub fn remove_run(&self) {
-        let _ = std::fs::remove_dir_all(&self.run);
-    }
 }
 
 /// Another rank's failure, as recorded in `failed` ("rank R: cause"). Ranks that stop on it
