@@ -40,21 +40,52 @@ pub struct Launch {
     pub job: Option<String>,
 }
 
-/// (kind, rank variable, size variable, local rank variable, local size variable, job id
-/// variables), in the order tried. Slurm comes first: `srun` of an Open MPI program
-/// exports both, and Slurm's ids are the ones a user sees in `squeue`.
-const LAUNCHERS: [(Kind, &str, &str, &str, &str, &[&str]); 4] = [
-    (Kind::Slurm, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", &["SLURM_JOB_ID"]),
-    (
-        Kind::OpenMpi,
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"],
-    ),
-    (Kind::Pmi, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", &["PMI_JOBID"]),
-    (Kind::Pmi, "PMIX_RANK", "PMIX_SIZE", "PMIX_LOCAL_RANK", "PMIX_LOCAL_SIZE", &["PMIX_NAMESPACE"]),
+/// The variables one launcher sets.
+struct Vars {
+    kind: Kind,
+    rank: &'static str,
+    size: &'static str,
+    local_rank: &'static str,
+    local_size: &'static str,
+    /// Tried in order for the job's id.
+    jobs: &'static [&'static str],
+}
+
+/// In the order tried. Slurm comes first: `srun` of an Open MPI program exports both, and
+/// Slurm's ids are the ones a user sees in `squeue`.
+const LAUNCHERS: [Vars; 4] = [
+    Vars {
+        kind: Kind::Slurm,
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_rank: "SLURM_LOCALID",
+        local_size: "SLURM_NTASKS_PER_NODE",
+        jobs: &["SLURM_JOB_ID"],
+    },
+    Vars {
+        kind: Kind::OpenMpi,
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_rank: "OMPI_COMM_WORLD_LOCAL_RANK",
+        local_size: "OMPI_COMM_WORLD_LOCAL_SIZE",
+        jobs: &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"],
+    },
+    Vars {
+        kind: Kind::Pmi,
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_rank: "MPI_LOCALRANKID",
+        local_size: "MPI_LOCALNRANKS",
+        jobs: &["PMI_JOBID"],
+    },
+    Vars {
+        kind: Kind::Pmi,
+        rank: "PMIX_RANK",
+        size: "PMIX_SIZE",
+        local_rank: "PMIX_LOCAL_RANK",
+        local_size: "PMIX_LOCAL_SIZE",
+        jobs: &["PMIX_NAMESPACE"],
+    },
 ];
 
 impl Launch {
@@ -64,7 +95,8 @@ impl Launch {
     }
 
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>> {
-        for (kind, rv, sv, lrv, lsv, jobs) in LAUNCHERS {
+        for v in LAUNCHERS {
+            let (kind, rv, sv, lrv, lsv, jobs) = (v.kind, v.rank, v.size, v.local_rank, v.local_size, v.jobs);
             let (Some(r), Some(s)) = (get(rv), get(sv)) else { continue };
             let rank: u32 = r.trim().parse().map_err(|_| anyhow!("{rv}={r:?} is not a rank"))?;
             let size: u32 = s.trim().parse().map_err(|_| anyhow!("{sv}={s:?} is not a number of ranks"))?;

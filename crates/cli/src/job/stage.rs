@@ -49,7 +49,7 @@ pub enum Way {
 
 fn join_shoal(root: &str, rel: &str) -> String {
     match (root.trim_end_matches('/'), rel) {
-        (r, "") if r.is_empty() => "/".into(),
+        ("", "") => "/".into(),
         (r, "") => r.into(),
         (r, rel) => format!("{r}/{rel}"),
     }
