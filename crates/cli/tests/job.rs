@@ -271,3 +271,41 @@ fn job_up_without_a_launcher_is_a_usage_error() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("runs under a launcher"), "{err}");
 }
+
+#[test]
+fn job_down_whose_stage_out_fails_keeps_the_servers_and_cleanup_without_a_launcher_stops_them() {
+    let Some(mut up) = mpirun(4) else { return };
+    let t = tempfile::tempdir().unwrap();
+    let (shared, local) = (t.path().join("shared"), t.path().join("local"));
+    let _reaper = Reaper(shared.clone());
+    std::fs::create_dir_all(&local).unwrap();
+    up.args(["job", "up", "--dir"]).arg(&shared).arg("--local").arg(&local);
+    up.args(["--bind", "127.0.0.1", "--wait", "60"]);
+    let (code, out, err) = run(up, Duration::from_secs(180));
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert_eq!(exits(&err, 4), vec![0; 4], "{err}");
+    assert_eq!(shoalds_of(&shared).len(), 4);
+
+    // A destination below a regular file cannot be made: every rank fails, nothing stops,
+    // because the results are not safe yet.
+    let blocker = t.path().join("a-file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let mut down = mpirun(4).unwrap();
+    down.args(["job", "down", "--dir"]).arg(&shared).args(["--wait", "60", "--stage-out"]).arg(blocker.join("out"));
+    let (code, _, err) = run(down, Duration::from_secs(180));
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(exits(&err, 4), vec![1; 4], "{err}");
+    assert!(err.contains("stage-out failed; the formation still runs"), "{err}");
+    assert_eq!(shoalds_of(&shared).len(), 4, "servers stopped although the stage-out failed");
+    assert_eq!(local_dirs(&local).len(), 4);
+
+    // Clean-up without a launcher: every server of this node stopped, everything removed.
+    let mut cleanup = Command::new(env!("CARGO_BIN_EXE_shoal"));
+    cleanup.args(["job", "down", "--dir"]).arg(&shared);
+    let (code, out, err) = run(cleanup, Duration::from_secs(120));
+    assert_eq!(code, 0, "stdout: {out}\nstderr: {err}");
+    assert!(out.contains("stopped 4 servers"), "{out}");
+    assert!(shoalds_of(&shared).is_empty(), "servers still running: {:?}", shoalds_of(&shared));
+    assert!(std::fs::read_dir(&local).unwrap().next().is_none(), "node-local data left");
+    assert!(!shared.exists());
+}
