@@ -162,6 +162,14 @@ fn job_up_stages_in_and_down_stages_out_the_tree_with_results() {
     // The formation outlived mpirun: four servers, each with its own node-local folder.
     assert_eq!(shoalds_of(&shared).len(), 4, "servers after job up");
     assert_eq!(local_dirs(&local).len(), 4, "{:?}", local_dirs(&local));
+    // Every server's HTTP port, from the formation's map, answers.
+    let map = shoal_placement::ClusterMap::load(&config).unwrap();
+    for s in &map.servers {
+        let url =
+            format!("http://{}/health", s.http.as_deref().expect("the formation gives every server an HTTP port"));
+        let out = Command::new("curl").args(["-sf", "--max-time", "10", &url]).output().expect("curl");
+        assert!(out.status.success(), "{url}: {}", String::from_utf8_lossy(&out.stderr));
+    }
     let key = std::fs::metadata(shared.join("cluster.key")).unwrap();
     assert_eq!(std::os::unix::fs::PermissionsExt::mode(&key.permissions()) & 0o777, 0o600);
 
