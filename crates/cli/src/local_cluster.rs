@@ -178,6 +178,12 @@ fn threads_per_server(config: &Path) -> usize {
 
 /// Start server `id` of the cluster in `dir` as a detached process.
 pub fn start_server(dir: &Path, config: &Path, id: u32) -> Result<u32> {
+    start_server_threads(dir, config, id, threads_per_server(config))
+}
+
+/// [`start_server`] with `threads` request threads (a formation of `shoal job` has a node
+/// per server, so the share of this machine's CPUs is not the map's business).
+pub fn start_server_threads(dir: &Path, config: &Path, id: u32, threads: usize) -> Result<u32> {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -187,7 +193,7 @@ pub fn start_server(dir: &Path, config: &Path, id: u32) -> Result<u32> {
     let bin = shoald_binary();
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("--config").arg(config).arg("--id").arg(id.to_string());
-    cmd.arg("--threads").arg(threads_per_server(config).to_string());
+    cmd.arg("--threads").arg(threads.max(1).to_string());
     cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Own session: a Ctrl-C in the terminal that ran `cluster up` must not stop the servers.
     unsafe {

@@ -7,6 +7,7 @@
 
 mod cmd;
 mod fmt;
+mod job;
 mod local_cluster;
 
 use clap::{Parser, Subcommand};
@@ -116,6 +117,10 @@ physical file and the block). docs/container-tools.md has the details, docs/cont
 the format."
     )]
     Container(cmd::container::ContainerCmd),
+    /// Per-job formations: one shoald per node of a Slurm or MPI job on node-local storage,
+    /// with parallel stage-in and stage-out (run by every rank; docs/job.md).
+    #[command(subcommand)]
+    Job(cmd::job::JobCmd),
     /// Shoal's main job: start a 4-server cluster, write, stripe, list and read back files, print a summary.
     Demo(cmd::demo::DemoArgs),
 }
@@ -165,6 +170,7 @@ fn main() -> ExitCode {
             Command::Scrub(a) => cmd::scrub::scrub(&ctx, a).await,
             Command::Container(c) => cmd::container::run(&ctx, c).await,
             Command::Sim(a) => cmd::sim::sim(a),
+            Command::Job(c) => cmd::job::run(&ctx, c).await,
         }
     });
     rt.shutdown_timeout(std::time::Duration::from_millis(100));

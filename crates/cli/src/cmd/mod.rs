@@ -8,6 +8,7 @@ pub mod demo;
 pub mod files;
 pub mod identityd;
 pub mod import;
+pub mod job;
 pub mod keygen;
 pub mod mount;
 pub mod scrub;
