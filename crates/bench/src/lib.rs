@@ -21,6 +21,7 @@ pub mod container;
 pub mod counters;
 pub mod driver;
 pub mod hist;
+pub mod import;
 pub mod link;
 pub mod listing;
 pub mod mpi;
