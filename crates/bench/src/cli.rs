@@ -43,6 +43,9 @@ pub enum BenchCmd {
     /// container, as a multi-file container and through collectors; create time, bandwidth,
     /// bytes on disk, on the native client and POSIX directories side by side.
     Container(crate::container::ContainerArgs),
+    /// HTTP GETs of a file striped over every server (one stream, N parallel ranges) against
+    /// the native client's read; MiB/s and ratios.
+    Http(crate::http::HttpArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -320,6 +323,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
             run_workload(config, timeout, &a.common, name, Workload::Md(md), phases).await
         }
         BenchCmd::Container(a) => crate::container::run(config, a).await,
+        BenchCmd::Http(a) => crate::http::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await
