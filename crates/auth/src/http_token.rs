@@ -138,7 +138,10 @@ mod tests {
         assert_eq!(parse(&newer, Some(&ring.retired()), 0), Err(TokenError::Forged));
         assert!(matches!(parse("abc", Some(&ring), 0), Err(TokenError::Malformed(_))));
         assert!(matches!(parse("shoal1.1.x.1..5.00", Some(&ring), 0), Err(TokenError::Malformed(_))));
-        assert!(matches!(parse(&t.replacen("shoal1.1.", "shoal1.9.", 1), Some(&ring), 0), Err(TokenError::UnknownEpoch(9))));
+        assert!(matches!(
+            parse(&t.replacen("shoal1.1.", "shoal1.9.", 1), Some(&ring), 0),
+            Err(TokenError::UnknownEpoch(9))
+        ));
         // An unsigned token passes only where nothing is checked (auth = "none").
         let u = mint_unsigned(&claims());
         assert!(matches!(parse(&u, Some(&ring), 0), Err(TokenError::Malformed(_))));

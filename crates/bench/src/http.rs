@@ -20,7 +20,9 @@ use std::time::Instant;
 const CHUNK: usize = 16 << 20;
 
 #[derive(Args, Debug, Clone)]
-#[command(after_help = "Examples:\n  shoal bench http                 # 1 GiB, server 0's HTTP port, 4 parallel ranges\n  shoal bench http -s 256M -P 8 --server 2 --json")]
+#[command(
+    after_help = "Examples:\n  shoal bench http                 # 1 GiB, server 0's HTTP port, 4 parallel ranges\n  shoal bench http -s 256M -P 8 --server 2 --json"
+)]
 pub struct HttpArgs {
     /// File size.
     #[arg(short = 's', long = "size", value_parser = parse_size, default_value = "1G")]
@@ -159,7 +161,11 @@ async fn curl(url: &str, range: Option<&str>, token: Option<&str>) -> Result<()>
     }
     let out = cmd.output().await.context("run curl (is it installed?)")?;
     if !out.status.success() {
-        bail!("curl {url}{}: {}", range.map(|r| format!(" -r {r}")).unwrap_or_default(), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "curl {url}{}: {}",
+            range.map(|r| format!(" -r {r}")).unwrap_or_default(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(())
 }

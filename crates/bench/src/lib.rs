@@ -19,10 +19,10 @@
 pub mod cli;
 pub mod clock;
 pub mod container;
-pub mod http;
 pub mod counters;
 pub mod driver;
 pub mod hist;
+pub mod http;
 pub mod link;
 pub mod listing;
 pub mod mpi;

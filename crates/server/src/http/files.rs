@@ -74,8 +74,8 @@ async fn fs(State(gw): State<Arc<Gateway>>, method: Method, uri: Uri, headers: H
     let r = async {
         let t = target(uri.path())?;
         let write = method == Method::PUT || method == Method::DELETE;
-        let w = who(&gw, &headers, write)?;
-        let client = gw.client.with_cred(w.cred.clone());
+        let cred = who(&gw, &headers, write)?;
+        let client = gw.client.with_cred(cred);
         match method {
             Method::GET | Method::HEAD => get(&client, &uri, &t, &headers, method == Method::HEAD).await,
             Method::PUT => put(&client, &t, body).await,
@@ -108,7 +108,7 @@ fn system_time(a: &Attr) -> SystemTime {
 /// A strong validator: the inode, the size and the modification time to the nanosecond
 /// change with every write that a reader could see.
 fn etag(a: &Attr) -> String {
-    format!("\"{:x}-{:x}-{:x}.{:x}\"", a.ino, a.size, a.mtime.secs, a.mtime.nsecs)
+    format!("\"{:x}-{:x}-{:x}.{:x}\"", a.ino.0, a.size, a.mtime.secs, a.mtime.nsecs)
 }
 
 fn hv(s: &str) -> HeaderValue {
@@ -124,8 +124,10 @@ fn none_match(value: &str, tag: &str) -> bool {
 fn not_modified_since(value: &str, mtime: SystemTime) -> bool {
     match httpdate::parse_http_date(value) {
         // HTTP dates have whole seconds.
-        Ok(since) => mtime.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-            <= since.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        Ok(since) => {
+            mtime.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+                <= since.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+        }
         Err(_) => false,
     }
 }
@@ -184,7 +186,10 @@ async fn get(client: &Client, uri: &Uri, t: &Target, headers: &HeaderMap, head: 
     let (status, len, body): (StatusCode, u64, Body) = match wanted {
         RangeRequest::Unsatisfiable => {
             h.insert(header::CONTENT_RANGE, hv(&format!("bytes */{size}")));
-            let e = HttpError::new(StatusCode::RANGE_NOT_SATISFIABLE, format!("no range within the {size} bytes of {}", t.path));
+            let e = HttpError::new(
+                StatusCode::RANGE_NOT_SATISFIABLE,
+                format!("no range within the {size} bytes of {}", t.path),
+            );
             let mut r = e.into_response();
             r.headers_mut().extend(h);
             return Ok(r);
@@ -202,7 +207,7 @@ async fn get(client: &Client, uri: &Uri, t: &Target, headers: &HeaderMap, head: 
         RangeRequest::Ranges(r) => {
             let m = Multipart::new(&r, size, content_type);
             h.insert(header::CONTENT_TYPE, hv(&format!("multipart/byteranges; boundary={}", m.boundary)));
-            let len = m.len(&r);
+            let len = m.body_len(&r);
             let parts = r.into_iter().zip(m.heads).map(move |((s, e), head)| {
                 futures::stream::once(async move { Ok(head) }).chain(read_stream(f.clone(), s, e, piece)).boxed()
             });

@@ -11,24 +11,19 @@ use shoal_auth::http_token;
 use shoal_placement::map::AnonymousAccess;
 use shoal_proto::msg::Cred;
 
-/// The identity a request proved.
-pub(crate) struct Who {
-    pub cred: Cred,
-    /// Whether it came from a token (only token holders may write).
-    pub token: bool,
-}
-
-/// Who the request with `headers` is; `write` for requests that change the file system.
-pub(crate) fn who(gw: &Gateway, headers: &HeaderMap, write: bool) -> Result<Who, HttpError> {
+/// The identity the request with `headers` proved; `write` for requests that change the
+/// file system, which only token holders may make.
+pub(crate) fn who(gw: &Gateway, headers: &HeaderMap, write: bool) -> Result<Cred, HttpError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else {
         if write {
-            return Err(HttpError::unauthorized("writes need a token: Authorization: Bearer TOKEN (see `shoal token`)"));
+            return Err(HttpError::unauthorized(
+                "writes need a token: Authorization: Bearer TOKEN (see `shoal token`)",
+            ));
         }
         return match gw.settings.anonymous {
-            AnonymousAccess::Read => Ok(Who {
-                cred: Cred { uid: gw.settings.anonymous_uid, gid: gw.settings.anonymous_gid, groups: Vec::new() },
-                token: false,
-            }),
+            AnonymousAccess::Read => {
+                Ok(Cred { uid: gw.settings.anonymous_uid, gid: gw.settings.anonymous_gid, groups: Vec::new() })
+            }
             AnonymousAccess::None => Err(HttpError::unauthorized(
                 "this cluster serves no anonymous requests: Authorization: Bearer TOKEN (see `shoal token`)",
             )),
@@ -44,5 +39,5 @@ pub(crate) fn who(gw: &Gateway, headers: &HeaderMap, write: bool) -> Result<Who,
     let ring = gw.st.key_ring().map(|r| r.host_ring());
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let c = http_token::parse(token, ring.as_ref(), now).map_err(|e| HttpError::unauthorized(e.to_string()))?;
-    Ok(Who { cred: Cred { uid: c.uid, gid: c.gid, groups: c.groups }, token: true })
+    Ok(Cred { uid: c.uid, gid: c.gid, groups: c.groups })
 }

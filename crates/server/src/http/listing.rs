@@ -10,8 +10,20 @@ use shoal_client::{Client, FileKind, Ino};
 use std::fmt::Write;
 
 /// Characters escaped in a link's path segment (RFC 3986 pchar, minus what HTML needs).
-const SEGMENT: &AsciiSet =
-    &CONTROLS.add(b' ').add(b'"').add(b'#').add(b'%').add(b'/').add(b'<').add(b'>').add(b'?').add(b'`').add(b'{').add(b'}').add(b'&').add(b'\'');
+const SEGMENT: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'/')
+    .add(b'<')
+    .add(b'>')
+    .add(b'?')
+    .add(b'`')
+    .add(b'{')
+    .add(b'}')
+    .add(b'&')
+    .add(b'\'');
 
 #[derive(serde::Serialize)]
 struct Entry {
@@ -74,7 +86,13 @@ pub(crate) async fn respond(
         // An entry removed between the listing and the lookup is left out.
         .filter_map(|(name, a)| {
             let a = a.ok()?;
-            Some(Entry { name, kind: kind_name(a.kind), size: a.size, mtime: a.mtime.secs, mode: format!("{:o}", a.perm) })
+            Some(Entry {
+                name,
+                kind: kind_name(a.kind),
+                size: a.size,
+                mtime: a.mtime.secs,
+                mode: format!("{:o}", a.perm),
+            })
         })
         .collect();
     let (ctype, body) = if wants_json(uri, headers) {

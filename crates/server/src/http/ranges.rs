@@ -99,7 +99,7 @@ impl Multipart {
     }
 
     /// Bytes of the whole body for these ranges.
-    pub fn len(&self, ranges: &[(u64, u64)]) -> u64 {
+    pub fn body_len(&self, ranges: &[(u64, u64)]) -> u64 {
         let data: u64 = ranges.iter().map(|(s, e)| e - s).sum();
         data + self.heads.iter().map(|h| h.len() as u64).sum::<u64>() + self.tail.len() as u64
     }
@@ -144,7 +144,7 @@ mod tests {
         let r = [(0, 10), (20, 25)];
         let m = Multipart::new(&r, 100, "application/octet-stream");
         let body: usize = m.heads.iter().map(|h| h.len()).sum::<usize>() + 15 + m.tail.len();
-        assert_eq!(m.len(&r), body as u64);
+        assert_eq!(m.body_len(&r), body as u64);
         assert!(std::str::from_utf8(&m.heads[1]).unwrap().contains("Content-Range: bytes 20-24/100\r\n"));
     }
 }
