@@ -133,9 +133,13 @@ mod tests {
         let other = KeyRing::generate(KeyKind::Cluster).host_ring();
         assert_eq!(parse(&t, Some(&other), 0), Err(TokenError::Forged));
         assert_eq!(parse(&t, Some(&ring), 2_000_000_010), Err(TokenError::Expired(10)));
-        let rotated = KeyRing::generate(KeyKind::Cluster).rotated().host_ring();
-        let newer = mint(&rotated, &claims());
-        assert_eq!(parse(&newer, Some(&ring.retired()), 0), Err(TokenError::Forged));
+        // Rotation keeps old tokens valid; retiring their epoch refuses them.
+        let cluster = KeyRing::generate(KeyKind::Cluster);
+        let old = mint(&cluster.host_ring(), &claims());
+        let rotated = cluster.rotated();
+        assert_eq!(parse(&old, Some(&rotated.host_ring()), 0), Ok(claims()));
+        assert!(mint(&rotated.host_ring(), &claims()).starts_with("shoal1.2."));
+        assert_eq!(parse(&old, Some(&rotated.retired().host_ring()), 0), Err(TokenError::UnknownEpoch(1)));
         assert!(matches!(parse("abc", Some(&ring), 0), Err(TokenError::Malformed(_))));
         assert!(matches!(parse("shoal1.1.x.1..5.00", Some(&ring), 0), Err(TokenError::Malformed(_))));
         assert!(matches!(
