@@ -13,6 +13,7 @@
 //! parts, so that a tag made for one purpose can never be replayed for another.
 //! docs/security.md gives the threat model; docs/formats.md the key file.
 
+pub mod http_token;
 mod key;
 mod mac;
 

@@ -46,6 +46,9 @@ pub enum BenchCmd {
     /// Reverse read: `shoal import` of a file from an HTTP server on 127.0.0.1 (the servers
     /// fetch byte ranges in parallel) against curl into a local directory and tmpfs.
     Import(crate::import::ImportArgs),
+    /// HTTP GETs of a file striped over every server (one stream, N parallel ranges) against
+    /// the native client's read; MiB/s and ratios.
+    Http(crate::http::HttpArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -324,6 +327,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
         }
         BenchCmd::Container(a) => crate::container::run(config, a).await,
         BenchCmd::Import(a) => crate::import::run(config, a).await,
+        BenchCmd::Http(a) => crate::http::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await

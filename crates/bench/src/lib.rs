@@ -13,6 +13,7 @@
 //! * [`listing`]: the md `list` phase's check that every name is listed exactly once.
 //! * [`preload`]: where the interception library is (the `preload` target's workers).
 //! * [`container`]: `shoal bench container`, task-local files against containers.
+//! * [`http`]: `shoal bench http`, GETs from a server's HTTP port against the native client.
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
 
 pub mod cli;
@@ -21,6 +22,7 @@ pub mod container;
 pub mod counters;
 pub mod driver;
 pub mod hist;
+pub mod http;
 pub mod import;
 pub mod link;
 pub mod listing;

@@ -93,6 +93,8 @@ during the import, a Shoal error); 2 usage error.")]
     Keygen(cmd::keygen::KeygenArgs),
     /// Verify every data block and metadata record on the servers, with progress and a report.
     Scrub(cmd::scrub::ScrubArgs),
+    /// Make a bearer token for the servers' HTTP service (root on a client host: it reads the host key).
+    Token(cmd::token::TokenArgs),
     /// Run the local identity helper (as root): vouches for the uid of unprivileged local clients.
     Identityd(cmd::identityd::IdentitydArgs),
     /// Compute, without servers, how placement spreads directories, partitions, inodes and data
@@ -162,6 +164,7 @@ fn main() -> ExitCode {
             Command::Setstripe(a) => cmd::stripe::setstripe(&ctx, a).await,
             Command::Getstripe(a) => cmd::stripe::getstripe(&ctx, a).await,
             Command::Keygen(a) => cmd::keygen::keygen(&ctx, a),
+            Command::Token(a) => cmd::token::token(&ctx, a),
             Command::Identityd(a) => cmd::identityd::identityd(&ctx, a).await,
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,

@@ -15,6 +15,7 @@ pub mod scrub;
 pub mod sim;
 pub mod status;
 pub mod stripe;
+pub mod token;
 
 use anyhow::{Context, Result};
 use shoal_client::{Client, ClientOptions};

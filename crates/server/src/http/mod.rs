@@ -8,6 +8,12 @@
 //! the host key (derived from this server's cluster key), so that it may state, per request,
 //! the identity that request proved (a token, or the anonymous identity of `[http]`).
 
+mod errors;
+mod files;
+mod identity;
+mod listing;
+mod ranges;
+
 use crate::state::State;
 use axum::Router;
 use shoal_client::{Client, ClientOptions};
@@ -51,7 +57,7 @@ impl Gateway {
 
 /// Every route of the HTTP service.
 fn router(gw: Arc<Gateway>) -> Router {
-    Router::new().route("/health", axum::routing::get(health)).with_state(gw)
+    Router::new().route("/health", axum::routing::get(health)).merge(files::routes()).with_state(gw)
 }
 
 /// `GET /health`: 200 and one line while the server serves (for load balancers and scripts).
