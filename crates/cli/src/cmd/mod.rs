@@ -13,6 +13,7 @@ pub mod scrub;
 pub mod sim;
 pub mod status;
 pub mod stripe;
+pub mod top;
 
 use anyhow::{Context, Result};
 use shoal_client::{Client, ClientOptions};

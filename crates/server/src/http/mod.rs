@@ -8,6 +8,9 @@
 //! the host key (derived from this server's cluster key), so that it may state, per request,
 //! the identity that request proved (a token, or the anonymous identity of `[http]`).
 
+mod metrics;
+mod status_page;
+
 use crate::state::State;
 use axum::Router;
 use shoal_client::{Client, ClientOptions};
@@ -51,7 +54,11 @@ impl Gateway {
 
 /// Every route of the HTTP service.
 fn router(gw: Arc<Gateway>) -> Router {
-    Router::new().route("/health", axum::routing::get(health)).with_state(gw)
+    Router::new()
+        .route("/health", axum::routing::get(health))
+        .merge(metrics::routes())
+        .merge(status_page::routes())
+        .with_state(gw)
 }
 
 /// `GET /health`: 200 and one line while the server serves (for load balancers and scripts).
