@@ -83,7 +83,14 @@ async fn metrics_of_every_server_count_a_known_workload() {
     let delta = |name: &str, want: &[(&str, &str)]| -> f64 {
         (0..4).map(|i| value(&after[i], name, want) - value(&before[i], name, want)).sum()
     };
-    assert_eq!(delta("shoal_operations_total", &[("op", "create")]), FILES as f64, "creates over all servers");
+    let creates = delta("shoal_operations_total", &[("op", "create")]);
+    // The directory splits as it grows: a create sent with the old bitmap is answered
+    // `misrouted` and sent again to the right server, so it counts twice.
+    let misrouted = delta("shoal_operations_total", &[("op", "misrouted")]);
+    assert!(
+        creates >= FILES as f64 && creates <= FILES as f64 + misrouted,
+        "{creates} creates over all servers for {FILES} files ({misrouted} misrouted)"
+    );
     let written = delta("shoal_received_bytes_total", &[]);
     assert!(written >= (FILES as usize * SIZE) as f64, "bytes received {written} < what was written");
     let sent = delta("shoal_sent_bytes_total", &[]);
@@ -101,17 +108,29 @@ async fn metrics_of_every_server_count_a_known_workload() {
         let count = value(s, "shoal_request_duration_seconds_count", &[]);
         let requests = value(s, "shoal_requests_total", &[]);
         assert_eq!(count, requests, "s{i}: every request is timed once");
-        assert!(value(s, "shoal_request_duration_seconds_sum", &[]) > 0.0);
+        // (A server may have had no request at all: no directory, inode or object of the
+        // workload landed there.)
+        assert_eq!(value(s, "shoal_request_duration_seconds_sum", &[]) > 0.0, count > 0.0, "s{i}: time was measured");
         assert_eq!(value(s, "shoal_requests_in_flight", &[]), 0.0, "s{i}: idle");
         assert!(value(s, "shoal_capacity_bytes", &[]) > 0.0);
         assert!(value(s, "shoal_free_bytes", &[]) > 0.0);
         assert!(value(s, "shoal_metadata_store", &[("stat", "estimate_keys")]) > 0.0, "s{i}: RocksDB keys");
-        let lookups = value(s, "shoal_cache_hits_total", &[("cache", "object_files")])
-            + value(s, "shoal_cache_misses_total", &[("cache", "object_files")]);
-        assert!(lookups > 0.0, "s{i}: the object cache was used");
     }
-    let objects: f64 = (0..4).map(|i| value(&after[i], "shoal_data_objects", &[])).sum();
-    assert!(objects >= FILES as f64, "{objects} data objects for {FILES} files");
+    // Contents are counted by a walk of the stores, cached for 5 s (the first scrape
+    // counted none): within a few seconds the new count shows.
+    let start = std::time::Instant::now();
+    loop {
+        let objects: f64 = (0..4).map(|i| value(&scrape(&cluster, i), "shoal_data_objects", &[])).sum();
+        if objects >= FILES as f64 {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 15, "{objects} data objects for {FILES} files");
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    // Every write and every read looks its object up in the descriptor cache.
+    let lookups =
+        delta("shoal_cache_hits_total", &[("cache", "object_files")]) + delta("shoal_cache_misses_total", &[("cache", "object_files")]);
+    assert!(lookups >= 2.0 * FILES as f64, "{lookups} lookups of open objects for {FILES} writes and reads");
     let reads_hit: f64 = (0..4).map(|i| value(&after[i], "shoal_cache_hits_total", &[("cache", "checksums")])).sum();
     assert!(reads_hit > 0.0, "reads after writes find the checksums cached");
 }
@@ -233,9 +252,22 @@ fn mount_metrics_count_fuse_requests_and_bytes() {
     std::fs::write(m.p("a"), &data).unwrap();
     assert_eq!(std::fs::read(m.p("a")).unwrap(), data);
     std::fs::metadata(m.p("a")).unwrap();
-    let (code, body) = curl(&format!("http://{addr}/metrics"));
-    assert_eq!(code, 200, "{body}");
-    let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+    // The kernel sends some requests after the call that caused them returned (the
+    // release of a closed file): wait until none is in flight, as it must come to.
+    let start = std::time::Instant::now();
+    let (body, scrape) = loop {
+        let (code, body) = curl(&format!("http://{addr}/metrics"));
+        assert_eq!(code, 200, "{body}");
+        let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
+        let idle = scrape.samples.iter().any(|s| {
+            s.metric == "shoal_fuse_requests_in_flight" && matches!(s.value, prometheus_parse::Value::Gauge(v) if v == 0.0)
+        });
+        if idle {
+            break (body, scrape);
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "FUSE requests still in flight:\n{body}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     let get = |name: &str, label: Option<(&str, &str)>| -> f64 {
         scrape
             .samples
@@ -252,7 +284,6 @@ fn mount_metrics_count_fuse_requests_and_bytes() {
     assert!(get("shoal_fuse_request_duration_seconds_count", Some(("op", "create"))) >= 1.0, "{body}");
     assert!(get("shoal_fuse_request_duration_seconds_count", Some(("op", "write"))) >= 1.0, "{body}");
     assert!(get("shoal_fuse_request_duration_seconds_count", Some(("op", "read"))) >= 1.0, "{body}");
-    assert_eq!(get("shoal_fuse_requests_in_flight", None), 0.0, "{body}");
 
     // A port that is taken: the mount fails at once, naming the cause.
     let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
