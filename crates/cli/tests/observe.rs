@@ -13,10 +13,8 @@ use std::process::Command;
 
 /// `curl -s URL`: (HTTP status, body).
 fn curl(url: &str) -> (u16, String) {
-    let out = Command::new("curl")
-        .args(["-s", "--max-time", "20", "-w", "\n%{http_code}", url])
-        .output()
-        .expect("run curl");
+    let out =
+        Command::new("curl").args(["-s", "--max-time", "20", "-w", "\n%{http_code}", url]).output().expect("run curl");
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_string())
@@ -34,7 +32,9 @@ fn scrape(cluster: &Cluster, id: u32) -> Samples {
     let mut out: Samples = HashMap::new();
     for s in scrape.samples {
         let v = match s.value {
-            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
             // Histograms: the parser groups buckets; the test reads _count and _sum, which
             // arrive as their own samples in the OpenMetrics form the parser does not group.
             _ => continue,
@@ -128,8 +128,8 @@ async fn metrics_of_every_server_count_a_known_workload() {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     // Every write and every read looks its object up in the descriptor cache.
-    let lookups =
-        delta("shoal_cache_hits_total", &[("cache", "object_files")]) + delta("shoal_cache_misses_total", &[("cache", "object_files")]);
+    let lookups = delta("shoal_cache_hits_total", &[("cache", "object_files")])
+        + delta("shoal_cache_misses_total", &[("cache", "object_files")]);
     assert!(lookups >= 2.0 * FILES as f64, "{lookups} lookups of open objects for {FILES} writes and reads");
     let reads_hit: f64 = (0..4).map(|i| value(&after[i], "shoal_cache_hits_total", &[("cache", "checksums")])).sum();
     assert!(reads_hit > 0.0, "reads after writes find the checksums cached");
@@ -260,7 +260,8 @@ fn mount_metrics_count_fuse_requests_and_bytes() {
         assert_eq!(code, 200, "{body}");
         let scrape = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_string()))).unwrap();
         let idle = scrape.samples.iter().any(|s| {
-            s.metric == "shoal_fuse_requests_in_flight" && matches!(s.value, prometheus_parse::Value::Gauge(v) if v == 0.0)
+            s.metric == "shoal_fuse_requests_in_flight"
+                && matches!(s.value, prometheus_parse::Value::Gauge(v) if v == 0.0)
         });
         if idle {
             break (body, scrape);
@@ -274,7 +275,9 @@ fn mount_metrics_count_fuse_requests_and_bytes() {
             .iter()
             .filter(|s| s.metric == name && label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
             .map(|s| match s.value {
-                prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) | prometheus_parse::Value::Untyped(v) => v,
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
                 _ => 0.0,
             })
             .sum()

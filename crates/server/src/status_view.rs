@@ -147,7 +147,9 @@ impl Sampler {
                     view.capacity_bytes += s.capacity_bytes;
                     view.free_bytes += s.free_bytes;
                     for o in &s.ops {
-                        let b = busiest.entry(o.op.clone()).or_insert_with(|| OpRate { op: o.op.clone(), ..Default::default() });
+                        let b = busiest
+                            .entry(o.op.clone())
+                            .or_insert_with(|| OpRate { op: o.op.clone(), ..Default::default() });
                         b.total += o.total;
                         b.per_s += o.per_s;
                     }
@@ -190,13 +192,20 @@ impl Sampler {
                 let per_s = |new: u64, old: u64| new.saturating_sub(old) as f64 / secs;
                 let old_ops: HashMap<&str, u64> = p.counters.ops.iter().map(|(n, v)| (n.as_str(), *v)).collect();
                 let rates = Rates {
-                    requests_per_s: per_s(c.client_requests + c.peer_requests, p.counters.client_requests + p.counters.peer_requests),
+                    requests_per_s: per_s(
+                        c.client_requests + c.peer_requests,
+                        p.counters.client_requests + p.counters.peer_requests,
+                    ),
                     bytes_in_per_s: per_s(c.bytes_received, p.counters.bytes_received),
                     bytes_out_per_s: per_s(c.bytes_sent, p.counters.bytes_sent),
                     errors_per_s: per_s(c.errors, p.counters.errors),
                     cpu_percent: per_s(c.cpu_ns, p.counters.cpu_ns) / 1e7,
                 };
-                let ops = c.ops.iter().map(|(n, v)| (n.clone(), per_s(*v, old_ops.get(n.as_str()).copied().unwrap_or(0)))).collect();
+                let ops = c
+                    .ops
+                    .iter()
+                    .map(|(n, v)| (n.clone(), per_s(*v, old_ops.get(n.as_str()).copied().unwrap_or(0))))
+                    .collect();
                 Some(Prev { at: now, counters: c.clone(), rates, ops })
             }
             _ => Some(Prev { at: now, counters: c.clone(), rates: Rates::default(), ops: HashMap::new() }),

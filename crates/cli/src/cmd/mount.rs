@@ -121,7 +121,9 @@ fn options(ctx: &Ctx, a: &MountArgs) -> Result<MountOptions> {
     o.default_permissions |= a.default_permissions;
     o.read_only |= a.read_only;
     if let Some(addr) = &a.metrics {
-        if addr.parse::<std::net::SocketAddr>().is_err() && addr.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err()) {
+        if addr.parse::<std::net::SocketAddr>().is_err()
+            && addr.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err())
+        {
             return Err(usage(format!("--metrics {addr}: give host:port, e.g. 127.0.0.1:9101")));
         }
         o.metrics_listen = Some(addr.clone());

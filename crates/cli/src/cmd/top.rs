@@ -17,7 +17,9 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 #[derive(Args)]
-#[command(after_help = "Keys: q or Esc quits.\n\nExamples:\n  shoal top\n  shoal top --once\n  shoal top --json | jq .busiest")]
+#[command(
+    after_help = "Keys: q or Esc quits.\n\nExamples:\n  shoal top\n  shoal top --once\n  shoal top --json | jq .busiest"
+)]
 pub struct TopArgs {
     /// Print one table (rates over one interval) and exit, for scripts.
     #[arg(long, conflicts_with = "json")]
@@ -103,7 +105,9 @@ async fn interactive(
                         return Ok(());
                     }
                 }
-                Some(Event::Resize(..)) => term.draw(|f| draw(f, &view, &history)).map(|_| ()).context("cannot draw")?,
+                Some(Event::Resize(..)) => {
+                    term.draw(|f| draw(f, &view, &history)).map(|_| ()).context("cannot draw")?
+                }
                 _ => {}
             }
         }
@@ -112,8 +116,11 @@ async fn interactive(
 
 fn health_line(v: &ClusterView) -> String {
     let down = v.servers_total - v.servers_up;
-    let health =
-        if down == 0 { format!("all {} servers up", v.servers_total) } else { format!("{down} of {} servers UNREACHABLE", v.servers_total) };
+    let health = if down == 0 {
+        format!("all {} servers up", v.servers_total)
+    } else {
+        format!("{down} of {} servers UNREACHABLE", v.servers_total)
+    };
     format!(
         "{health} · map version {} · {} used of {}",
         v.map_version,
@@ -159,7 +166,9 @@ fn print_table(v: &ClusterView) {
     println!("{}", health_line(v));
     let rows: Vec<Vec<String>> = v.servers.iter().map(server_cells).collect();
     let widths: Vec<usize> = (0..HEADER.len())
-        .map(|i| rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).chain([HEADER[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            rows.iter().filter_map(|r| r.get(i)).map(|c| c.chars().count()).chain([HEADER[i].len()]).max().unwrap_or(0)
+        })
         .collect();
     let line = |cells: Vec<String>| {
         let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();

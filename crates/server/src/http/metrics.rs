@@ -78,8 +78,18 @@ pub(crate) async fn render(st: &Arc<State>) -> anyhow::Result<String> {
     r.register_with_unit("uptime", "Time since the server started", Unit::Seconds, gauge(status.uptime_secs));
     r.register("map_version", "Version of the cluster map the server holds", gauge(status.map_version));
 
-    r.register_with_unit("capacity", "Size of the data directory's file system", Unit::Bytes, gauge(status.capacity_bytes));
-    r.register_with_unit("free", "Bytes free for the server on that file system", Unit::Bytes, gauge(status.free_bytes));
+    r.register_with_unit(
+        "capacity",
+        "Size of the data directory's file system",
+        Unit::Bytes,
+        gauge(status.capacity_bytes),
+    );
+    r.register_with_unit(
+        "free",
+        "Bytes free for the server on that file system",
+        Unit::Bytes,
+        gauge(status.free_bytes),
+    );
     r.register_with_unit("used", "Bytes used on that file system", Unit::Bytes, gauge(status.used_bytes));
     r.register("inodes", "Inode records held (files, directories, symlinks homed here)", gauge(status.inodes));
     r.register("entries", "Directory entries held", gauge(status.entries));
@@ -102,11 +112,9 @@ pub(crate) async fn render(st: &Arc<State>) -> anyhow::Result<String> {
 
     let hits = Family::<[(&'static str, &'static str); 1], Counter>::default();
     let misses = Family::<[(&'static str, &'static str); 1], Counter>::default();
-    for (cache, hm) in [
-        ("object_files", &st.data.fd_cache),
-        ("checksums", &st.data.sums_cache),
-        ("replies", &st.replies.stats),
-    ] {
+    for (cache, hm) in
+        [("object_files", &st.data.fd_cache), ("checksums", &st.data.sums_cache), ("replies", &st.replies.stats)]
+    {
         let (h, m) = hm.get();
         hits.get_or_create(&[("cache", cache)]).inc_by(h);
         misses.get_or_create(&[("cache", cache)]).inc_by(m);

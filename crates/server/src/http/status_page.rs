@@ -19,10 +19,7 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
     Router::new()
         .route("/", axum::routing::get(page))
         .route("/status", axum::routing::get(page))
-        .route(
-            "/api/status",
-            axum::routing::get(move |gw: AxState<Arc<Gateway>>| api_status(gw, sampler.clone())),
-        )
+        .route("/api/status", axum::routing::get(move |gw: AxState<Arc<Gateway>>| api_status(gw, sampler.clone())))
 }
 
 async fn page() -> impl IntoResponse {
