@@ -10,7 +10,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/shoal/target}"
 # openmpi-bin: mpirun, for the tests of `shoal bench io|md` under mpirun (no MPI library is linked)
 # libopenmpi-dev: mpi.h for mpicc, which compiles the container's C example against
 #   shoal_container_mpi.h (crates/cli/tests/container_mpi.rs; the Rust code links no MPI)
-export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang gcc pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make openmpi-bin libopenmpi-dev"
+# chromium: headless, renders the servers' status page in crates/cli/tests/observe.rs
+export SHOAL_DEBIAN_PACKAGES="librocksdb-dev libclang-dev clang gcc pkg-config fuse3 libfuse3-dev libacl1-dev rsync sqlite3 git make openmpi-bin libopenmpi-dev chromium"
 
 # Install the Debian packages above that are missing (apt-get; sudo when not root).
 shoal_install_missing() {

@@ -44,6 +44,8 @@ enum Command {
     Cluster(cmd::cluster::ClusterCmd),
     /// Servers, whether they answer, their capacity, contents and requests served.
     Status(cmd::status::StatusArgs),
+    /// The cluster live in the terminal: health, capacity, rates, busiest operations.
+    Top(cmd::top::TopArgs),
     /// Capacity and free space of the whole file system.
     Df(cmd::status::DfArgs),
     /// List directory contents.
@@ -150,6 +152,7 @@ fn main() -> ExitCode {
             Command::Cluster(c) => cmd::cluster::run(&ctx, c).await,
             Command::Status(a) => cmd::status::status(&ctx, a).await,
             Command::Df(a) => cmd::status::df(&ctx, a).await,
+            Command::Top(a) => cmd::top::top(&ctx, a).await,
             Command::Ls(a) => cmd::files::ls(&ctx, a).await,
             Command::Stat(a) => cmd::files::stat(&ctx, a).await,
             Command::Mkdir(a) => cmd::files::mkdir(&ctx, a).await,

@@ -153,6 +153,8 @@ pub(crate) struct Shared {
     /// The client as root (umask 0); requests are made with `with_cred` of the caller.
     pub(crate) root: Client,
     pub(crate) opts: MountOptions,
+    /// What `shoal mount --metrics` serves (`metrics.rs`).
+    pub(crate) metrics: Arc<crate::metrics::MountMetrics>,
     nodes: Mutex<HashMap<u64, Arc<Node>>>,
     fhs: Mutex<HashMap<u64, Fh>>,
     dirs: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirStream>>>>,
@@ -231,6 +233,7 @@ impl Shared {
         Arc::new(Shared {
             root,
             opts,
+            metrics: Default::default(),
             nodes: Mutex::new(HashMap::new()),
             fhs: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -730,8 +733,11 @@ impl Shared {
         if data.len() < want && n.size_hint.load(Ordering::Relaxed) > n.file.attr().size {
             // The kernel was told of a larger size (another client wrote): refresh and retry.
             n.file.stat().await.map_err(e)?;
-            return n.file.read_at(offset, want).await.map_err(e);
+            let data = n.file.read_at(offset, want).await.map_err(e)?;
+            self.metrics.read(data.len());
+            return Ok(data);
         }
+        self.metrics.read(data.len());
         Ok(data)
     }
 
@@ -768,6 +774,7 @@ impl Shared {
             offset
         };
         n.size_hint.fetch_max(at + len, Ordering::Relaxed);
+        self.metrics.written(len as usize);
         Ok(len as u32)
     }
 
@@ -1214,16 +1221,18 @@ impl ShoalFs {
     /// thread that reads the server's reply — hands it to the runtime, where it goes on
     /// and answers the kernel. A request therefore costs one wake-up of a runtime thread
     /// (the reply), not three (hand-off, send, reply), and no request waits for another.
-    fn spawn<F, Fut>(&self, f: F)
+    fn spawn<F, Fut>(&self, op: &'static str, f: F)
     where
         F: FnOnce(Arc<Shared>) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
         self.sh.inflight.fetch_add(1, Ordering::AcqRel);
         let guard = InFlight(self.sh.clone());
+        let timed = self.sh.metrics.request(op);
         let inner = f(self.sh.clone());
         let mut fut: Task = Box::pin(async move {
             let _guard = guard;
+            let _timed = timed;
             inner.await;
         });
         let parked = Arc::new(Parked { state: Mutex::new(ParkState::Polling), rt: self.rt.clone() });
@@ -1305,14 +1314,16 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("lookup", move |sh| async move {
             let _busy = busy;
             // A name the directory lease answers, whose attribute lease ran out: the kernel
             // gets the name for the rest of the directory lease and the last leased
             // attributes with no lifetime, so it asks again (`getattr`) before it uses them
             // for a `stat` or a permission check, while an unlink or a path walk through
             // the name costs no server request.
-            if let Some(Some((ino, _))) = sh.root.leased_name(Ino(parent.0), &name) {
+            let leased = sh.root.leased_name(Ino(parent.0), &name);
+            sh.metrics.cache("leased_names", leased.is_some());
+            if let Some(Some((ino, _))) = leased {
                 if sh.root.attr_lease_end(ino).is_none() {
                     if let Some(a) = sh.root.last_leased_attr(ino) {
                         let entry = sh.kernel.entry_ttl(&sh.root, parent.0, &name, false);
@@ -1348,11 +1359,14 @@ impl Filesystem for ShoalFs {
         // A directory's attributes are usually asked for by the kernel's permission check
         // after a change made here; answered on this thread, with what is left of their
         // lifetime (a directory is never special, never an open file: nothing to merge).
-        if let Some((a, left)) = self.sh.dir_attrs.get(ino.0) {
+        let cached = self.sh.dir_attrs.get(ino.0);
+        self.sh.metrics.cache("dir_attrs", cached.is_some());
+        if let Some((a, left)) = cached {
+            self.sh.metrics.answered("getattr");
             return reply.attr(&left, &file_attr(&a));
         }
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("getattr", move |sh| async move {
             let asked = Instant::now();
             match sh.getattr(who, ino.0).await {
                 Ok(a) => {
@@ -1386,7 +1400,7 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("setattr", move |sh| async move {
             let r = sh.setattr(who, ino.0, mode, uid, gid, size, atime, mtime, fh).await;
             // A directory's attributes changed: the next getattr asks the server.
             sh.dir_attrs.forget(ino.0);
@@ -1399,7 +1413,7 @@ impl Filesystem for ShoalFs {
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("readlink", move |sh| async move {
             match sh.user(who).readlink_at(Ino(ino.0)).await {
                 Ok(t) => reply.data(t.as_bytes()),
                 Err(err) => reply.error(e(err)),
@@ -1423,7 +1437,7 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("mknod", move |sh| async move {
             let _busy = busy;
             let user = sh.user(who);
             let dir = Ino(parent.0);
@@ -1467,7 +1481,7 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("mkdir", move |sh| async move {
             let _busy = busy;
             let asked = Instant::now();
             match sh.user(who).mkdir_at(Ino(parent.0), &name, mode & 0o7777).await {
@@ -1488,7 +1502,7 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("unlink", move |sh| async move {
             let _busy = busy;
             let r = sh.user(who).unlink_at(Ino(parent.0), &name).await;
             if r.is_ok() {
@@ -1508,7 +1522,7 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("rmdir", move |sh| async move {
             let _busy = busy;
             match sh.user(who).rmdir_at(Ino(parent.0), &name).await {
                 Ok(()) => {
@@ -1533,7 +1547,7 @@ impl Filesystem for ShoalFs {
         }
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("symlink", move |sh| async move {
             let _busy = busy;
             match sh.user(who).symlink_at(Ino(parent.0), &name, &target).await {
                 Ok(a) => {
@@ -1569,7 +1583,7 @@ impl Filesystem for ShoalFs {
         };
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, newparent.0);
-        self.spawn(move |sh| async move {
+        self.spawn("rename", move |sh| async move {
             let _busy = busy;
             let (src, dst) = (Ino(parent.0), Ino(newparent.0));
             let r = sh.user(who).rename_at(src, &name, dst, &newname, rf).await;
@@ -1591,7 +1605,7 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(newname, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(newparent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("link", move |sh| async move {
             let _busy = busy;
             match sh.user(who).link_at(Ino(ino.0), Ino(newparent.0), &name).await {
                 Ok(a) => {
@@ -1609,7 +1623,7 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("open", move |sh| async move {
             match sh.open(who, ino.0, flags).await {
                 Ok((fh, ff)) => reply.opened(FileHandle(fh), ff),
                 Err(err) => reply.error(err),
@@ -1628,7 +1642,7 @@ impl Filesystem for ShoalFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.spawn(move |sh| async move {
+        self.spawn("read", move |sh| async move {
             match sh.read(fh, offset, size).await {
                 Ok(d) => reply.data(&d),
                 Err(err) => reply.error(err),
@@ -1665,7 +1679,7 @@ impl Filesystem for ShoalFs {
         };
         // Set by the kernel for a writer without CAP_FSETID (FUSE_HANDLE_KILLPRIV_V2).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID).then(|| Who::of(req));
-        self.spawn(move |sh| async move {
+        self.spawn("write", move |sh| async move {
             match sh.write(fh, offset, data, append, from_cache, more, kill).await {
                 Ok(n) => reply.written(n),
                 Err(err) => reply.error(err),
@@ -1674,7 +1688,7 @@ impl Filesystem for ShoalFs {
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        self.spawn(move |sh| async move {
+        self.spawn("flush", move |sh| async move {
             let r = match sh.fh(fh) {
                 Ok(n) => n.file.flush().await.map_err(e),
                 Err(err) => Err(err),
@@ -1698,7 +1712,7 @@ impl Filesystem for ShoalFs {
     ) {
         let Some(f) = self.sh.fhs.lock().remove(&fh.0) else { return reply.error(raw(libc::EBADF)) };
         let last = self.sh.release_node(&f.node, Ino(ino.0));
-        self.spawn(move |sh| async move {
+        self.spawn("release", move |sh| async move {
             let r = if last { sh.finish_node(f.node).await } else { Ok(()) };
             match r {
                 Ok(()) => reply.ok(),
@@ -1708,7 +1722,7 @@ impl Filesystem for ShoalFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        self.spawn(move |sh| async move {
+        self.spawn("fsync", move |sh| async move {
             let r = match sh.fh(fh) {
                 Ok(n) if datasync => n.file.sync_data().await.map_err(e),
                 Ok(n) => n.file.fsync().await.map_err(e),
@@ -1723,7 +1737,7 @@ impl Filesystem for ShoalFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: KOpenFlags, reply: ReplyOpen) {
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("opendir", move |sh| async move {
             match sh.opendir(who, ino.0).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(err) => reply.error(err),
@@ -1733,7 +1747,7 @@ impl Filesystem for ShoalFs {
 
     fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectory) {
         let busy = self.sh.kernel.busy(ino.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("readdir", move |sh| async move {
             let _busy = busy;
             sh.readdir(fh, offset, reply).await
         });
@@ -1741,7 +1755,7 @@ impl Filesystem for ShoalFs {
 
     fn readdirplus(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, reply: ReplyDirectoryPlus) {
         let busy = self.sh.kernel.busy(ino.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("readdirplus", move |sh| async move {
             let _busy = busy;
             sh.readdirplus(fh, offset, reply).await
         });
@@ -1758,7 +1772,7 @@ impl Filesystem for ShoalFs {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.spawn(move |sh| async move {
+        self.spawn("statfs", move |sh| async move {
             match sh.root.statfs().await {
                 Ok(s) => {
                     // One block size for both fields: IOR and mdtest compute the size as
@@ -1816,7 +1830,7 @@ impl Filesystem for ShoalFs {
         }
         let value = value.to_vec();
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("setxattr", move |sh| async move {
             let create = flags & libc::XATTR_CREATE != 0;
             let replace = flags & libc::XATTR_REPLACE != 0;
             sh.xattr_changed(ino.0);
@@ -1832,7 +1846,7 @@ impl Filesystem for ShoalFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("getxattr", move |sh| async move {
             let r = sh.getxattr(who, ino.0, name).await;
             xattr_reply(reply, size, r);
         });
@@ -1840,7 +1854,7 @@ impl Filesystem for ShoalFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("listxattr", move |sh| async move {
             let r = sh.listxattr(who, ino.0).await;
             xattr_reply(reply, size, r);
         });
@@ -1855,7 +1869,7 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EPERM));
         }
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("removexattr", move |sh| async move {
             sh.xattr_changed(ino.0);
             let r = sh.user(who).removexattr(Ino(ino.0), &name).await;
             sh.dir_attrs.forget(ino.0);
@@ -1872,7 +1886,7 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let who = Who::of(req);
-        self.spawn(move |sh| async move {
+        self.spawn("access", move |sh| async move {
             match sh.user(who).access(Ino(ino.0), mask).await {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(e(err)),
@@ -1896,7 +1910,7 @@ impl Filesystem for ShoalFs {
         let name = name_or_reply!(name, reply);
         let who = Who::of(req);
         let busy = self.sh.kernel.busy(parent.0, 0);
-        self.spawn(move |sh| async move {
+        self.spawn("create", move |sh| async move {
             let _busy = busy;
             match sh.create(who, parent.0, name.clone(), mode, flags).await {
                 Ok((a, fh, ff)) => {
@@ -1924,7 +1938,7 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let kill = Who::of_writer(req);
-        self.spawn(move |sh| async move {
+        self.spawn("fallocate", move |sh| async move {
             match sh.fallocate(kill, fh, offset, length, mode).await {
                 Ok(()) => reply.ok(),
                 Err(err) => reply.error(err),
@@ -1949,7 +1963,7 @@ impl Filesystem for ShoalFs {
             return reply.error(raw(libc::EROFS));
         }
         let kill = Who::of_writer(req);
-        self.spawn(move |sh| async move {
+        self.spawn("copy_file_range", move |sh| async move {
             match sh.copy_range(kill, fh_in, offset_in, fh_out, offset_out, len).await {
                 Ok(n) => reply.written(n),
                 Err(err) => reply.error(err),

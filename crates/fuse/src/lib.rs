@@ -20,6 +20,7 @@ mod convert;
 mod dircache;
 mod fs;
 mod kernel_cache;
+mod metrics;
 mod options;
 
 pub use options::MountOptions;
@@ -138,7 +139,15 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
     };
     config.n_threads = Some(opts.fuse_threads.max(1));
     config.clone_fd = opts.fuse_threads > 1;
+    let metrics_listen = opts.metrics_listen.clone();
     let shared = Shared::new(client, opts);
+    if let Some(addr) = metrics_listen {
+        // Bound before mounting: a taken port fails the mount with the cause, not later.
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind(&addr))
+            .with_context(|| format!("cannot serve metrics on {addr}"))?;
+        rt.spawn(metrics::serve(shared.metrics.clone(), listener));
+    }
     Ok(Prepared { rt, shared, config, mountpoint })
 }
 

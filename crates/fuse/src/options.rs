@@ -76,6 +76,9 @@ pub struct MountOptions {
     /// Kernel mount flags passed on as they are: `dev`, `nodev`, `suid`, `nosuid`, `exec`,
     /// `noexec`, `atime`, `noatime`, `sync`, `async`, `dirsync`.
     pub flags: Vec<String>,
+    /// Where to serve the mount's Prometheus metrics (`GET /metrics`, `--metrics ADDR`);
+    /// none by default.
+    pub metrics_listen: Option<String>,
 }
 
 impl Default for MountOptions {
@@ -106,6 +109,7 @@ impl Default for MountOptions {
             fsname: None,
             auto_unmount: false,
             flags: Vec::new(),
+            metrics_listen: None,
         }
     }
 }

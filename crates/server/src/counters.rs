@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Every [`shoal_proto::msg::Op::name`]. An operation missing here is still counted (in a
 /// locked side map), just more slowly.
-const OP_NAMES: &[&str] = &[
+pub(crate) const OP_NAMES: &[&str] = &[
     "hello",
     "batch",
     "lookup",

@@ -37,6 +37,7 @@ pub async fn handle(
 ) -> (Reply, Payload) {
     let name = req.op.name();
     st.counters.request(name, from_peer || req.op.is_peer());
+    let _timed = st.metrics.request(name);
     // 0 means "any map" (tools that do not route by the map, and local peer steps).
     if req.map_version != 0 && req.map_version != st.map.version() {
         return (Reply::StaleMap { current: st.map.version() }, Payload::none());
@@ -49,6 +50,7 @@ pub async fn handle(
         }
         Err(f) => {
             st.counters.error();
+            st.metrics.error(f.errno);
             if f.errno == Errno::EIO {
                 tracing::warn!("{name} failed: {f}");
             } else {
@@ -100,6 +102,7 @@ async fn batch(st: &Arc<State>, cred: Cred, ops: Vec<BatchOp>) -> R<Reply> {
             Err(Fail { misrouted: Some(dir), .. }) => crate::ops::namespace::split::misrouted_reply(st, dir).await,
             Err(f) => {
                 st.counters.error();
+                st.metrics.error(f.errno);
                 f.into_reply()
             }
         };

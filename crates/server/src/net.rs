@@ -446,6 +446,8 @@ async fn serve_conn(
     };
     tracing::debug!("connection from {addr}: {client}");
     st.counters.request("hello", from_peer);
+    // Timed up to its reply (the guard is dropped there, not with the connection).
+    let timed = st.metrics.request("hello");
     st.counters.received(first.body.len());
     let (proof, challenge) = match crate::auth::answer_hello(&st, claim) {
         Ok(crate::auth::HelloAnswer::Settled(a)) => (None, Err(a)),
@@ -465,6 +467,7 @@ async fn serve_conn(
         auth: proof,
     };
     send_now(&mut wr, first.request_id, &hello).await;
+    drop(timed);
     let auth = match challenge {
         Err(settled) => settled,
         Ok(ch) => {

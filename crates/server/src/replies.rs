@@ -97,6 +97,8 @@ impl Shard {
 
 pub struct Replies {
     shards: Vec<Mutex<Shard>>,
+    /// Hits: retries answered from the cache; misses: requests applied (`GET /metrics`).
+    pub stats: crate::metrics::HitMiss,
 }
 
 /// Estimated memory of a cached reply: small for all but batches, whose results carry
@@ -146,7 +148,7 @@ impl Default for Replies {
 
 impl Replies {
     pub fn new() -> Replies {
-        Replies { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect() }
+        Replies { shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(), stats: Default::default() }
     }
 
     fn shard(&self, key: Key) -> &Mutex<Shard> {
@@ -177,7 +179,10 @@ impl Replies {
                 }
             };
             match found {
-                Found::Reply(reply) => return (*reply, Payload::none()),
+                Found::Reply(reply) => {
+                    self.stats.hit();
+                    return (*reply, Payload::none());
+                }
                 Found::Wait(notify) => {
                     let woken = notify.notified();
                     tokio::pin!(woken);
@@ -189,6 +194,7 @@ impl Replies {
                     }
                 }
                 Found::Apply => {
+                    self.stats.miss();
                     let mut guard = Applying { replies: self, key, done: false };
                     let (reply, payload) = apply.await;
                     if !matches!(reply, Reply::StaleMap { .. }) {

@@ -45,6 +45,8 @@ pub struct State {
     /// Connections to the other servers, as root.
     pub pool: Pool,
     pub counters: Counters,
+    /// Latencies, errors by errno, requests in flight (`metrics.rs`, `GET /metrics`).
+    pub metrics: crate::metrics::Metrics,
     pub started: Instant,
     pub contents: Mutex<Option<(Instant, Contents)>>,
     /// Deleted files whose objects the gc task is to delete (their `g` records are already
@@ -111,6 +113,7 @@ impl State {
             active: Arc::new(Mutex::new(HashSet::new())),
             pool,
             counters: Counters::new(),
+            metrics: crate::metrics::Metrics::new(),
             started: Instant::now(),
             contents: Mutex::new(None),
             gc_queue: Mutex::new(Vec::new()),

@@ -16,6 +16,7 @@ pub mod sim;
 pub mod status;
 pub mod stripe;
 pub mod token;
+pub mod top;
 
 use anyhow::{Context, Result};
 use shoal_client::{Client, ClientOptions};

@@ -70,6 +70,9 @@ pub struct MountArgs {
     /// Threads running requests (same as -o threads=).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Serve the mount's Prometheus metrics on ADDR (host:port): GET /metrics.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
     /// As a daemon, append the log to FILE (default: discarded). SHOAL_LOG sets the level.
     #[arg(long, value_name = "FILE")]
     pub log: Option<PathBuf>,
@@ -117,6 +120,14 @@ fn options(ctx: &Ctx, a: &MountArgs) -> Result<MountOptions> {
     }
     o.default_permissions |= a.default_permissions;
     o.read_only |= a.read_only;
+    if let Some(addr) = &a.metrics {
+        if addr.parse::<std::net::SocketAddr>().is_err()
+            && addr.rsplit_once(':').is_none_or(|(_, p)| p.parse::<u16>().is_err())
+        {
+            return Err(usage(format!("--metrics {addr}: give host:port, e.g. 127.0.0.1:9101")));
+        }
+        o.metrics_listen = Some(addr.clone());
+    }
     Ok(o)
 }
 
@@ -200,6 +211,7 @@ async fn daemonize(config: &Path, mountpoint: &Path, opts: &MountOptions, log: O
         .arg("--foreground")
         .arg("-o")
         .arg(opts.to_option_string())
+        .args(opts.metrics_listen.iter().flat_map(|m| ["--metrics", m.as_str()]))
         .env(READY_FD_ENV, wfd.to_string())
         .env_remove("SHOAL_CONFIG")
         .stdin(Stdio::null())

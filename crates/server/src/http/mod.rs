@@ -13,6 +13,8 @@ mod files;
 mod identity;
 mod listing;
 mod ranges;
+mod metrics;
+mod status_page;
 
 use crate::state::State;
 use axum::Router;
@@ -57,7 +59,12 @@ impl Gateway {
 
 /// Every route of the HTTP service.
 fn router(gw: Arc<Gateway>) -> Router {
-    Router::new().route("/health", axum::routing::get(health)).merge(files::routes()).with_state(gw)
+    Router::new()
+        .route("/health", axum::routing::get(health))
+        .merge(files::routes())
+        .merge(metrics::routes())
+        .merge(status_page::routes())
+        .with_state(gw)
 }
 
 /// `GET /health`: 200 and one line while the server serves (for load balancers and scripts).

@@ -62,6 +62,10 @@ pub struct DataStore {
     fds: Mutex<FdCache>,
     dirty: Mutex<HashMap<u64, Vec<u32>>>,
     locks: Box<[RwLock<()>]>,
+    /// Lookups of open objects in the descriptor cache (`GET /metrics`).
+    pub fd_cache: crate::metrics::HitMiss,
+    /// Lookups of checksum entries in the objects' caches (`sums_cache.rs`).
+    pub sums_cache: crate::metrics::HitMiss,
 }
 
 /// A block whose bytes do not match its checksum.
@@ -89,6 +93,8 @@ impl DataStore {
             fds: Mutex::new(FdCache { map: HashMap::new(), tick: 0 }),
             dirty: Mutex::new(HashMap::new()),
             locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
+            fd_cache: Default::default(),
+            sums_cache: Default::default(),
         })
     }
 
@@ -125,9 +131,11 @@ impl DataStore {
             let tick = c.tick;
             if let Some((f, t)) = c.map.get_mut(&(ino.0, index)) {
                 *t = tick;
+                self.fd_cache.hit();
                 return Ok(Some(f.clone()));
             }
         }
+        self.fd_cache.miss();
         let path = self.path(ino, index);
         let sums_path = self.sums_path(ino, index);
         let open = |create: bool| OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
@@ -235,7 +243,11 @@ impl DataStore {
         // SAFETY: the kernel wrote the first `got` bytes.
         unsafe { buf.set_len(got) };
         let n = buf.len().div_ceil(BLOCK as usize) as u64;
-        let entries = obj.mem.lock().entries(&obj.sums, first, n);
+        let entries = {
+            let mut mem = obj.mem.lock();
+            self.sums_cache.record(mem.holds(first, n));
+            mem.entries(&obj.sums, first, n)
+        };
         self.verify(&obj, first, &buf, entries).map_err(|b| b.fail())?;
         let start = (offset - from) as usize;
         let stop = ((end - from) as usize).min(buf.len());
@@ -317,6 +329,7 @@ impl DataStore {
         let last = (end - 1) / BLOCK;
         // One piece per block touched (`PieceCrcs::compute` cuts at the block boundaries).
         debug_assert_eq!(piece_crcs.len() as u64, last - first + 1);
+        self.sums_cache.record(mem.holds(first, last - first + 1));
         let stored = mem.entries(&obj.sums, first, last - first + 1).map_err(sums_err)?;
         let mut pending = Vec::with_capacity(stored.len());
         let mut scratch = Vec::new();

@@ -417,6 +417,12 @@ pub struct MetaStore {
 }
 
 impl MetaStore {
+    /// An integer property of RocksDB (`rocksdb.estimate-num-keys`, ...), for metrics;
+    /// `None` when unknown or while the store is closed.
+    pub fn property(&self, name: &str) -> Option<u64> {
+        self.db.read().as_ref().and_then(|db| db.property_int_value(name).ok().flatten())
+    }
+
     /// Open (creating if missing) the database at `path`.
     pub fn open(path: &Path) -> Result<MetaStore, String> {
         let opts = Self::options();

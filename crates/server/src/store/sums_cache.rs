@@ -102,10 +102,15 @@ impl Sums {
         self.stored = self.stored.max(end);
     }
 
+    /// Are the entries of blocks `first .. first + n` all in memory (a hit of this cache)?
+    pub fn holds(&self, first: u64, n: u64) -> bool {
+        (first..first + n).all(|k| self.cached.contains_key(&k))
+    }
+
     /// Entries of blocks `first .. first + n`, from memory, reading the sidecar once for
     /// the range if any is missing. Damaged entries are `Err` with the reason.
     pub fn entries(&mut self, side: &Sidecar, first: u64, n: u64) -> std::io::Result<Vec<Result<Entry, String>>> {
-        if (first..first + n).all(|k| self.cached.contains_key(&k)) {
+        if self.holds(first, n) {
             return Ok((first..first + n).map(|k| Ok(self.cached[&k].entry)).collect());
         }
         // Room for the range first: the cache is never cut while the range is gathered.
