@@ -164,6 +164,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Opened { .. } => "Opened",
         Reply::Leased { .. } => "Leased",
         Reply::Partitions { .. } => "Partitions",
+        Reply::Load(_) => "Load",
     }
 }
 

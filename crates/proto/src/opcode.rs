@@ -62,6 +62,7 @@ impl Op {
             Op::PeerPartitionAttr { .. } => 46,
             Op::ReadList { .. } => 47,
             Op::WriteList { .. } => 48,
+            Op::PeerLoad { .. } => 49,
         }
     }
 }
@@ -93,6 +94,7 @@ impl Reply {
             Reply::Leased { .. } => 21,
             Reply::Partitions { .. } => 22,
             Reply::DataList { .. } => 23,
+            Reply::Load(_) => 24,
         }
     }
 }
