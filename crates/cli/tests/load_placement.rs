@@ -73,7 +73,8 @@ async fn new_files_avoid_a_throttled_server_under_load_placement_and_not_under_h
             }
             _ => assert!(
                 on_throttled <= share / 4,
-                "{dir}: load placement keeps new files off the throttled server: {count:?}"
+                "{dir}: load placement keeps new files off the throttled server: {count:?}\n{}",
+                (0..4).map(|i| cluster.log(i)).collect::<Vec<_>>().join("\n")
             ),
         }
         if policy == PlacementPolicy::Load {
@@ -95,7 +96,7 @@ async fn new_files_avoid_a_throttled_server_under_load_placement_and_not_under_h
 fn a_bad_throttle_is_refused_with_one_line() {
     let cluster = Cluster::start(1);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_shoald"))
-        .args(["--config", cluster.config.to_str().unwrap(), "--id", "0", "--throttle", "-3"])
+        .args(["--config", cluster.config.to_str().unwrap(), "--id", "0", "--throttle=0"])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -97,7 +97,7 @@ struct Throttle {
         governor::clock::DefaultClock,
         governor::middleware::NoOpMiddleware,
     >,
-    /// Largest number of units one wait may ask for (the bucket's size).
+    /// Largest number of units one wait may ask for (the bucket's size: 50 ms worth).
     burst: u32,
 }
 
@@ -135,9 +135,10 @@ impl Load {
     pub fn new(me: ServerId, throttle_mb_s: Option<f64>) -> Load {
         let throttle = throttle_mb_s.map(|mb| {
             let per_s = ((mb * 1e6) / THROTTLE_UNIT as f64).round().clamp(1.0, u32::MAX as f64) as u32;
-            // A bucket of one second's worth, but at least one largest request (64 MiB),
-            // so that every request can be let through at the configured rate.
-            let burst = per_s.max((shoal_proto::frame::MAX_DATA as u64 / THROTTLE_UNIT) as u32);
+            // A bucket of 50 ms worth (at least 64 KiB): a deeper one fills while the
+            // server is idle and lets the next burst through at full speed. Larger
+            // requests wait for it in several turns (`throttle`).
+            let burst = (per_s / 20).max(64);
             let quota = Quota::per_second(NonZeroU32::new(per_s).unwrap_or(NonZeroU32::MIN))
                 .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
             let bucket = RateLimiter::direct(quota);
@@ -255,6 +256,7 @@ impl Load {
             })
             .collect();
         let chosen = choose(&cands, count, &mut rand::thread_rng());
+        tracing::debug!("load placement chose {chosen:?} from {cands:?}");
         for id in &chosen {
             let c = g.charges.get(id).map_or(0.0, |&(c, at)| decayed(c, now.duration_since(at)));
             g.charges.insert(*id, (c + 1.0, now));
