@@ -199,6 +199,11 @@ pub struct IoArgs {
     /// Native client: stripe size of the files.
     #[arg(long, value_parser = parse_size)]
     pub stripe_size: Option<u64>,
+    /// Native client: placement policy of the files: same, spread or load (the
+    /// least-loaded servers; with `shoal cluster up --throttle ID=MBPS` and --stripe-count 1
+    /// this measures load-aware placement, docs/benchmarks.md).
+    #[arg(long, value_parser = shoal_placement::map::parse_policy)]
+    pub policy: Option<shoal_proto::msg::PlacementPolicy>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -264,6 +269,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
                     Some(c) => Some(c as u32),
                 },
                 stripe_size: a.stripe_size,
+                policy: a.policy,
             };
             if a.common.sweep.is_none() {
                 io.check().map_err(|e| usage(e.to_string()))?;

@@ -211,6 +211,10 @@ pub struct IoSpec {
     /// Native client: stripe count of the files (`u32::MAX` = all servers) and stripe size.
     pub stripe_count: Option<u32>,
     pub stripe_size: Option<u64>,
+    /// Native client: placement policy of the files (`load` to measure load-aware
+    /// placement against `same`/`spread`); default the directory's.
+    #[serde(default)]
+    pub policy: Option<shoal_proto::msg::PlacementPolicy>,
 }
 
 impl IoSpec {
@@ -425,6 +429,7 @@ mod tests {
             verify: false,
             stripe_count: None,
             stripe_size: None,
+            policy: None,
         };
         // Shared file, 2 procs: segment 0 = [p0 block][p1 block], segment 1 likewise.
         assert_eq!(s.offset(0, 2, 0), 0);

@@ -409,6 +409,7 @@ async fn run_cases(
                     verify: false,
                     stripe_count: stripes.stripe_count,
                     stripe_size: stripes.stripe_size,
+                    policy: None,
                 };
                 if let Some(c) = config {
                     // The FUSE target's folder: same layout by default (mount root = Shoal root).
@@ -471,6 +472,7 @@ async fn run_cases(
                     verify: false,
                     stripe_count: stripes.stripe_count,
                     stripe_size: stripes.stripe_size,
+                    policy: None,
                 };
                 let t: Vec<TargetSpec> = targets
                     .iter()

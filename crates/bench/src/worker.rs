@@ -314,11 +314,13 @@ impl Worker {
         let mut r = PhaseResult { start_ns: mono_ns(), ..Default::default() };
         let writing = kind == PhaseKind::Write;
         let flags = if writing {
-            let layout = (io.stripe_count.is_some() || io.stripe_size.is_some()).then(|| LayoutSpec {
-                stripe_count: io.stripe_count,
-                stripe_size: io.stripe_size,
-                ..Default::default()
-            });
+            let layout =
+                (io.stripe_count.is_some() || io.stripe_size.is_some() || io.policy.is_some()).then(|| LayoutSpec {
+                    stripe_count: io.stripe_count,
+                    stripe_size: io.stripe_size,
+                    policy: io.policy,
+                    ..Default::default()
+                });
             OpenFlags { write: true, create: true, perm: 0o644, layout, ..Default::default() }
         } else {
             OpenFlags::read_only()
@@ -967,6 +969,7 @@ mod tests {
             verify: true,
             stripe_count: None,
             stripe_size: None,
+            policy: None,
         };
         for k in [1usize, 3] {
             let mut ws = Vec::new();

@@ -39,6 +39,8 @@ pub const SHOAL_POLICY_UNSET: u32 = 0;
 pub const SHOAL_POLICY_SAME: u32 = 1;
 /// `shoal_layout::policy`: the first object on a server picked by hashing the inode number.
 pub const SHOAL_POLICY_SPREAD: u32 = 2;
+/// `shoal_layout::policy`: the objects on the least-loaded servers (load-aware placement).
+pub const SHOAL_POLICY_LOAD: u32 = 3;
 /// `shoal_layout::stripe_count`: stripe over every server that holds data.
 pub const SHOAL_STRIPE_COUNT_ALL: u32 = u32::MAX;
 /// `shoal_layout::first_server`: inherit, else chosen by the policy.
@@ -59,6 +61,7 @@ impl shoal_layout {
             SHOAL_POLICY_UNSET => None,
             SHOAL_POLICY_SAME => Some(PlacementPolicy::Same),
             SHOAL_POLICY_SPREAD => Some(PlacementPolicy::Spread),
+            SHOAL_POLICY_LOAD => Some(PlacementPolicy::Load),
             p => {
                 fail(libc::EINVAL, format_args!("layout of {path}: policy {p} is not a SHOAL_POLICY_ constant"));
                 return None;
@@ -91,6 +94,7 @@ impl shoal_layout {
                 None => SHOAL_POLICY_UNSET,
                 Some(PlacementPolicy::Same) => SHOAL_POLICY_SAME,
                 Some(PlacementPolicy::Spread) => SHOAL_POLICY_SPREAD,
+                Some(PlacementPolicy::Load) => SHOAL_POLICY_LOAD,
             },
             first_server: s.first_server.map_or(SHOAL_FIRST_SERVER_UNSET, |f| i64::from(f.0)),
         }

@@ -45,6 +45,21 @@ pub struct UpOptions {
     pub policy: Option<shoal_client::PlacementPolicy>,
     /// A new cluster uses TLS (`[security] tls`).
     pub tls: bool,
+    /// Servers to slow on purpose: (id, MB/s) passed as `shoald --throttle` (a tool for
+    /// benchmarks of load-aware placement).
+    pub throttle: Vec<(u32, f64)>,
+}
+
+/// Parse `ID=MBPS` (`shoal cluster up --throttle 3=25`).
+pub fn parse_throttle(s: &str) -> std::result::Result<(u32, f64), String> {
+    let bad = || format!("{s:?} is not ID=MB_PER_S (a server id and a positive number of MB/s, e.g. 3=25)");
+    let (id, mb) = s.split_once('=').ok_or_else(bad)?;
+    let id: u32 = id.trim().parse().map_err(|_| bad())?;
+    let mb: f64 = mb.trim().parse().map_err(|_| bad())?;
+    if !(mb.is_finite() && mb > 0.0) {
+        return Err(bad());
+    }
+    Ok((id, mb))
 }
 
 /// Write `DIR/cluster.toml` (unless one exists: then restart that cluster) and start every
@@ -94,7 +109,8 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
         if pid_alive(&dir, s.id).is_some() {
             continue;
         }
-        start_server(&dir, &config, s.id)?;
+        let throttle = opts.throttle.iter().find(|(id, _)| *id == s.id).map(|&(_, mb)| mb);
+        start_server(&dir, &config, s.id, throttle)?;
     }
     wait_ready(&dir, &map, Duration::from_secs(30))?;
     start_identityd(&dir, &config, &map)?;
@@ -177,13 +193,14 @@ fn threads_per_server(config: &Path) -> usize {
 }
 
 /// Start server `id` of the cluster in `dir` as a detached process.
-pub fn start_server(dir: &Path, config: &Path, id: u32) -> Result<u32> {
-    start_server_threads(dir, config, id, threads_per_server(config))
+/// `throttle`: its data reads and writes limited to that many MB/s (`shoald --throttle`).
+pub fn start_server(dir: &Path, config: &Path, id: u32, throttle: Option<f64>) -> Result<u32> {
+    start_server_threads(dir, config, id, threads_per_server(config), throttle)
 }
 
 /// [`start_server`] with `threads` request threads (a formation of `shoal job` has a node
 /// per server, so the share of this machine's CPUs is not the map's business).
-pub fn start_server_threads(dir: &Path, config: &Path, id: u32, threads: usize) -> Result<u32> {
+pub fn start_server_threads(dir: &Path, config: &Path, id: u32, threads: usize, throttle: Option<f64>) -> Result<u32> {
     use std::os::unix::process::CommandExt;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -194,6 +211,9 @@ pub fn start_server_threads(dir: &Path, config: &Path, id: u32, threads: usize) 
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("--config").arg(config).arg("--id").arg(id.to_string());
     cmd.arg("--threads").arg(threads.max(1).to_string());
+    if let Some(mb) = throttle {
+        cmd.arg("--throttle").arg(mb.to_string());
+    }
     cmd.stdin(std::process::Stdio::null()).stdout(log.try_clone()?).stderr(log);
     // Own session: a Ctrl-C in the terminal that ran `cluster up` must not stop the servers.
     unsafe {

@@ -166,6 +166,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Partitions { .. } => "Partitions",
         Reply::UrlInfo(_) => "UrlInfo",
         Reply::Fetched { .. } => "Fetched",
+        Reply::Load(_) => "Load",
     }
 }
 

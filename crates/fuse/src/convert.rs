@@ -174,6 +174,7 @@ pub(crate) fn dir_default_text(spec: Option<&LayoutSpec>) -> String {
         None => "inherit",
         Some(PlacementPolicy::Same) => "same",
         Some(PlacementPolicy::Spread) => "spread",
+        Some(PlacementPolicy::Load) => "load",
     };
     format!("stripe_size={size} stripe_count={count} first_server={first} policy={policy}")
 }

@@ -130,6 +130,7 @@ mod policy_serde {
         s.serialize_str(match p {
             PlacementPolicy::Same => "same",
             PlacementPolicy::Spread => "spread",
+            PlacementPolicy::Load => "load",
         })
     }
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PlacementPolicy, D::Error> {
@@ -138,12 +139,13 @@ mod policy_serde {
     }
 }
 
-/// Parse "same" or "spread".
+/// Parse "same", "spread" or "load".
 pub fn parse_policy(s: &str) -> Result<PlacementPolicy, String> {
     match s {
         "same" => Ok(PlacementPolicy::Same),
         "spread" => Ok(PlacementPolicy::Spread),
-        other => Err(format!("unknown placement policy {other:?} (expected \"same\" or \"spread\")")),
+        "load" => Ok(PlacementPolicy::Load),
+        other => Err(format!("unknown placement policy {other:?} (expected \"same\", \"spread\" or \"load\")")),
     }
 }
 

@@ -31,12 +31,29 @@ pub fn check_spec(map: &ClusterMap, spec: &LayoutSpec) -> Result<(), String> {
 
 /// Decide the layout of a new file `ino` whose inode lives on `home`. `spec` is what the
 /// request asked for; unset fields come from `dir_default`, then from the cluster defaults.
+/// Without load information the `load` policy places as `spread` does.
 pub fn resolve_layout(
     map: &ClusterMap,
     ino: Ino,
     home: ServerId,
     spec: Option<&LayoutSpec>,
     dir_default: Option<&LayoutSpec>,
+) -> Result<Layout, Errno> {
+    resolve_layout_by(map, ino, home, spec, dir_default, &|_| Vec::new())
+}
+
+/// [`resolve_layout`], where the `load` policy (without an explicit first server) takes the
+/// servers `by_load(count)` names: `count` distinct placeable servers, least loaded first
+/// (the server's load table decides; this crate does no I/O). Any other answer (none, too
+/// few, a server that cannot hold data) falls back to `spread`, so a file can always be
+/// created. The result is stored in the inode: reads never depend on load.
+pub fn resolve_layout_by(
+    map: &ClusterMap,
+    ino: Ino,
+    home: ServerId,
+    spec: Option<&LayoutSpec>,
+    dir_default: Option<&LayoutSpec>,
+    by_load: &dyn Fn(u32) -> Vec<ServerId>,
 ) -> Result<Layout, Errno> {
     let pick = |f: &dyn Fn(&LayoutSpec) -> Option<u64>| spec.and_then(f).or_else(|| dir_default.and_then(f));
     let stripe_size = pick(&|s| s.stripe_size).unwrap_or(map.cluster.stripe_size);
@@ -56,11 +73,18 @@ pub fn resolve_layout(
     let first = spec
         .and_then(|s| s.first_server)
         .or_else(|| dir_default.and_then(|s| s.first_server))
-        .filter(|f| map.placeable().any(|s| s.id == f.0))
-        .unwrap_or(match policy {
-            PlacementPolicy::Same => home,
-            PlacementPolicy::Spread => map.rank(ino.0 ^ 0xDA7A)[0],
-        });
+        .filter(|f| map.placeable().any(|s| s.id == f.0));
+    if let (PlacementPolicy::Load, None) = (policy, first) {
+        let chosen = by_load(count);
+        let distinct = chosen.iter().collect::<std::collections::HashSet<_>>().len() == chosen.len();
+        if chosen.len() == count as usize && distinct && chosen.iter().all(|c| map.placeable().any(|s| s.id == c.0)) {
+            return Ok(Layout { stripe_size, servers: chosen });
+        }
+    }
+    let first = first.unwrap_or(match policy {
+        PlacementPolicy::Same => home,
+        PlacementPolicy::Spread | PlacementPolicy::Load => map.rank(ino.0 ^ 0xDA7A)[0],
+    });
     Ok(Layout { stripe_size, servers: map.servers_from(first, count) })
 }
 

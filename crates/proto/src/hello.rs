@@ -44,13 +44,24 @@ pub const FEATURE_ATTR_LEASES: u64 = 1 << 3;
 /// them close a connection that carries a request they cannot decode).
 pub const FEATURE_LIST_IO: u64 = 1 << 4;
 
+/// Load exchange (`Op::PeerLoad`, docs/architecture.md, "Load-aware placement"): the server
+/// knows `PeerLoad` and answers it with its own load. A server sends it only to peers that
+/// agreed, so a server of before (which would close the connection on a request it cannot
+/// decode) is simply not told, and its load stays unknown.
+pub const FEATURE_LOAD: u64 = 1 << 5;
+
 /// Reverse read (docs/import.md): the server knows `Op::UrlProbe` and `Op::FetchInto`. A
 /// client imports through servers that agreed and says which did not otherwise.
-pub const FEATURE_FETCH: u64 = 1 << 5;
+pub const FEATURE_FETCH: u64 = 1 << 6;
 
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
-pub const KNOWN_FEATURES: u64 =
-    FEATURE_DATA_CRC | FEATURE_LEASES | FEATURE_PARTITIONS | FEATURE_ATTR_LEASES | FEATURE_LIST_IO | FEATURE_FETCH;
+pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
+    | FEATURE_LEASES
+    | FEATURE_PARTITIONS
+    | FEATURE_ATTR_LEASES
+    | FEATURE_LIST_IO
+    | FEATURE_LOAD
+    | FEATURE_FETCH;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
@@ -70,7 +81,7 @@ pub fn server_features() -> u64 {
 }
 
 /// The feature bits named in the environment variable `SHOAL_FEATURES_OFF`, comma-separated
-/// (`data_crc`, `leases`, `partitions`, `attr_leases`, `list_io`; other names are ignored):
+/// (`data_crc`, `leases`, `partitions`, `attr_leases`, `list_io`, `load`; other names are ignored):
 /// a process that behaves as a version without them, which is how the tests check that
 /// peers of different versions work together.
 pub fn features_off() -> u64 {
@@ -83,6 +94,7 @@ pub fn features_off() -> u64 {
             "partitions" => FEATURE_PARTITIONS,
             "attr_leases" => FEATURE_ATTR_LEASES,
             "list_io" => FEATURE_LIST_IO,
+            "load" => FEATURE_LOAD,
             _ => 0,
         })
         .fold(0, |a, b| a | b)

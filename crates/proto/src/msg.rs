@@ -123,6 +123,10 @@ pub enum PlacementPolicy {
     Same,
     /// Objects start at a server chosen by hashing the inode number: spreads load.
     Spread,
+    /// Objects go to the least-loaded servers the creating server knows of (queue depth,
+    /// bandwidth in use, latency, free space; exchanged by `PeerLoad`). Added in protocol 7:
+    /// a server of before cannot decode it (docs/architecture.md, "Load-aware placement").
+    Load,
 }
 
 /// Inode attributes, as returned by every call that names a file.
@@ -689,6 +693,33 @@ pub enum Op {
     PeerPartitionAttr {
         attr: Attr,
     },
+    /// Server to server, every few hundred milliseconds (`server/src/load.rs`): the
+    /// sender's load; answered `Load` with the receiver's, so one round trip tells each
+    /// the other's. Sent only to servers that agreed on `FEATURE_LOAD` in `Hello`.
+    PeerLoad {
+        load: LoadReport,
+    },
+}
+
+/// How busy a server is and how much room it has: what load-aware placement
+/// ([`PlacementPolicy::Load`]) chooses servers by.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadReport {
+    pub server: ServerId,
+    /// Requests being served right now (its queue depth).
+    pub queue_depth: u32,
+    /// Recent (exponentially weighted) rate of bytes received and sent.
+    pub bytes_in_per_s: u64,
+    pub bytes_out_per_s: u64,
+    /// The highest rate of bytes in plus out the server has shown (decaying slowly): the
+    /// bandwidth the current rates are measured against.
+    pub peak_bytes_per_s: u64,
+    /// Recent (exponentially weighted) service time of a request, in microseconds.
+    pub latency_us: u64,
+    pub capacity_bytes: u64,
+    pub free_bytes: u64,
+    /// Refusing writes for lack of space (or nearly so): never chosen for new files.
+    pub full: bool,
 }
 
 impl Op {
@@ -745,6 +776,7 @@ impl Op {
             Op::PeerPartitions { .. } => "peer_partitions",
             Op::PeerSealPartitions { .. } => "peer_seal_partitions",
             Op::PeerPartitionAttr { .. } => "peer_partition_attr",
+            Op::PeerLoad { .. } => "peer_load",
         }
     }
 
@@ -915,6 +947,8 @@ pub enum Reply {
         dir: Ino,
         bitmap: Vec<u64>,
     },
+    /// Answer to `PeerLoad`: the answering server's load.
+    Load(LoadReport),
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

@@ -62,8 +62,9 @@ impl Op {
             Op::PeerPartitionAttr { .. } => 46,
             Op::ReadList { .. } => 47,
             Op::WriteList { .. } => 48,
-            Op::UrlProbe { .. } => 49,
-            Op::FetchInto { .. } => 50,
+            Op::PeerLoad { .. } => 49,
+            Op::UrlProbe { .. } => 50,
+            Op::FetchInto { .. } => 51,
         }
     }
 }
@@ -95,8 +96,9 @@ impl Reply {
             Reply::Leased { .. } => 21,
             Reply::Partitions { .. } => 22,
             Reply::DataList { .. } => 23,
-            Reply::UrlInfo(_) => 24,
-            Reply::Fetched { .. } => 25,
+            Reply::Load(_) => 24,
+            Reply::UrlInfo(_) => 25,
+            Reply::Fetched { .. } => 26,
         }
     }
 }

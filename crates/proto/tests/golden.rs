@@ -194,6 +194,7 @@ fn ops() -> Vec<Op> {
         Op::PeerPartitions { dir: DIR },
         Op::PeerSealPartitions { dir: DIR, seal: true, drop: false },
         Op::PeerPartitionAttr { attr: dir_attr() },
+        Op::PeerLoad { load: load_report() },
     ]
 }
 
@@ -237,6 +238,7 @@ fn replies() -> Vec<Reply> {
         Reply::XattrNames(vec!["user.a".into(), "user.b".into()]),
         Reply::Data,
         Reply::DataList { lens: vec![4096, 100] },
+        Reply::Load(load_report()),
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),
@@ -787,4 +789,18 @@ fn unknown_fields_are_ignored_and_missing_optional_ones_are_none() {
     };
     let got: Request = decode_body(&rmp_serde::to_vec_named(&hello).unwrap()).unwrap();
     assert!(matches!(got.op, Op::Hello { max_version: 9, features: u64::MAX, .. }), "{got:?}");
+}
+
+fn load_report() -> LoadReport {
+    LoadReport {
+        server: ServerId(2),
+        queue_depth: 3,
+        bytes_in_per_s: 100 << 20,
+        bytes_out_per_s: 5 << 20,
+        peak_bytes_per_s: 400 << 20,
+        latency_us: 1500,
+        capacity_bytes: 1 << 40,
+        free_bytes: 1 << 39,
+        full: false,
+    }
 }

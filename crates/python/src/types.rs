@@ -217,7 +217,8 @@ impl Layout {
             None => None,
             Some("same") => Some("same"),
             Some("spread") => Some("spread"),
-            Some(p) => return Err(value(format!("policy {p:?} is not \"same\" or \"spread\""))),
+            Some("load") => Some("load"),
+            Some(p) => return Err(value(format!("policy {p:?} is not \"same\", \"spread\" or \"load\""))),
         };
         Ok(Layout { stripe_size, stripe_count, first_server, policy, servers: None })
     }
@@ -229,7 +230,11 @@ impl Layout {
             stripe_size: self.stripe_size,
             stripe_count: self.stripe_count.map(|c| if c == -1 { u32::MAX } else { c as u32 }),
             first_server: self.first_server.map(ServerId),
-            policy: self.policy.map(|p| if p == "spread" { PlacementPolicy::Spread } else { PlacementPolicy::Same }),
+            policy: self.policy.map(|p| match p {
+                "spread" => PlacementPolicy::Spread,
+                "load" => PlacementPolicy::Load,
+                _ => PlacementPolicy::Same,
+            }),
         }
     }
 
@@ -257,6 +262,7 @@ impl Layout {
             policy: spec.policy.map(|p| match p {
                 PlacementPolicy::Same => "same",
                 PlacementPolicy::Spread => "spread",
+                PlacementPolicy::Load => "load",
             }),
             servers: None,
         }

@@ -36,8 +36,18 @@ pub async fn handle(
     from_peer: bool,
 ) -> (Reply, Payload) {
     let name = req.op.name();
-    st.counters.request(name, from_peer || req.op.is_peer());
-    let _timed = st.metrics.request(name);
+    // The load exchange is the servers' own upkeep: counted nowhere, so that request
+    // counts stay those of the workload (`load.rs`).
+    let exchange = matches!(req.op, Op::PeerLoad { .. });
+    if !exchange {
+        st.counters.request(name, from_peer || req.op.is_peer());
+    }
+    let _timed = (!exchange).then(|| st.metrics.request(name));
+    let data_bytes = crate::load::data_bytes(&req.op, &data);
+    let _busy = (!exchange).then(|| st.load.begin(data_bytes.is_some()));
+    if let Some(n) = data_bytes {
+        st.load.throttle(n).await;
+    }
     // 0 means "any map" (tools that do not route by the map, and local peer steps).
     if req.map_version != 0 && req.map_version != st.map.version() {
         return (Reply::StaleMap { current: st.map.version() }, Payload::none());
@@ -240,6 +250,10 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::PeerPartitions { dir } => namespace::split::partitions(st, dir).await?,
         Op::PeerSealPartitions { dir, seal, drop } => namespace::split::seal(st, dir, seal, drop).await?,
         Op::PeerPartitionAttr { attr } => namespace::split::partition_attr(st, attr).await?,
+        Op::PeerLoad { load } => {
+            st.load.heard(load);
+            Reply::Load(st.load.report())
+        }
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
         // Never nested: `BatchOp` has no batch.

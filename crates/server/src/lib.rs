@@ -17,7 +17,7 @@
 //!     config: "cluster.toml".into(), id: 0, data_dir: None, listen: None, http_listen: None,
 //!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
 //!     orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
-//!     lease_max: shoal_server::leases::DEFAULT_MAX,
+//!     lease_max: shoal_server::leases::DEFAULT_MAX, throttle_mb_s: None,
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
@@ -33,6 +33,7 @@ mod http;
 mod intents;
 pub mod leases;
 mod limits;
+pub mod load;
 mod locks;
 mod metrics;
 mod net;
@@ -93,6 +94,9 @@ pub struct ServerOptions {
     /// Longest directory lease granted to a client (`leases.rs`); zero grants none. A
     /// change waits at most this (plus a margin) for a holder that does not answer.
     pub lease_max: Duration,
+    /// Limit this server's data reads and writes to this many MB/s (`shoald --throttle`:
+    /// a tool for tests and benchmarks of load-aware placement, `load.rs`).
+    pub throttle_mb_s: Option<f64>,
 }
 
 pub use orphans::DEFAULT_GRACE as DEFAULT_ORPHAN_GRACE;
@@ -217,6 +221,10 @@ impl Server {
         let parts = partitions::Partitions::load(meta.partitions().map_err(|e| anyhow!("{e}"))?);
         let mut state = State::new(id, map, data_dir, meta, data, space, pool, keys);
         state.parts = parts;
+        state.load = load::Load::new(id, opts.throttle_mb_s);
+        if let Some(mb) = opts.throttle_mb_s {
+            tracing::warn!("data reads and writes throttled to {mb} MB/s (--throttle)");
+        }
         let state = Arc::new(state);
         let _ = state_cell.set(Arc::downgrade(&state));
 
@@ -308,6 +316,7 @@ impl Server {
         let gc = tokio::spawn(intents::gc_loop(st.clone()));
         let reclaim = tokio::spawn(orphans::reclaim_loop(st.clone(), self.orphan_grace));
         let reload = tokio::spawn(reload_keys_on_sighup(st.clone()));
+        let load_exchange = tokio::spawn(load::exchange_loop(st.clone()));
         if self.tls.is_some() {
             tracing::info!("every connection is TLS 1.3");
         }
@@ -322,6 +331,8 @@ impl Server {
         gc.abort();
         reclaim.abort();
         reload.abort();
+        load_exchange.abort();
+        let _ = load_exchange.await;
         let _ = reload.await;
         let _ = reclaim.await;
         let _ = wal.await;

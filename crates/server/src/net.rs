@@ -340,7 +340,9 @@ fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, co
             error_frame(request_id, Fail::new(Errno::EIO, format!("reply does not encode: {e}")))
         }
     };
-    st.counters.sent(f.body.len() + f.data.len());
+    if !matches!(reply, Reply::Load(_)) {
+        st.counters.sent(f.body.len() + f.data.len());
+    }
     Encoded::Frame(f)
 }
 
@@ -713,7 +715,10 @@ async fn read_requests(
         else {
             break;
         };
-        st.counters.received(frame.body.len() + frame.data.len());
+        // The load exchange is not the workload's traffic (`load.rs`).
+        if !matches!(req.op, Op::PeerLoad { .. }) {
+            st.counters.received(frame.body.len() + frame.data.len());
+        }
         let (st, tx) = (st.clone(), tx.clone());
         // Before anything runs: peer-only requests from non-peers are refused, a user's
         // requests take the identity it proved.

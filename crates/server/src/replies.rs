@@ -292,6 +292,8 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerPartitions { .. }
         | Op::PeerSealPartitions { .. }
         | Op::PeerPartitionAttr { .. }
+        // Hearing the same load twice changes nothing.
+        | Op::PeerLoad { .. }
         // Acknowledging a lease twice forgets it twice: the same.
         | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.

@@ -67,6 +67,8 @@ pub struct State {
     pub scrub: crate::scrub::Scrub,
     /// The partitions of split directories held here (`partitions.rs`).
     pub parts: crate::partitions::Partitions,
+    /// This server's load, the others' as heard, and the throttle (`load.rs`).
+    pub load: crate::load::Load,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -124,6 +126,7 @@ impl State {
             replies: crate::replies::Replies::new(),
             scrub: Default::default(),
             parts: Default::default(),
+            load: crate::load::Load::new(id, None),
         }
     }
 

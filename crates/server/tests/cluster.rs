@@ -74,6 +74,7 @@ impl Cluster {
             handshake_timeout: Duration::from_secs(10),
             orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
             lease_max: shoal_server::leases::DEFAULT_MAX,
+            throttle_mb_s: None,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let h = tokio::spawn(shoal_server::serve_with_listener(opts, l, async move {

@@ -72,6 +72,20 @@ struct Args {
     /// at most this long for one that does not answer). 0 grants no leases.
     #[arg(long, value_name = "MS", default_value_t = 5000, env = "SHOALD_LEASE_MAX_MS")]
     lease_max_ms: u64,
+
+    /// Slow this server on purpose: limit its data reads and writes to this many MB/s
+    /// (10^6 bytes; a token bucket). A tool for tests and benchmarks of load-aware
+    /// placement (docs/architecture.md, "Load-aware placement"), not a quality of service.
+    #[arg(long, value_name = "MB_PER_S", env = "SHOALD_THROTTLE", value_parser = parse_throttle)]
+    throttle: Option<f64>,
+}
+
+/// A positive, finite number of MB/s.
+fn parse_throttle(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of MB/s")),
+    }
 }
 
 fn main() -> ExitCode {
@@ -121,6 +135,7 @@ fn main() -> ExitCode {
         handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout),
         orphan_grace: std::time::Duration::from_secs(args.orphan_grace),
         lease_max: std::time::Duration::from_millis(args.lease_max_ms),
+        throttle_mb_s: args.throttle,
     };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,

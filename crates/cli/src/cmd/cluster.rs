@@ -33,13 +33,18 @@ pub struct UpArgs {
     /// Default stripe count of new files (0 = all servers).
     #[arg(long)]
     stripe_count: Option<u32>,
-    /// Default placement of data objects: "same" (first object with the inode) or "spread".
+    /// Default placement of data objects: "same" (first object with the inode), "spread" or
+    /// "load" (the least-loaded servers).
     #[arg(long, value_parser = shoal_placement::map::parse_policy)]
     policy: Option<shoal_client::PlacementPolicy>,
     /// Make every connection TLS 1.3 (`tls = true` under [security]), with a cluster CA
     /// and a server certificate for 127.0.0.1 made in DIR (docs/security.md, "TLS").
     #[arg(long)]
     tls: bool,
+    /// Slow server ID on purpose: its data reads and writes limited to MBPS MB/s
+    /// (`shoald --throttle`; repeatable). For benchmarks of load-aware placement.
+    #[arg(long, value_name = "ID=MBPS", value_parser = local_cluster::parse_throttle)]
+    throttle: Vec<(u32, f64)>,
 }
 
 #[derive(Args)]
@@ -63,6 +68,7 @@ pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
                 stripe_count: a.stripe_count,
                 policy: a.policy,
                 tls: a.tls,
+                throttle: a.throttle,
             };
             let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;
             let map = shoal_placement::ClusterMap::load(&config)?;

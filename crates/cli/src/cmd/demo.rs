@@ -60,6 +60,7 @@ pub async fn demo(_ctx: &Ctx, a: DemoArgs) -> Result<()> {
         stripe_count: None,
         policy: None,
         tls: false,
+        throttle: Vec::new(),
     };
     println!("== starting {} shoald servers under {}", a.servers, dir.display());
     let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;

@@ -266,7 +266,7 @@ async fn up_steps(
     // This node's server: detached (its own session), so it outlives the launcher's step.
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let threads = cpus / launch.local_size.unwrap_or(1).max(1) as usize;
-    local_cluster::start_server_threads(dir, &config, rank, threads)?;
+    local_cluster::start_server_threads(dir, &config, rank, threads, None)?;
     wait_answers(dir, rank, &rec.addr, Duration::from_secs(60))?;
     blocking(|| shared.barrier("started")).await?;
     // Every server answers (from this node: the network between the nodes works too).

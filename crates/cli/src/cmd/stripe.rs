@@ -17,7 +17,8 @@ pub struct SetstripeArgs {
     /// Server holding the first object (a server id from `shoal status`).
     #[arg(short = 'i', long = "first-server")]
     first: Option<u32>,
-    /// Placement policy for the first object when -i is not given: same or spread.
+    /// Placement policy for the first object when -i is not given: same, spread or load
+    /// (the least-loaded servers; docs/architecture.md, "Load-aware placement").
     #[arg(short = 'p', long, value_parser = shoal_placement::map::parse_policy)]
     policy: Option<PlacementPolicy>,
     /// A directory (sets the default for new files in it) or a new file (created empty with this layout).
@@ -105,6 +106,7 @@ pub async fn getstripe(ctx: &Ctx, a: GetstripeArgs) -> Result<()> {
                 let policy = match spec.policy.unwrap_or(defaults.policy) {
                     PlacementPolicy::Same => "same",
                     PlacementPolicy::Spread => "spread",
+                    PlacementPolicy::Load => "load",
                 };
                 println!("  default for new files: stripe_size {size}, stripe_count {count}, first_server {first}, policy {policy}");
             }

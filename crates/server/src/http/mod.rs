@@ -12,8 +12,8 @@ mod errors;
 mod files;
 mod identity;
 mod listing;
-mod ranges;
 mod metrics;
+mod ranges;
 mod status_page;
 
 use crate::state::State;

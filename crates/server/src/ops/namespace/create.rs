@@ -68,14 +68,20 @@ pub async fn create(
                 }
                 may_change(&cred, dir, &parent)?;
                 let ino = st.alloc_ino(st.id)?;
-                let layout =
-                    shoal_placement::resolve_layout(&st.map, ino, st.id, layout.as_ref(), parent.dir_default.as_ref())
-                        .map_err(|e| {
-                            Fail::new(
-                            e,
-                            "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)",
-                        )
-                        })?;
+                let layout = shoal_placement::resolve_layout_by(
+                    &st.map,
+                    ino,
+                    st.id,
+                    layout.as_ref(),
+                    parent.dir_default.as_ref(),
+                    &|count| st.load.choose_for(&st.map, count),
+                )
+                .map_err(|e| {
+                    Fail::new(
+                        e,
+                        "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)",
+                    )
+                })?;
                 let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
                 let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
                 rec.layout = Some(layout);

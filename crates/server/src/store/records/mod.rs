@@ -94,6 +94,9 @@ pub enum Kind {
 pub enum Policy {
     Same = 0,
     Spread = 1,
+    /// Stored since protocol 7 (load-aware placement); a server of before refuses the
+    /// record with "unknown placement policy 2".
+    Load = 2,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Message)]
@@ -396,6 +399,7 @@ fn spec_out(s: &LayoutSpec) -> StoredLayoutSpec {
             (match p {
                 PlacementPolicy::Same => Policy::Same,
                 PlacementPolicy::Spread => Policy::Spread,
+                PlacementPolicy::Load => Policy::Load,
             }) as i32
         }),
     }
@@ -407,6 +411,7 @@ fn spec_in(s: StoredLayoutSpec) -> Result<LayoutSpec, String> {
         Some(p) => Some(match Policy::try_from(p).map_err(|_| format!("unknown placement policy {p}"))? {
             Policy::Same => PlacementPolicy::Same,
             Policy::Spread => PlacementPolicy::Spread,
+            Policy::Load => PlacementPolicy::Load,
         }),
     };
     Ok(LayoutSpec {
