@@ -195,6 +195,16 @@ fn ops() -> Vec<Op> {
         Op::PeerSealPartitions { dir: DIR, seal: true, drop: false },
         Op::PeerPartitionAttr { attr: dir_attr() },
         Op::PeerLoad { load: load_report() },
+        Op::UrlProbe { url: "https://data.example.org/f.h5".into() },
+        Op::FetchInto {
+            url: "https://data.example.org/f.h5".into(),
+            ino: FILE,
+            index: 1,
+            pieces: vec![FetchPiece { file_offset: 1 << 20, offset: 0, len: 1 << 20 }],
+            parallel: 4,
+            etag: Some("\"v1\"".into()),
+            cap: None,
+        },
     ]
 }
 
@@ -239,6 +249,8 @@ fn replies() -> Vec<Reply> {
         Reply::Data,
         Reply::DataList { lens: vec![4096, 100] },
         Reply::Load(load_report()),
+        Reply::UrlInfo(UrlInfo { size: Some(1 << 30), ranges: true, etag: Some("\"v1\"".into()) }),
+        Reply::Fetched { bytes: 1 << 20 },
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),
