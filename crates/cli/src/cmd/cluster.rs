@@ -74,7 +74,10 @@ pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
             let map = shoal_placement::ClusterMap::load(&config)?;
             println!("started {} servers; configuration written to {}", map.servers.len(), config.display());
             for s in &map.servers {
-                println!("  s{} {}", s.id, s.addr);
+                match &s.http {
+                    Some(http) => println!("  s{} {}  http://{http}/ (status page; files under /fs/)", s.id, s.addr),
+                    None => println!("  s{} {}", s.id, s.addr),
+                }
             }
             println!("export SHOAL_CONFIG={}", config.display());
             Ok(())

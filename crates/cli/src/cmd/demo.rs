@@ -67,6 +67,11 @@ pub async fn demo(_ctx: &Ctx, a: DemoArgs) -> Result<()> {
     let result = run_job(&config, &a).await;
     if a.keep {
         println!("== cluster left running: export SHOAL_CONFIG={}", config.display());
+        if let Some(http) =
+            shoal_placement::ClusterMap::load(&config).ok().and_then(|m| m.servers.first()?.http.clone())
+        {
+            println!("== status page: http://{http}/ (or `shoal top`); files at http://{http}/fs/");
+        }
     } else {
         let d = dir.clone();
         tokio::task::spawn_blocking(move || local_cluster::down(&d, std::time::Duration::from_secs(10))).await??;
