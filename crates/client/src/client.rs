@@ -167,6 +167,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::UrlInfo(_) => "UrlInfo",
         Reply::Fetched { .. } => "Fetched",
         Reply::Load(_) => "Load",
+        Reply::Replicated { .. } => "Replicated",
     }
 }
 

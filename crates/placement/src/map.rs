@@ -117,6 +117,15 @@ pub struct ClusterDefaults {
     pub stripe_count: u32,
     #[serde(default = "default_policy", with = "policy_serde")]
     pub policy: PlacementPolicy,
+    /// Copies of every server's metadata and data (1 to 3): each server's stores are
+    /// mirrored on the next `replicas - 1` servers of the map ([`ClusterMap::mirrors_of`];
+    /// docs/architecture.md, "Redundancy").
+    #[serde(default = "one_replica")]
+    pub replicas: u8,
+}
+
+fn one_replica() -> u8 {
+    1
 }
 
 fn one() -> u64 {
@@ -381,6 +390,7 @@ impl ClusterMap {
                 stripe_size: default_stripe_size(),
                 stripe_count: default_stripe_count(),
                 policy: PlacementPolicy::Same,
+                replicas: 1,
             },
             servers: (0..n)
                 .map(|id| ServerEntry {
@@ -456,6 +466,13 @@ impl ClusterMap {
         if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
             return Err(format!("cluster.stripe_size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
         }
+        let r = self.cluster.replicas;
+        if !(1..=3).contains(&r) || r as usize > self.servers.len() {
+            return Err(format!(
+                "cluster.replicas {r} must be from 1 to 3 and at most the number of servers ({})",
+                self.servers.len()
+            ));
+        }
         let sc = self.cluster.stripe_count;
         if sc as usize > placeable {
             return Err(format!(
@@ -471,6 +488,21 @@ impl ClusterMap {
 
     pub fn server(&self, id: ServerId) -> Option<&ServerEntry> {
         self.servers.iter().find(|s| s.id == id.0)
+    }
+
+    /// The servers that mirror `slot`'s stores: the next `replicas - 1` servers after it in
+    /// map order (wrapping), whatever their state (a down mirror is out of sync, not
+    /// replaced: moving a mirror is a rebalancing).
+    pub fn mirrors_of(&self, slot: ServerId) -> Vec<ServerId> {
+        let n = self.servers.len();
+        let Some(at) = self.servers.iter().position(|s| s.id == slot.0) else { return Vec::new() };
+        let copies = (self.cluster.replicas as usize).clamp(1, n);
+        (1..copies).map(|k| ServerId(self.servers[(at + k) % n].id)).collect()
+    }
+
+    /// The slots whose stores `server` mirrors (the inverse of [`ClusterMap::mirrors_of`]).
+    pub fn mirrored_by(&self, server: ServerId) -> Vec<ServerId> {
+        self.servers.iter().map(|s| ServerId(s.id)).filter(|&s| self.mirrors_of(s).contains(&server)).collect()
     }
 
     /// Servers that take part in placement (not `out`), in map order.
@@ -652,5 +684,27 @@ mod tests {
                 prop_assert!(a == b || b == ServerId(4));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod mirror_tests {
+    use super::*;
+
+    #[test]
+    fn mirrors_are_the_next_servers_and_the_inverse_agrees() {
+        let mut map = ClusterMap::local(4, 7000, Path::new("/tmp"));
+        assert!(map.mirrors_of(ServerId(2)).is_empty(), "one copy: no mirror");
+        map.cluster.replicas = 2;
+        assert_eq!(map.mirrors_of(ServerId(3)), vec![ServerId(0)], "wraps around");
+        map.cluster.replicas = 3;
+        assert_eq!(map.mirrors_of(ServerId(1)), vec![ServerId(2), ServerId(3)]);
+        for s in 0..4 {
+            let by = map.mirrored_by(ServerId(s));
+            assert_eq!(by.len(), 2);
+            assert!(by.iter().all(|&slot| map.mirrors_of(slot).contains(&ServerId(s))));
+        }
+        map.cluster.replicas = 5;
+        assert!(map.validate().unwrap_err().contains("cluster.replicas 5"));
     }
 }

@@ -699,6 +699,46 @@ pub enum Op {
     PeerLoad {
         load: LoadReport,
     },
+    /// Primary to mirror (`server/src/replica/`): the changes the primary of `slot` made,
+    /// in the order it made them, positions `first ..` of its replication log under its
+    /// current `incarnation` (drawn at each start). The bytes each change carries (a
+    /// metadata batch, a write's data) follow one another in the frame's data, in the
+    /// order of the changes. Answered `Replicated` with the last position the mirror has
+    /// applied; a mirror that has not applied `first - 1` of this incarnation applies
+    /// nothing and says so (`in_sync: false`).
+    PeerReplicate {
+        slot: ServerId,
+        incarnation: u64,
+        first: u64,
+        changes: Vec<ReplChange>,
+    },
+}
+
+/// One change a primary made to its slot's stores, as shipped to its mirrors
+/// (`Op::PeerReplicate`). `len` bytes of the frame's data belong to each change that has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplChange {
+    /// A RocksDB write batch exactly as the primary committed it (its `data()` bytes).
+    Meta { len: u32 },
+    /// Bytes written into object `index` of `ino` at `offset`.
+    Write { ino: Ino, index: u32, offset: u64, len: u32 },
+    /// Object `index` of `ino` cut (or extended) to `len` bytes.
+    Truncate { ino: Ino, index: u32, len: u64 },
+    /// Objects deleted.
+    Delete { objects: Vec<(Ino, u32)> },
+    /// The reply the primary cached for request `request` of client `session` (so that a
+    /// retry after a failover is answered, not applied twice).
+    Reply { session: u64, request: u64, reply: Box<Reply> },
+}
+
+impl ReplChange {
+    /// How many bytes of the frame's data this change carries.
+    pub fn data_len(&self) -> usize {
+        match self {
+            ReplChange::Meta { len } | ReplChange::Write { len, .. } => *len as usize,
+            _ => 0,
+        }
+    }
 }
 
 /// How busy a server is and how much room it has: what load-aware placement
@@ -777,6 +817,7 @@ impl Op {
             Op::PeerSealPartitions { .. } => "peer_seal_partitions",
             Op::PeerPartitionAttr { .. } => "peer_partition_attr",
             Op::PeerLoad { .. } => "peer_load",
+            Op::PeerReplicate { .. } => "peer_replicate",
         }
     }
 
@@ -949,6 +990,14 @@ pub enum Reply {
     },
     /// Answer to `PeerLoad`: the answering server's load.
     Load(LoadReport),
+    /// Answer to `PeerReplicate`: the last position of the primary's `incarnation` the
+    /// mirror has applied, and whether it holds everything up to it (false: it needs a
+    /// resync before it can follow the stream).
+    Replicated {
+        incarnation: u64,
+        applied: u64,
+        in_sync: bool,
+    },
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

@@ -65,6 +65,7 @@ impl Op {
             Op::PeerLoad { .. } => 49,
             Op::UrlProbe { .. } => 50,
             Op::FetchInto { .. } => 51,
+            Op::PeerReplicate { .. } => 56,
         }
     }
 }
@@ -99,6 +100,7 @@ impl Reply {
             Reply::Load(_) => 24,
             Reply::UrlInfo(_) => 25,
             Reply::Fetched { .. } => 26,
+            Reply::Replicated { .. } => 30,
         }
     }
 }

@@ -254,6 +254,10 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             st.load.heard(load);
             Reply::Load(st.load.report())
         }
+        Op::PeerReplicate { slot, incarnation, first, changes } => match st.replica.mirrors.get(&slot) {
+            Some(m) => m.apply(incarnation, first, changes, data).await?,
+            None => return fail(Errno::EINVAL, format!("server {} keeps no mirror of server {slot}", st.id)),
+        },
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
         // Never nested: `BatchOp` has no batch.

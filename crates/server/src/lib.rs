@@ -41,6 +41,7 @@ mod ops;
 mod orphans;
 mod partitions;
 mod perm;
+mod replica;
 mod replies;
 mod scrub;
 mod state;
@@ -222,6 +223,7 @@ impl Server {
         let mut state = State::new(id, map, data_dir, meta, data, space, pool, keys);
         state.parts = parts;
         state.load = load::Load::new(id, opts.throttle_mb_s);
+        state.replica = replica::Replication::open(&state).await.map_err(|e| anyhow!("{e}"))?;
         if let Some(mb) = opts.throttle_mb_s {
             tracing::warn!("data reads and writes throttled to {mb} MB/s (--throttle)");
         }
@@ -317,6 +319,14 @@ impl Server {
         let reclaim = tokio::spawn(orphans::reclaim_loop(st.clone(), self.orphan_grace));
         let reload = tokio::spawn(reload_keys_on_sighup(st.clone()));
         let load_exchange = tokio::spawn(load::exchange_loop(st.clone()));
+        let shippers: Vec<_> = match &st.replica.log {
+            Some(log) => log
+                .mirrors()
+                .into_keys()
+                .map(|m| tokio::spawn(replica::ship::ship_loop(st.clone(), log.clone(), m)))
+                .collect(),
+            None => Vec::new(),
+        };
         if self.tls.is_some() {
             tracing::info!("every connection is TLS 1.3");
         }
@@ -332,6 +342,9 @@ impl Server {
         reclaim.abort();
         reload.abort();
         load_exchange.abort();
+        for s in &shippers {
+            s.abort();
+        }
         let _ = load_exchange.await;
         let _ = reload.await;
         let _ = reclaim.await;

@@ -314,7 +314,19 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
         commits: attr_leases.as_ref().map(|_| Default::default()),
     };
     let (mut reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
-        let once = Box::pin(st.replies.once(conn.session, redo.request_id, handle));
+        let (session, request) = (conn.session, redo.request_id);
+        let once = Box::pin(async move {
+            let (reply, payload) = st.replies.once(session, request, handle).await;
+            // The mirrors keep the reply too, after the changes it reports.
+            if let Some(log) = &st.replica.log {
+                if !matches!(reply, Reply::StaleMap { .. }) {
+                    let change =
+                        shoal_proto::msg::ReplChange::Reply { session, request, reply: Box::new(reply.clone()) };
+                    log.append(change, bytes::Bytes::new());
+                }
+            }
+            (reply, payload)
+        });
         commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller.clone(), once))).await
     } else {
         commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller.clone(), handle))).await
@@ -781,7 +793,16 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: Conn
     let mut reruns = 0;
     loop {
         match commits::settle(&st.meta, &ticket).await {
-            Settled::Send => break,
+            Settled::Send => {
+                // Held by every mirror in sync before it is acknowledged (`replica`). Not
+                // a mirror's answer to its primary: it depends on nothing of this server's
+                // own slot, and waiting there would chain the servers' logs into a cycle
+                // (each primary waiting for a mirror that waits for its own mirror).
+                if !matches!(redo.req.op, Op::PeerReplicate { .. }) {
+                    st.replica.settle(ticket.state().replicated).await;
+                }
+                break;
+            }
             Settled::Lost(f) | Settled::Unavailable(f) => {
                 tracing::warn!("connection from {addr}: {} answered with: {f}", redo.req.op.name());
                 // The cached reply (if any) claimed an effect that was lost: a retry must

@@ -220,6 +220,20 @@ impl Replies {
         }
     }
 
+    /// Keep `reply` as the answer to (session, request id): a mirror taking the primary's
+    /// cached replies, so that a retry after a failover is answered, not applied again.
+    pub fn keep(&self, session: u64, request_id: u64, reply: Reply) {
+        let key = (session, request_id);
+        let w = weight(&reply);
+        let now = Instant::now();
+        let mut shard = self.shard(key).lock();
+        if shard.slots.insert(key, Slot::Done(Box::new(reply), now)).is_none() {
+            shard.order.push_back((key, w));
+            shard.bytes += w as u64;
+        }
+        shard.evict(CAPACITY_BYTES / SHARDS as u64, now);
+    }
+
     /// Drop the cached reply of (session, request id): its effect was lost (a failed metadata
     /// log write), so a retry must apply the request again.
     pub fn forget(&self, session: u64, request_id: u64) {
@@ -294,6 +308,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerPartitionAttr { .. }
         // Hearing the same load twice changes nothing.
         | Op::PeerLoad { .. }
+        | Op::PeerReplicate { .. }
         // Acknowledging a lease twice forgets it twice: the same.
         | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.

@@ -69,6 +69,8 @@ pub struct State {
     pub parts: crate::partitions::Partitions,
     /// This server's load, the others' as heard, and the throttle (`load.rs`).
     pub load: crate::load::Load,
+    /// Its replication log and the mirrors it keeps (`replica/`).
+    pub replica: crate::replica::Replication,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -127,6 +129,7 @@ impl State {
             scrub: Default::default(),
             parts: Default::default(),
             load: crate::load::Load::new(id, None),
+            replica: Default::default(),
         }
     }
 
@@ -313,6 +316,8 @@ impl State {
             tracing::error!("cannot write the metadata log before a step on server {server}: {e}");
             return Err(e.errno);
         }
+        // ... and so must it survive ours: held by every mirror in sync.
+        self.replica.settle(crate::store::commits::current().map_or(0, |t| t.state().replicated)).await;
         self.counters.peer_sent();
         self.peer_call(server, cred, op, Bytes::new()).await
     }

@@ -82,7 +82,21 @@ impl Cluster {
         self.spawn_env(id, &[])
     }
 
+    /// Start a killed server again with extra `shoald` arguments for this start only
+    /// (`--data-dir` of a mirror, say), and wait until it accepts.
+    pub fn restart_with_args(&mut self, id: u32, args: &[&str]) {
+        assert!(self.children[id as usize].is_none(), "server {id} still running");
+        let extra: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let child = self.spawn_full(id, &[], &extra);
+        self.children[id as usize] = Some(child);
+        self.wait_ready(id);
+    }
+
     fn spawn_env(&self, id: u32, env: &[(&str, &str)]) -> Child {
+        self.spawn_full(id, env, &[])
+    }
+
+    fn spawn_full(&self, id: u32, env: &[(&str, &str)], extra: &[String]) -> Child {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -94,6 +108,7 @@ impl Cluster {
             .arg("--id")
             .arg(id.to_string())
             .args(&self.server_args)
+            .args(extra)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())

@@ -55,6 +55,9 @@ pub struct TicketState {
     pub lost: bool,
     /// The store refused a write or read because an earlier log write had failed.
     pub refused: bool,
+    /// The last position the request appended to the replication log (`replica::log`), 0
+    /// if none.
+    pub replicated: u64,
 }
 
 impl Ticket {
@@ -114,6 +117,14 @@ pub fn record(meta: &MetaStore, gen: u64, seq: u64) {
     s.committed = true;
     s.gen = gen;
     s.last_seq = s.last_seq.max(seq);
+}
+
+/// Record that the current request appended position `pos` to the replication log.
+pub fn record_replicated(pos: u64) {
+    if let Some(t) = current() {
+        let mut s = t.state.lock();
+        s.replicated = s.replicated.max(pos);
+    }
 }
 
 /// Note that the store refused the current request because of an earlier failed log write.

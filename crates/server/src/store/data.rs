@@ -66,6 +66,9 @@ pub struct DataStore {
     pub fd_cache: crate::metrics::HitMiss,
     /// Lookups of checksum entries in the objects' caches (`sums_cache.rs`).
     pub sums_cache: crate::metrics::HitMiss,
+    /// The primary's replication log (`replica::log`): every write, cut and deletion is
+    /// appended to it under the object's lock, so mirrors apply them in the same order.
+    repl: std::sync::OnceLock<Arc<crate::replica::log::ReplLog>>,
 }
 
 /// A block whose bytes do not match its checksum.
@@ -95,7 +98,20 @@ impl DataStore {
             locks: (0..LOCK_STRIPES).map(|_| RwLock::new(())).collect(),
             fd_cache: Default::default(),
             sums_cache: Default::default(),
+            repl: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Ship every change from now on to the mirrors through `log` (once, at start).
+    pub fn set_replication(&self, log: Arc<crate::replica::log::ReplLog>) {
+        let _ = self.repl.set(log);
+    }
+
+    /// Append a change made under the object's lock to the replication log, if any.
+    fn replicate(&self, change: shoal_proto::msg::ReplChange, data: impl FnOnce() -> Bytes) {
+        if let Some(log) = self.repl.get() {
+            log.append(change, data());
+        }
     }
 
     fn bucket(&self, ino: Ino) -> PathBuf {
@@ -366,6 +382,10 @@ impl DataStore {
             return Err(sums_err(e));
         }
         start_writeback(&obj.data, offset, end);
+        let len = data.len() as u32;
+        self.replicate(shoal_proto::msg::ReplChange::Write { ino, index, offset, len }, || {
+            Bytes::copy_from_slice(data)
+        });
         Ok(())
     }
 
@@ -476,6 +496,7 @@ impl DataStore {
         let res = res.map(|_| ());
         if res.is_ok() {
             self.mark_dirty(ino, index);
+            self.replicate(shoal_proto::msg::ReplChange::Truncate { ino, index, len }, Bytes::new);
         }
         res
     }
@@ -536,6 +557,10 @@ impl DataStore {
                 }
             }
         }
+        // After every deletion, as one change (the objects' locks are released: a mirror
+        // deleting them later than a write that recreates one cannot happen, since a file's
+        // objects are deleted only once no name and no open handle is left).
+        self.replicate(shoal_proto::msg::ReplChange::Delete { objects: objects.to_vec() }, Bytes::new);
         Ok(())
     }
 

@@ -73,6 +73,9 @@ pub mod key {
     pub const ORPHAN: u8 = b'O';
     pub const FORMAT: &[u8] = b"mformat";
     pub const SERVER: &[u8] = b"mserver";
+    /// In a mirror's store (`replica::mirror`): the primary incarnation and the last
+    /// position of its replication log applied, written with each applied batch.
+    pub const REPLICA: &[u8] = b"mreplica";
 
     fn tagged(tag: u8, n: u64) -> [u8; 9] {
         let mut k = [0u8; 9];
@@ -414,6 +417,10 @@ pub struct MetaStore {
     /// revokes them first (`Txn::commit`, the one hook of `leases.rs`). Unset in tools and
     /// store tests, which hold no leases.
     leases: std::sync::OnceLock<std::sync::Arc<crate::leases::Leases>>,
+    /// The primary's replication log (`replica::log`): every committed batch is appended
+    /// to it, under `wal_lock`, so mirrors apply batches in commit order. Unset without
+    /// mirrors, in tools and in a mirror's own store.
+    repl: std::sync::OnceLock<std::sync::Arc<crate::replica::log::ReplLog>>,
 }
 
 impl MetaStore {
@@ -446,12 +453,18 @@ impl MetaStore {
             reopened: tokio::sync::watch::channel(0).0,
             reopen_wanted: tokio::sync::Notify::new(),
             leases: std::sync::OnceLock::new(),
+            repl: std::sync::OnceLock::new(),
         })
     }
 
     /// Hang the server's leases on this store's commits (once, at start).
     pub fn set_leases(&self, leases: std::sync::Arc<crate::leases::Leases>) {
         let _ = self.leases.set(leases);
+    }
+
+    /// Ship every commit from now on to the mirrors through `log` (once, at start).
+    pub fn set_replication(&self, log: std::sync::Arc<crate::replica::log::ReplLog>) {
+        let _ = self.repl.set(log);
     }
 
     /// The server's directory leases (`None` in tools and store tests).
@@ -610,6 +623,14 @@ impl MetaStore {
             }
             Err(e) => Err(Fail::new(Errno::EIO, e)),
         }
+    }
+
+    /// Apply a batch a primary committed (its `data()` bytes) and, in the same batch, the
+    /// replication position it brings this mirror to. Not shipped further.
+    pub fn apply_replicated(&self, batch: &[u8], position: &[u8]) -> R<()> {
+        let mut b = WriteBatch::from_data(batch);
+        b.put(key::REPLICA, position);
+        self.write(b)
     }
 
     pub fn get_raw(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
@@ -886,6 +907,8 @@ impl MetaStore {
         let _w = self.wal_lock.lock();
         self.check_writable()?;
         let db = self.db()?;
+        // The batch as committed, for the mirrors (a copy: RocksDB takes the batch).
+        let shipped = self.repl.get().map(|_| bytes::Bytes::copy_from_slice(batch.data()));
         if let Err(e) = db.write_opt(batch, &self.wopts) {
             let f = Fail::from(e);
             self.note_failure(&f);
@@ -896,6 +919,9 @@ impl MetaStore {
         let seq = db.latest_sequence_number();
         self.committed.fetch_max(seq, Ordering::AcqRel);
         commits::record(self, self.generation(), seq);
+        if let (Some(log), Some(b)) = (self.repl.get(), shipped) {
+            log.append(shoal_proto::msg::ReplChange::Meta { len: b.len() as u32 }, b);
+        }
         Ok(())
     }
 

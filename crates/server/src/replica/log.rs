@@ -1,0 +1,272 @@
+//! The replication log of a primary: every change made to the slot's stores, in the order
+//! it was made, kept in memory until every mirror in sync has applied it.
+//!
+//! **Where positions come from.** A change is appended by the code that makes it, while it
+//! holds what orders it: a metadata batch under the store's commit lock (`MetaStore::write`),
+//! an object write, cut or deletion under the object's lock (`DataStore`), a cached reply
+//! right after the reply cache took it. So two changes to the same key or the same bytes get
+//! positions in the order they were applied here, and a mirror that applies the log in
+//! position order ends with the same stores.
+//!
+//! **Acknowledgement.** Each request records the last position it appended in its ticket
+//! (`store::commits`), and its reply waits until every mirror in sync has applied at least
+//! the last position appended when the reply is ready ([`ReplLog::wait_acked`]): a reply
+//! never reveals a change that one server's death could undo. A mirror that makes no
+//! progress for [`OUT_OF_SYNC_AFTER`] is dropped from the set (the primary goes on alone,
+//! and says so in its log and status) until it has been resynchronised.
+//!
+//! Invariant: `entries` holds positions `base .. next` (exclusive), and every position below
+//! `base` has been applied by every mirror in sync.
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use shoal_proto::msg::ReplChange;
+use shoal_proto::ServerId;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// A mirror that applies nothing for this long while changes wait is dropped from the set
+/// the primary waits for (the bound on how long a mirror's death stalls the slot).
+pub const OUT_OF_SYNC_AFTER: Duration = Duration::from_secs(3);
+
+/// Most bytes one `PeerReplicate` carries (changes are never split: a larger write goes
+/// alone).
+pub const SHIP_MAX_BYTES: usize = 8 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MirrorState {
+    /// Applies every change; replies wait for it.
+    InSync,
+    /// Missed changes: not waited for, shipped nothing until it is resynchronised.
+    OutOfSync,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Progress {
+    pub state: MirrorState,
+    /// Last position it applied (while in sync).
+    pub applied: u64,
+}
+
+struct Inner {
+    base: u64,
+    next: u64,
+    entries: VecDeque<(ReplChange, Bytes)>,
+    /// Bytes held in `entries` (data and batches).
+    bytes: usize,
+    mirrors: BTreeMap<ServerId, Progress>,
+}
+
+pub struct ReplLog {
+    /// Drawn at each start of the primary: positions restart at 1 under a new one.
+    pub incarnation: u64,
+    inner: Mutex<Inner>,
+    /// Wakes the shippers when a change is appended.
+    appended: tokio::sync::Notify,
+    /// The highest position every mirror in sync has applied (or the last appended, with
+    /// none in sync).
+    acked: tokio::sync::watch::Sender<u64>,
+    /// Replies (and steps) waiting in [`ReplLog::wait_acked`] right now: a mirror is only
+    /// given up on while someone waits for it (at start-up, the first changes may wait for
+    /// a mirror that is still starting).
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+impl ReplLog {
+    pub fn new(mirrors: &[ServerId]) -> ReplLog {
+        let incarnation = rand::random::<u64>() | 1;
+        let mirrors = mirrors.iter().map(|&m| (m, Progress { state: MirrorState::InSync, applied: 0 })).collect();
+        ReplLog {
+            incarnation,
+            inner: Mutex::new(Inner { base: 1, next: 1, entries: VecDeque::new(), bytes: 0, mirrors }),
+            appended: tokio::sync::Notify::new(),
+            acked: tokio::sync::watch::channel(0).0,
+            waiting: Default::default(),
+        }
+    }
+
+    /// Append a change made just now (the caller holds what orders it); returns its
+    /// position and records it for the current request's reply.
+    pub fn append(&self, change: ReplChange, data: Bytes) -> u64 {
+        let pos = {
+            let mut g = self.inner.lock();
+            let pos = g.next;
+            g.next += 1;
+            if g.mirrors.values().any(|m| m.state == MirrorState::InSync) {
+                g.bytes += data.len();
+                g.entries.push_back((change, data));
+            } else {
+                // Nobody to ship to: the log stays empty and everything counts as applied.
+                g.base = g.next;
+                self.acked.send_replace(pos);
+            }
+            pos
+        };
+        crate::store::commits::record_replicated(pos);
+        self.appended.notify_waiters();
+        pos
+    }
+
+    /// The last position appended so far.
+    pub fn last(&self) -> u64 {
+        self.inner.lock().next - 1
+    }
+
+    /// Wait until every mirror in sync has applied `pos`.
+    pub async fn wait_acked(&self, pos: u64) {
+        use std::sync::atomic::Ordering;
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let _w = Waiting(&self.waiting);
+        let mut rx = self.acked.subscribe();
+        let _ = rx.wait_for(|&a| a >= pos).await;
+    }
+
+    /// Whether a reply or step is waiting for the mirrors.
+    pub fn has_waiters(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    /// Whether `pos` is applied everywhere it must be.
+    pub fn is_acked(&self, pos: u64) -> bool {
+        *self.acked.borrow() >= pos
+    }
+
+    /// Wait for a change after `pos` to be appended.
+    pub async fn appended_after(&self, pos: u64) {
+        loop {
+            let notified = self.appended.notified();
+            if self.last() > pos {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The changes after `after` for one `PeerReplicate`: the position of the first, the
+    /// changes and their bytes (at most [`SHIP_MAX_BYTES`], at least one change).
+    pub fn take(&self, after: u64) -> (u64, Vec<ReplChange>, Vec<Bytes>) {
+        let g = self.inner.lock();
+        let first = after + 1;
+        let mut changes = Vec::new();
+        let mut data = Vec::new();
+        let mut bytes = 0;
+        if first >= g.base {
+            for (c, d) in g.entries.iter().skip((first - g.base) as usize) {
+                if !changes.is_empty() && bytes + d.len() > SHIP_MAX_BYTES {
+                    break;
+                }
+                bytes += d.len();
+                changes.push(c.clone());
+                data.push(d.clone());
+            }
+        }
+        (first, changes, data)
+    }
+
+    /// A mirror applied everything up to `applied`.
+    pub fn ack(&self, mirror: ServerId, applied: u64) {
+        let mut g = self.inner.lock();
+        if let Some(p) = g.mirrors.get_mut(&mirror) {
+            if p.state == MirrorState::InSync {
+                p.applied = p.applied.max(applied);
+            }
+        }
+        self.trim(&mut g);
+    }
+
+    /// Drop `mirror` from the set waited for: it missed changes.
+    pub fn mark_out_of_sync(&self, mirror: ServerId) {
+        let mut g = self.inner.lock();
+        if let Some(p) = g.mirrors.get_mut(&mirror) {
+            p.state = MirrorState::OutOfSync;
+        }
+        self.trim(&mut g);
+    }
+
+    /// Every mirror's progress (for the status and tests).
+    pub fn mirrors(&self) -> BTreeMap<ServerId, Progress> {
+        self.inner.lock().mirrors.clone()
+    }
+
+    /// Forget what every mirror in sync has applied, and publish the new acknowledged
+    /// position.
+    fn trim(&self, g: &mut Inner) {
+        let last = g.next - 1;
+        let acked =
+            g.mirrors.values().filter(|m| m.state == MirrorState::InSync).map(|m| m.applied).min().unwrap_or(last);
+        while g.base <= acked {
+            match g.entries.pop_front() {
+                Some((_, d)) => {
+                    g.bytes -= d.len();
+                    g.base += 1;
+                }
+                None => {
+                    g.base = acked + 1;
+                    break;
+                }
+            }
+        }
+        self.acked.send_replace(acked);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::Ino;
+
+    fn write(n: u32) -> (ReplChange, Bytes) {
+        (ReplChange::Write { ino: Ino(7), index: 0, offset: 0, len: n }, Bytes::from(vec![1u8; n as usize]))
+    }
+
+    #[test]
+    fn positions_are_consecutive_and_taken_in_order() {
+        let log = ReplLog::new(&[ServerId(1)]);
+        for n in 1..=3 {
+            let (c, d) = write(n);
+            assert_eq!(log.append(c, d), n as u64);
+        }
+        let (first, changes, data) = log.take(1);
+        assert_eq!(first, 2);
+        assert_eq!(changes.len(), 2);
+        assert_eq!(data[0].len(), 2);
+        assert!(!log.is_acked(1));
+        log.ack(ServerId(1), 2);
+        assert!(log.is_acked(2) && !log.is_acked(3));
+        let (first, changes, _) = log.take(2);
+        assert_eq!((first, changes.len()), (3, 1));
+    }
+
+    #[test]
+    fn a_mirror_out_of_sync_is_not_waited_for() {
+        let log = ReplLog::new(&[ServerId(1), ServerId(2)]);
+        let (c, d) = write(4);
+        let pos = log.append(c, d);
+        log.ack(ServerId(1), pos);
+        assert!(!log.is_acked(pos), "mirror 2 has not applied it");
+        log.mark_out_of_sync(ServerId(2));
+        assert!(log.is_acked(pos));
+        log.mark_out_of_sync(ServerId(1));
+        let (c, d) = write(4);
+        let pos = log.append(c, d);
+        assert!(log.is_acked(pos), "alone, the primary's own changes count as applied");
+        assert_eq!(log.take(0).1.len(), 0, "nothing kept for nobody");
+    }
+
+    #[test]
+    fn a_ship_is_bounded_but_never_empty() {
+        let log = ReplLog::new(&[ServerId(1)]);
+        for _ in 0..3 {
+            let (c, d) = write(5 << 20);
+            log.append(c, d);
+        }
+        let (_, changes, _) = log.take(0);
+        assert_eq!(changes.len(), 1, "two 5 MiB writes exceed one ship");
+    }
+}

@@ -1,0 +1,150 @@
+//! A mirror: the copy this server keeps of another server's (a slot's) stores, kept up to
+//! date by the slot's primary (`Op::PeerReplicate`, shipped by `ship.rs`).
+//!
+//! Kept under `<data_dir>/mirror-<slot>/` with the layout of a server's own data directory
+//! (`meta/`, `objects/`), so that the mirror can be served as the slot itself once the
+//! primary is gone. Changes are applied one batch at a time, in position order; each
+//! metadata batch is written together with the position it brings the mirror to
+//! (`key::REPLICA`), so a mirror that restarts knows how far it got. A batch that does not
+//! follow the last one applied (a gap: this mirror missed changes, or the primary restarted
+//! under a new incarnation) is refused with `in_sync: false`; the primary then stops waiting
+//! for this mirror.
+
+use crate::error::{Fail, R};
+use crate::replies::Replies;
+use crate::store::data::DataStore;
+use crate::store::meta::{key, MetaStore};
+use bytes::Bytes;
+use shoal_proto::msg::{ReplChange, Reply};
+use shoal_proto::{Errno, ServerId};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pub struct Mirror {
+    pub slot: ServerId,
+    pub dir: PathBuf,
+    pub meta: MetaStore,
+    pub data: DataStore,
+    /// The primary's replies, kept for retries after a failover.
+    pub replies: Replies,
+    /// (incarnation, last position applied); one batch applies at a time.
+    position: tokio::sync::Mutex<(u64, u64)>,
+}
+
+/// Where the mirror of `slot` lives under a server's data directory.
+pub fn dir_of(data_dir: &Path, slot: ServerId) -> PathBuf {
+    data_dir.join(format!("mirror-{}", slot.0))
+}
+
+fn encode_position(incarnation: u64, applied: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&incarnation.to_be_bytes());
+    b[8..].copy_from_slice(&applied.to_be_bytes());
+    b
+}
+
+impl Mirror {
+    /// Open (creating if needed) the mirror of `slot` under `data_dir`. Blocks.
+    pub fn open(data_dir: &Path, slot: ServerId) -> R<Mirror> {
+        let dir = dir_of(data_dir, slot);
+        let meta = MetaStore::open(&dir.join("meta")).map_err(|e| Fail::new(Errno::EIO, e))?;
+        // Marked as the slot's store, in the current format: the mirror can be served as
+        // the slot itself (`shoald --id SLOT --data-dir <mirror dir>`).
+        crate::store::upgrade::check_and_upgrade(&meta, slot, &dir)
+            .map_err(|e| Fail::new(Errno::EIO, e.to_string()))?;
+        let data = DataStore::open(&dir.join("objects"))
+            .map_err(|e| Fail::io(format_args!("object directories under {}", dir.display()), &e))?;
+        let position = match meta.get_raw(key::REPLICA)? {
+            Some(v) if v.len() == 16 => {
+                (u64::from_be_bytes(v[..8].try_into().unwrap()), u64::from_be_bytes(v[8..].try_into().unwrap()))
+            }
+            _ => (0, 0),
+        };
+        Ok(Mirror { slot, dir, meta, data, replies: Replies::new(), position: tokio::sync::Mutex::new(position) })
+    }
+
+    /// (incarnation, last position applied).
+    pub async fn position(&self) -> (u64, u64) {
+        *self.position.lock().await
+    }
+
+    /// Apply `changes` (positions `first ..`) of the primary's `incarnation`, their bytes in
+    /// `data` one after the other. Runs the store work on a blocking thread.
+    pub async fn apply(
+        self: &Arc<Self>,
+        incarnation: u64,
+        first: u64,
+        changes: Vec<ReplChange>,
+        data: Bytes,
+    ) -> R<Reply> {
+        let mut pos = self.position.lock().await;
+        let (inc, applied) = *pos;
+        // A fresh mirror follows the first incarnation that starts at position 1; any other
+        // change of incarnation, or a gap, means changes were missed.
+        let fresh = inc == 0 && applied == 0 && first == 1;
+        if !(fresh || inc == incarnation && first <= applied + 1) {
+            return Ok(Reply::Replicated { incarnation: inc, applied, in_sync: false });
+        }
+        let need: usize = changes.iter().map(ReplChange::data_len).sum();
+        if need != data.len() {
+            return Err(Fail::new(
+                Errno::EINVAL,
+                format!("replication batch carries {} bytes for changes of {need}", data.len()),
+            ));
+        }
+        // Changes already applied (a batch resent after a lost reply) are skipped.
+        let skip = (applied + 1).saturating_sub(first) as usize;
+        let me = self.clone();
+        let last = first + changes.len() as u64 - 1;
+        let done = tokio::task::spawn_blocking(move || me.apply_blocking(incarnation, first, skip, changes, data))
+            .await
+            .map_err(|e| Fail::new(Errno::EIO, format!("replication task failed: {e}")))?;
+        match done {
+            Ok(()) => {
+                *pos = (incarnation, last.max(applied));
+                Ok(Reply::Replicated { incarnation, applied: pos.1, in_sync: true })
+            }
+            Err((upto, f)) => {
+                // What was applied stays applied; the primary resends the rest.
+                *pos = (incarnation, upto);
+                Err(f)
+            }
+        }
+    }
+
+    fn apply_blocking(
+        &self,
+        incarnation: u64,
+        first: u64,
+        skip: usize,
+        changes: Vec<ReplChange>,
+        data: Bytes,
+    ) -> Result<(), (u64, Fail)> {
+        let mut at = 0usize;
+        let mut upto = first.saturating_sub(1) + skip as u64;
+        for (k, change) in changes.into_iter().enumerate() {
+            let bytes = data.slice(at..at + change.data_len());
+            at += change.data_len();
+            if k < skip {
+                continue;
+            }
+            let position = first + k as u64;
+            let r = match change {
+                ReplChange::Meta { .. } => self.meta.apply_replicated(&bytes, &encode_position(incarnation, position)),
+                ReplChange::Write { ino, index, offset, .. } => self.data.write(ino, index, offset, &bytes),
+                ReplChange::Truncate { ino, index, len } => self.data.truncate(ino, index, len),
+                ReplChange::Delete { objects } => self.data.delete_objects(&objects),
+                ReplChange::Reply { session, request, reply } => {
+                    self.replies.keep(session, request, *reply);
+                    Ok(())
+                }
+            };
+            if let Err(f) = r {
+                return Err((upto, f));
+            }
+            upto = position;
+        }
+        // Applied changes survive this process's death too (one write of the log buffer).
+        self.meta.flush_wal_to_os().map_err(|f| (upto, f))
+    }
+}

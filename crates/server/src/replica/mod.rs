@@ -1,0 +1,64 @@
+//! Redundancy: this server's stores mirrored on other servers, and the mirrors it keeps of
+//! theirs (docs/architecture.md, "Redundancy").
+//!
+//! With `[cluster] replicas = R`, the stores of each server (a *slot* of placement: what
+//! layouts and `home_of` name) are mirrored on the next R − 1 servers of the map
+//! (`ClusterMap::mirrors_of`). The server serving a slot is its *primary*: every change it
+//! makes to its stores goes into its replication log (`log.rs`) as it is made, the shipper
+//! (`ship.rs`) sends the log to each mirror in order, and no reply leaves before every mirror
+//! in sync has applied what the reply depends on (`net.rs`, after the group commit). Each
+//! mirror (`mirror.rs`) applies the changes to a copy with the same layout as a server's own
+//! data directory.
+
+pub mod log;
+pub mod mirror;
+pub mod ship;
+
+use log::ReplLog;
+use mirror::Mirror;
+use shoal_proto::ServerId;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A server's part in redundancy.
+#[derive(Default)]
+pub struct Replication {
+    /// The replication log of this server's own slot, when it has mirrors.
+    pub log: Option<Arc<ReplLog>>,
+    /// The mirrors this server keeps, by slot.
+    pub mirrors: HashMap<ServerId, Arc<Mirror>>,
+}
+
+impl Replication {
+    /// The replication of `st`'s slot as its map says: the log when it has mirrors (hung
+    /// on its stores), and the mirrors it keeps, opened (created if new).
+    pub async fn open(st: &crate::state::State) -> crate::error::R<Replication> {
+        let slots = st.map.mirrored_by(st.id);
+        let dir = st.data_dir.clone();
+        let mirrors = tokio::task::spawn_blocking(move || -> crate::error::R<HashMap<ServerId, Arc<Mirror>>> {
+            slots.into_iter().map(|s| Mirror::open(&dir, s).map(|m| (s, Arc::new(m)))).collect()
+        })
+        .await
+        .map_err(|e| crate::error::Fail::new(shoal_proto::Errno::EIO, format!("opening mirrors: {e}")))??;
+        let mirrors_of = st.map.mirrors_of(st.id);
+        let log = (!mirrors_of.is_empty()).then(|| Arc::new(ReplLog::new(&mirrors_of)));
+        if let Some(l) = &log {
+            st.meta.set_replication(l.clone());
+            st.data.set_replication(l.clone());
+            tracing::info!("mirrored on servers {mirrors_of:?} (incarnation {:x})", l.incarnation);
+        }
+        Ok(Replication { log, mirrors })
+    }
+
+    /// Wait until what a reply or a step to another server may depend on is held by every
+    /// mirror in sync: the request's own last change, or (for a request that changed
+    /// nothing) everything appended so far, since it may have read it.
+    pub async fn settle(&self, own_last: u64) {
+        if let Some(log) = &self.log {
+            let pos = if own_last > 0 { own_last } else { log.last() };
+            if !log.is_acked(pos) {
+                log.wait_acked(pos).await;
+            }
+        }
+    }
+}
