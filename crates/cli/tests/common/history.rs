@@ -862,7 +862,7 @@ impl Workload {
             if roll < 8 {
                 let dir = rng.gen_range(0..2u8);
                 let path = format!("{}/w{w}/{}", self.root, Loc { dir, renamed: false }.dir_name());
-                rec.record(w, Op::List { dir }, || match client.readdir(&path) {
+                let outcome = rec.record(w, Op::List { dir }, || match client.readdir(&path) {
                     Ok(entries) => {
                         let mut n: Vec<String> = entries.into_iter().map(|e| e.name).collect();
                         n.sort();
@@ -870,12 +870,13 @@ impl Workload {
                     }
                     Err(e) => outcome_of_err(e.errno, &e.to_string(), true),
                 });
+                backoff(&outcome);
                 continue;
             }
             if roll < 25 && self.registers > 0 {
                 let reg = rng.gen_range(0..self.registers);
                 let path = self.reg_path(reg);
-                if rng.gen_bool(0.5) {
+                let outcome = if rng.gen_bool(0.5) {
                     let value = format!("w{w:02}-{seq:012}");
                     rec.record(w, Op::RegWrite { reg, value: value.clone() }, || {
                         let f = match client.open(&path, OpenFlags { write: true, ..OpenFlags::default() }) {
@@ -886,10 +887,11 @@ impl Workload {
                             Ok(()) => Outcome::Ok(Value::None),
                             Err(e) => outcome_of_err(e.errno, &e.to_string(), false),
                         }
-                    });
+                    })
                 } else {
-                    rec.record(w, Op::RegRead { reg }, || read_whole(client, &path));
-                }
+                    rec.record(w, Op::RegRead { reg }, || read_whole(client, &path))
+                };
+                backoff(&outcome);
                 continue;
             }
             let slot = rng.gen_range(0..active.len());
@@ -920,16 +922,25 @@ impl Workload {
             };
             let outcome = rec.record(w, op.clone(), || self.perform(w, client, &op));
             let entry = &mut active[slot];
-            match &outcome {
-                Outcome::Ok(_) => entry.2 = apply(&entry.2, &op).map(|(s, _)| s).unwrap_or_else(|_| entry.2.clone()),
-                Outcome::Fail(_) => {}
-                Outcome::Unknown(_) => {
+            let reads = matches!(op, Op::Stat { .. } | Op::Read { .. });
+            match (&outcome, &op) {
+                (Outcome::Ok(_), _) => entry.2 = apply(&entry.2, &op).map(|(s, _)| s).unwrap_or_else(|_| entry.2.clone()),
+                // A refusal corrects the belief (an unknown outcome taken as done was not).
+                (Outcome::Fail(libc::ENOENT), Op::Overwrite { at, .. } | Op::Append { at, .. } | Op::Rename { from: at, .. })
+                | (Outcome::Fail(libc::ENOENT), Op::Unlink { at, .. } | Op::Rmdir { at, .. } | Op::Stat { at, .. })
+                | (Outcome::Fail(libc::ENOENT), Op::Read { at, .. }) => {
+                    entry.2.remove(at);
+                }
+                (Outcome::Fail(_), _) => {}
+                (Outcome::Unknown(_), _) if reads => {}
+                (Outcome::Unknown(_), _) => {
                     if let Ok((s, _)) = apply(&entry.2, &op) {
                         entry.2 = s;
                     }
                     entry.3 += 1;
                 }
             }
+            backoff(&outcome);
             if entry.3 >= 2 {
                 active.swap_remove(slot);
             }
@@ -1033,6 +1044,15 @@ impl Workload {
     }
 }
 
+/// After an unknown outcome a worker waits a little, as a real client would before it
+/// tries again: a dead server fails calls at once, and without a pause the workers would
+/// fill the history with millions of failures that check nothing.
+fn backoff(outcome: &Outcome) {
+    if matches!(outcome, Outcome::Unknown(_)) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Open, read everything, close.
 fn read_whole(c: &BlockingClient, path: &str) -> Outcome {
     let f = match c.open(path, OpenFlags::read_only()) {
@@ -1078,7 +1098,13 @@ pub fn summary(events: &[Event]) -> String {
     let ok = events.iter().filter(|e| matches!(e.outcome, Outcome::Ok(_))).count();
     let fail = events.iter().filter(|e| matches!(e.outcome, Outcome::Fail(_))).count();
     let unknown = events.iter().filter(|e| matches!(e.outcome, Outcome::Unknown(_))).count();
-    format!("{} operations: {ok} ok, {fail} refused, {unknown} unknown", events.len())
+    let mut refusals: BTreeMap<String, usize> = BTreeMap::new();
+    for e in events {
+        if let Outcome::Fail(errno) = e.outcome {
+            *refusals.entry(Errno(errno).to_string()).or_default() += 1;
+        }
+    }
+    format!("{} operations: {ok} ok, {fail} refused {refusals:?}, {unknown} unknown", events.len())
 }
 
 /// How long the history tests run: `SHOAL_HISTORY_SECS`, or `default`.
