@@ -12,6 +12,7 @@
 use super::history::{assert_clean, check, CheckOptions, Outcome, Recorder, Workload};
 use super::netns::NetLab;
 use super::Cluster;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use shoal_client::{BlockingClient, ClientOptions};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,13 +131,20 @@ pub fn run(
         kinds.push("isolate");
     }
     assert!(!kinds.is_empty(), "no fault kind chosen");
+    // Rounds of every kind in a random order, so a short run still has each kind.
+    let mut round: Vec<&str> = Vec::new();
     loop {
+        if round.is_empty() {
+            round = kinds.clone();
+            round.shuffle(&mut rng);
+        }
+        let kind = round.pop().expect("refilled above");
         if !nap(Duration::from_millis(rng.gen_range(cfg.gap_ms.0..=cfg.gap_ms.1)), stop) {
             return;
         }
         // The fault always runs its full course once begun, so that it is undone.
         let hold = Duration::from_millis(rng.gen_range(cfg.hold_ms.0..=cfg.hold_ms.1));
-        match kinds[rng.gen_range(0..kinds.len())] {
+        match kind {
             "kill" => {
                 let id = rng.gen_range(0..n);
                 log.note(format!("kill -9 server {id} (restart in {hold:?})"));
@@ -241,5 +249,10 @@ pub fn run_history(
     assert_clean(&violations, &events, &format!("seed {seed}\n{}", log.text()));
     let ok = events.iter().filter(|e| matches!(e.outcome, Outcome::Ok(_))).count();
     assert!(ok >= 50, "only {ok} operations succeeded: the run checked too little\n{}", log.text());
-    assert!(!log.lines().is_empty() || secs < Duration::from_secs(5), "no fault was injected in {secs:?}");
+    if secs >= Duration::from_secs(15) {
+        let kinds = [("kill", cfg.kill), ("pause", cfg.pause), ("isolate", cfg.partition)];
+        for (kind, on) in kinds {
+            assert!(!on || log.count(kind) > 0, "no {kind} fault in {secs:?}\n{}", log.text());
+        }
+    }
 }
