@@ -162,7 +162,7 @@ fn checker_finds_stale_register_reads() {
     // Lost: the final value is the older one.
     assert_eq!(kinds(&check_registers(&[w1.clone(), w2.clone()], &last(&v1))), ["lost acknowledged write"]);
     // Never written.
-    assert_eq!(kinds(&check_registers(&[w1.clone()], &last("garbage-garbage!"))), ["value never written"]);
+    assert_eq!(kinds(&check_registers(std::slice::from_ref(&w1), &last("garbage-garbage!"))), ["value never written"]);
     // An unknown write may land any time later, even after the final read began.
     let w2u = Event { outcome: unknown(), ..w2.clone() };
     assert!(check_registers(&[w1, w2u, read_at(5.0, &v1)], &last(&v2)).is_empty());

@@ -924,9 +924,14 @@ impl Workload {
             let entry = &mut active[slot];
             let reads = matches!(op, Op::Stat { .. } | Op::Read { .. });
             match (&outcome, &op) {
-                (Outcome::Ok(_), _) => entry.2 = apply(&entry.2, &op).map(|(s, _)| s).unwrap_or_else(|_| entry.2.clone()),
+                (Outcome::Ok(_), _) => {
+                    entry.2 = apply(&entry.2, &op).map(|(s, _)| s).unwrap_or_else(|_| entry.2.clone())
+                }
                 // A refusal corrects the belief (an unknown outcome taken as done was not).
-                (Outcome::Fail(libc::ENOENT), Op::Overwrite { at, .. } | Op::Append { at, .. } | Op::Rename { from: at, .. })
+                (
+                    Outcome::Fail(libc::ENOENT),
+                    Op::Overwrite { at, .. } | Op::Append { at, .. } | Op::Rename { from: at, .. },
+                )
                 | (Outcome::Fail(libc::ENOENT), Op::Unlink { at, .. } | Op::Rmdir { at, .. } | Op::Stat { at, .. })
                 | (Outcome::Fail(libc::ENOENT), Op::Read { at, .. }) => {
                     entry.2.remove(at);
