@@ -207,3 +207,28 @@ fn history_with_partitions_kills_and_pauses() {
     let secs = history::duration_from_env(20);
     run_history(&mut cluster, Some(&lab), &cfg, secs, &CheckOptions::default());
 }
+
+#[test]
+fn a_new_lab_removes_what_dead_test_processes_left_behind() {
+    // Leftovers of a test process that died (pid 0x3fffff: above any pid in use) before
+    // its lab's drop: a namespace and a bridge named as a lab names them.
+    let dead = 0x3fffff_u32;
+    let ns = format!("shoal-lab-{dead}-0-0");
+    let bridge = format!("sl{dead:x}-b0");
+    let ip = |args: &[&str]| std::process::Command::new("ip").args(args).output().map(|o| o.status.success());
+    if !matches!(ip(&["netns", "add", &ns]), Ok(true)) {
+        // Not root or no `ip`: the same reason NetLab::or_skip gives (and fails under CI).
+        assert!(NetLab::or_skip(1).is_none());
+        return;
+    }
+    assert_eq!(ip(&["link", "add", &bridge, "type", "bridge"]).unwrap(), true);
+    let _lab = NetLab::new(1).unwrap();
+    let out = |args: &[&str]| {
+        String::from_utf8(std::process::Command::new("ip").args(args).output().unwrap().stdout).unwrap()
+    };
+    assert!(
+        !out(&["netns", "list"]).lines().any(|l| l.starts_with(&format!("{ns} ")) || l == ns),
+        "namespace {ns} not reaped"
+    );
+    assert!(!out(&["-o", "link"]).contains(&format!(": {bridge}:")), "bridge {bridge} not reaped");
+}

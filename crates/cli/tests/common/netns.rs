@@ -83,7 +83,10 @@ fn reap_leftovers() {
             // "12: sl1a2b-b0: <...>" or "13: sl1a2b-0-1@if2: <...>"
             let Some(name) = line.split(": ").nth(1).map(|n| n.split('@').next().unwrap_or(n)) else { continue };
             let Some(rest) = name.strip_prefix("sl") else { continue };
-            let Some((hex, _)) = rest.split_once('-') else { continue };
+            let Some((hex, tail)) = rest.split_once('-') else { continue };
+            if !ours(tail) {
+                continue;
+            }
             if let Ok(pid) = u32::from_str_radix(hex, 16) {
                 if !pid_alive(pid) {
                     let _ = ip(&["link", "delete", name]);
@@ -91,6 +94,19 @@ fn reap_leftovers() {
             }
         }
     }
+}
+
+/// Does `tail` (what follows `sl<pid>-`) have the shape of one of our interface names:
+/// `b<c>`, `i<c>` (bridges) or `<c>-<i>` (veths)? Only such names are reaped, so that an
+/// unrelated interface that happens to start with `sl` and hex digits is never touched.
+fn ours(tail: &str) -> bool {
+    let hex = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_hexdigit());
+    if let Some(c) = tail.strip_prefix('b').or_else(|| tail.strip_prefix('i')) {
+        if hex(c) {
+            return true;
+        }
+    }
+    matches!(tail.split_once('-'), Some((c, i)) if hex(c) && !i.is_empty() && i.chars().all(|d| d.is_ascii_digit()))
 }
 
 /// Is any address or route of this machine inside `10.a.b.0/24`?
