@@ -221,7 +221,7 @@ fn a_new_lab_removes_what_dead_test_processes_left_behind() {
         assert!(NetLab::or_skip(1).is_none());
         return;
     }
-    assert_eq!(ip(&["link", "add", &bridge, "type", "bridge"]).unwrap(), true);
+    assert!(ip(&["link", "add", &bridge, "type", "bridge"]).unwrap(), "make a leftover bridge");
     let _lab = NetLab::new(1).unwrap();
     let out = |args: &[&str]| {
         String::from_utf8(std::process::Command::new("ip").args(args).output().unwrap().stdout).unwrap()
