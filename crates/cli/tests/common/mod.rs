@@ -2,6 +2,10 @@
 //! under a temporary directory, killed (SIGKILL) when the test ends.
 #![allow(dead_code)]
 
+pub mod faults;
+pub mod history;
+pub mod netns;
+
 use shoal_client::{Client, ClientOptions};
 use shoal_placement::ClusterMap;
 use std::net::TcpStream;
@@ -16,6 +20,8 @@ pub struct Cluster {
     children: Vec<Option<Child>>,
     /// Extra `shoald` arguments (every server, every start).
     server_args: Vec<String>,
+    /// With [`Cluster::start_in_lab`]: server `i` runs inside this network namespace.
+    namespaces: Option<Vec<String>>,
 }
 
 fn free_ports(n: usize) -> Vec<u16> {
@@ -49,14 +55,55 @@ impl Cluster {
         Cluster::start_inner(n, tweak, args, |_| {})
     }
 
+    /// Start one server per host of `lab`, server `i` inside host `i`'s namespace and
+    /// listening on `lab.addr(i)` (RPC port 7400, HTTP 7480: every host has its own ports),
+    /// after letting `tweak` change the map. The test's clients stay in the root namespace
+    /// and reach the servers through the lab's bridge. Declare the lab before the cluster,
+    /// so that the servers are killed before their namespaces go.
+    pub fn start_in_lab(lab: &netns::NetLab, tweak: impl FnOnce(&mut ClusterMap)) -> Cluster {
+        let hosts: Vec<String> = (0..lab.len()).map(|i| lab.namespace(i).to_string()).collect();
+        let addrs: Vec<(String, String)> =
+            (0..lab.len()).map(|i| (format!("{}:7400", lab.addr(i)), format!("{}:7480", lab.addr(i)))).collect();
+        let c = Cluster::start_placed(lab.len() as u32, Some(addrs), Some(hosts), tweak, &[], |_| {});
+        for id in 0..lab.len() as u32 {
+            // `ip netns exec` must have exec'd shoald in place: kill9, stop and signal act
+            // on the child's pid.
+            let exe = std::fs::read_link(format!("/proc/{}/exe", c.pid(id))).unwrap_or_default();
+            assert!(
+                exe.file_name().is_some_and(|f| f.to_string_lossy().starts_with("shoald")),
+                "server {id}'s pid runs {} rather than shoald",
+                exe.display()
+            );
+        }
+        c
+    }
+
     fn start_inner(n: u32, tweak: impl FnOnce(&mut ClusterMap), args: &[&str], prepare: impl FnOnce(&Path)) -> Cluster {
+        Cluster::start_placed(n, None, None, tweak, args, prepare)
+    }
+
+    /// Start `n` servers at `addrs` (RPC, HTTP) or on free ports of 127.0.0.1, each in
+    /// namespace `namespaces[i]` if given.
+    fn start_placed(
+        n: u32,
+        addrs: Option<Vec<(String, String)>>,
+        namespaces: Option<Vec<String>>,
+        tweak: impl FnOnce(&mut ClusterMap),
+        args: &[&str],
+        prepare: impl FnOnce(&Path),
+    ) -> Cluster {
         let dir = tempfile::Builder::new().prefix("shoal-test-").tempdir().unwrap();
         prepare(dir.path());
         let mut map = ClusterMap::local(n, 0, dir.path());
-        let ports = free_ports(2 * n as usize);
-        for (i, s) in map.servers.iter_mut().enumerate() {
-            s.addr = format!("127.0.0.1:{}", ports[i]);
-            s.http = Some(format!("127.0.0.1:{}", ports[n as usize + i]));
+        let addrs = addrs.unwrap_or_else(|| {
+            let ports = free_ports(2 * n as usize);
+            (0..n as usize)
+                .map(|i| (format!("127.0.0.1:{}", ports[i]), format!("127.0.0.1:{}", ports[n as usize + i])))
+                .collect()
+        });
+        for (s, (addr, http)) in map.servers.iter_mut().zip(addrs) {
+            s.addr = addr;
+            s.http = Some(http);
         }
         tweak(&mut map);
         let config = dir.path().join("cluster.toml");
@@ -67,7 +114,7 @@ impl Cluster {
             shoal_rpc::tls_certs::make_certs(&loaded, false).unwrap();
         }
         let server_args = args.iter().map(|a| a.to_string()).collect();
-        let mut c = Cluster { dir, config, map, children: Vec::new(), server_args };
+        let mut c = Cluster { dir, config, map, children: Vec::new(), server_args, namespaces };
         for id in 0..n {
             let child = c.spawn(id);
             c.children.push(Some(child));
@@ -102,8 +149,15 @@ impl Cluster {
             .append(true)
             .open(self.dir.path().join(format!("s{id}.log")))
             .unwrap();
-        Command::new(env!("CARGO_BIN_EXE_shoald"))
-            .arg("--config")
+        let mut cmd = match &self.namespaces {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns[id as usize], env!("CARGO_BIN_EXE_shoald")]);
+                c
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_shoald")),
+        };
+        cmd.arg("--config")
             .arg(&self.config)
             .arg("--id")
             .arg(id.to_string())
@@ -129,7 +183,13 @@ impl Cluster {
     fn wait_ready(&mut self, id: u32) {
         let start = Instant::now();
         loop {
-            if TcpStream::connect(self.addr(id)).is_ok() {
+            // With a timeout: a server in a lab host is reached through a bridge, where a
+            // lost SYN would otherwise wait for the kernel's retries.
+            let up = match self.addr(id).parse::<std::net::SocketAddr>() {
+                Ok(a) => TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok(),
+                Err(_) => TcpStream::connect(self.addr(id)).is_ok(),
+            };
+            if up {
                 return;
             }
             if let Some(Some(child)) = self.children.get_mut(id as usize) {
