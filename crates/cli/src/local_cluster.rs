@@ -48,6 +48,8 @@ pub struct UpOptions {
     /// Servers to slow on purpose: (id, MB/s) passed as `shoald --throttle` (a tool for
     /// benchmarks of load-aware placement).
     pub throttle: Vec<(u32, f64)>,
+    /// Copies of every server's stores (`[cluster] replicas`), when not the default 1.
+    pub replicas: Option<u8>,
 }
 
 /// Parse `ID=MBPS` (`shoal cluster up --throttle 3=25`).
@@ -93,6 +95,9 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
         }
         if let Some(p) = opts.policy {
             map.cluster.policy = p;
+        }
+        if let Some(r) = opts.replicas {
+            map.cluster.replicas = r;
         }
         map.security.tls = opts.tls;
         map.validate().map_err(|m| anyhow::anyhow!("invalid cluster settings: {m}"))?;

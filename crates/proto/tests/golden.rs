@@ -205,6 +205,18 @@ fn ops() -> Vec<Op> {
             etag: Some("\"v1\"".into()),
             cap: None,
         },
+        Op::PeerReplicate {
+            slot: ServerId(2),
+            incarnation: 0x0a0b_0c0d_0e0f_1011,
+            first: 17,
+            changes: vec![
+                ReplChange::Meta { len: 120 },
+                ReplChange::Write { ino: FILE, index: 1, offset: 1 << 20, len: 4096 },
+                ReplChange::Truncate { ino: FILE, index: 0, len: 100 },
+                ReplChange::Delete { objects: vec![(FILE, 0), (FILE, 1)] },
+                ReplChange::Reply { session: 7, request: 9, reply: Box::new(Reply::Written { len: 4096 }) },
+            ],
+        },
     ]
 }
 
@@ -251,6 +263,7 @@ fn replies() -> Vec<Reply> {
         Reply::Load(load_report()),
         Reply::UrlInfo(UrlInfo { size: Some(1 << 30), ranges: true, etag: Some("\"v1\"".into()) }),
         Reply::Fetched { bytes: 1 << 20 },
+        Reply::Replicated { incarnation: 0x0a0b_0c0d_0e0f_1011, applied: 21, in_sync: true },
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),

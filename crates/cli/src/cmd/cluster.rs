@@ -45,6 +45,11 @@ pub struct UpArgs {
     /// (`shoald --throttle`; repeatable). For benchmarks of load-aware placement.
     #[arg(long, value_name = "ID=MBPS", value_parser = local_cluster::parse_throttle)]
     throttle: Vec<(u32, f64)>,
+    /// Copies of every server's metadata and data, 1 to 3 (`[cluster] replicas`): each
+    /// server's stores are mirrored on the next N-1 servers (docs/architecture.md,
+    /// "Redundancy").
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
+    replicas: Option<u8>,
 }
 
 #[derive(Args)]
@@ -69,6 +74,7 @@ pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
                 policy: a.policy,
                 tls: a.tls,
                 throttle: a.throttle,
+                replicas: a.replicas,
             };
             let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;
             let map = shoal_placement::ClusterMap::load(&config)?;
