@@ -337,6 +337,16 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
     (encode_reply(st, redo.request_id, &reply, payload, conn), ticket)
 }
 
+/// Wait until what the reply depends on is held by every mirror in sync (`replica`). Not
+/// for a mirror's answer to its primary: it depends on nothing of this server's own slot,
+/// and waiting there would chain the servers' logs into a cycle (each primary waiting for a
+/// mirror that waits for its own mirror).
+async fn replica_settle(st: &State, redo: &Redo, ticket: &Ticket) {
+    if !matches!(redo.req.op, Op::PeerReplicate { .. }) {
+        st.replica.settle(ticket.state().replicated).await;
+    }
+}
+
 fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, conn: ConnInfo) -> Encoded {
     let addr = conn.addr;
     let encoded = match payload {
@@ -746,6 +756,11 @@ async fn read_requests(
         };
         tokio::spawn(async move {
             let (reply, ticket) = run_request(&st, &redo, conn).await;
+            // Wait for the mirrors here, in the request's own task, not in the connection's
+            // writer: lease revocations go out through the writer, and one queued behind a
+            // reply waiting for the mirrors waited out the whole lease term (measured: a
+            // 3 s stall per run of two writers sharing a directory).
+            replica_settle(&st, &redo, &ticket).await;
             let permits = Permits { _count: p_count, _bytes: p_bytes };
             let _ = tx.send(Outgoing::Reply(Box::new(Pending { reply, ticket, redo, permits })));
         });
@@ -794,13 +809,8 @@ async fn write_reply(st: &Arc<State>, wr: &mut Writer, out: Outgoing, conn: Conn
     loop {
         match commits::settle(&st.meta, &ticket).await {
             Settled::Send => {
-                // Held by every mirror in sync before it is acknowledged (`replica`). Not
-                // a mirror's answer to its primary: it depends on nothing of this server's
-                // own slot, and waiting there would chain the servers' logs into a cycle
-                // (each primary waiting for a mirror that waits for its own mirror).
-                if !matches!(redo.req.op, Op::PeerReplicate { .. }) {
-                    st.replica.settle(ticket.state().replicated).await;
-                }
+                // Normally settled already by the request's task; a rerun was not.
+                replica_settle(st, &redo, &ticket).await;
                 break;
             }
             Settled::Lost(f) | Settled::Unavailable(f) => {

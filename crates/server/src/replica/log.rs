@@ -61,8 +61,9 @@ pub struct ReplLog {
     /// Drawn at each start of the primary: positions restart at 1 under a new one.
     pub incarnation: u64,
     inner: Mutex<Inner>,
-    /// Wakes the shippers when a change is appended.
-    appended: tokio::sync::Notify,
+    /// The last position appended: wakes the shippers (a watch, not a `Notify`: a change
+    /// appended between a shipper's check and its wait must not be missed).
+    appended: tokio::sync::watch::Sender<u64>,
     /// The highest position every mirror in sync has applied (or the last appended, with
     /// none in sync).
     acked: tokio::sync::watch::Sender<u64>,
@@ -79,7 +80,7 @@ impl ReplLog {
         ReplLog {
             incarnation,
             inner: Mutex::new(Inner { base: 1, next: 1, entries: VecDeque::new(), bytes: 0, mirrors }),
-            appended: tokio::sync::Notify::new(),
+            appended: tokio::sync::watch::channel(0).0,
             acked: tokio::sync::watch::channel(0).0,
             waiting: Default::default(),
         }
@@ -103,7 +104,7 @@ impl ReplLog {
             pos
         };
         crate::store::commits::record_replicated(pos);
-        self.appended.notify_waiters();
+        self.appended.send_modify(|last| *last = (*last).max(pos));
         pos
     }
 
@@ -139,13 +140,8 @@ impl ReplLog {
 
     /// Wait for a change after `pos` to be appended.
     pub async fn appended_after(&self, pos: u64) {
-        loop {
-            let notified = self.appended.notified();
-            if self.last() > pos {
-                return;
-            }
-            notified.await;
-        }
+        let mut rx = self.appended.subscribe();
+        let _ = rx.wait_for(|&last| last > pos).await;
     }
 
     /// The changes after `after` for one `PeerReplicate`: the position of the first, the
