@@ -699,6 +699,21 @@ pub enum Op {
     PeerLoad {
         load: LoadReport,
     },
+    /// Server to server: a message of the replicated cluster map's Raft group
+    /// (`crates/membership`, docs/membership.md): `kind` says which (append, vote, snapshot,
+    /// forwarded proposal, ping) and `payload` is the group's own encoding of it. Answered
+    /// `Reply::Raft`, or an error when the receiver's group cannot take it. Sent only to
+    /// servers that agreed on `FEATURE_MEMBERSHIP`. Added in protocol 8.
+    PeerRaft {
+        kind: u8,
+        payload: Vec<u8>,
+    },
+    /// Anyone: the newest cluster map the server has applied. `known` is the version the
+    /// sender holds (informational: the answer is the same). Answered `Reply::Map`. Added in
+    /// protocol 8.
+    GetMap {
+        known: u64,
+    },
 }
 
 /// How busy a server is and how much room it has: what load-aware placement
@@ -777,6 +792,8 @@ impl Op {
             Op::PeerSealPartitions { .. } => "peer_seal_partitions",
             Op::PeerPartitionAttr { .. } => "peer_partition_attr",
             Op::PeerLoad { .. } => "peer_load",
+            Op::PeerRaft { .. } => "peer_raft",
+            Op::GetMap { .. } => "get_map",
         }
     }
 
@@ -949,6 +966,15 @@ pub enum Reply {
     },
     /// Answer to `PeerLoad`: the answering server's load.
     Load(LoadReport),
+    /// Answer to `PeerRaft`: the receiving group's answer, in its own encoding.
+    Raft {
+        payload: Vec<u8>,
+    },
+    /// Answer to `GetMap`: the server's newest map, its version and TOML text.
+    Map {
+        version: u64,
+        toml: String,
+    },
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

@@ -65,6 +65,8 @@ impl Op {
             Op::PeerLoad { .. } => 49,
             Op::UrlProbe { .. } => 50,
             Op::FetchInto { .. } => 51,
+            Op::PeerRaft { .. } => 52,
+            Op::GetMap { .. } => 53,
         }
     }
 }
@@ -99,6 +101,8 @@ impl Reply {
             Reply::Load(_) => 24,
             Reply::UrlInfo(_) => 25,
             Reply::Fetched { .. } => 26,
+            Reply::Raft { .. } => 27,
+            Reply::Map { .. } => 28,
         }
     }
 }

@@ -196,6 +196,8 @@ fn ops() -> Vec<Op> {
         Op::PeerPartitionAttr { attr: dir_attr() },
         Op::PeerLoad { load: load_report() },
         Op::UrlProbe { url: "https://data.example.org/f.h5".into() },
+        Op::PeerRaft { kind: 1, payload: vec![0x91, 0x2a] },
+        Op::GetMap { known: 3 },
         Op::FetchInto {
             url: "https://data.example.org/f.h5".into(),
             ino: FILE,
@@ -251,6 +253,8 @@ fn replies() -> Vec<Reply> {
         Reply::Load(load_report()),
         Reply::UrlInfo(UrlInfo { size: Some(1 << 30), ranges: true, etag: Some("\"v1\"".into()) }),
         Reply::Fetched { bytes: 1 << 20 },
+        Reply::Raft { payload: vec![0xc0] },
+        Reply::Map { version: 4, toml: "[cluster]\nversion = 4\n".into() },
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),
