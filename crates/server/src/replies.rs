@@ -294,6 +294,10 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::PeerPartitionAttr { .. }
         // Hearing the same load twice changes nothing.
         | Op::PeerLoad { .. }
+        // Raft tolerates repeated messages by design (terms and log indexes), and reading
+        // the map changes nothing.
+        | Op::PeerRaft { .. }
+        | Op::GetMap { .. }
         // Acknowledging a lease twice forgets it twice: the same.
         | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.
