@@ -672,6 +672,28 @@ impl Client {
         None
     }
 
+    /// The newest cluster map `server` holds: (version, TOML, the group's leader, voters).
+    pub async fn get_map(&self, server: ServerId) -> Result<(u64, String, Option<u32>, Vec<u32>)> {
+        let known = self.map().version();
+        match self.call(To::Server(server), Op::GetMap { known }, Bytes::new()).await {
+            Ok((Reply::Map { version, toml, leader, voters }, _)) => Ok((version, toml, leader, voters)),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("map of server {server}")))
+    }
+
+    /// Change the cluster map through `server` (root only): compare-and-set against
+    /// `expect_version`; returns the new version.
+    pub async fn propose_map(&self, server: ServerId, expect_version: u64, toml: String) -> Result<u64> {
+        match self.call(To::Server(server), Op::ProposeMap { expect_version, toml }, Bytes::new()).await {
+            Ok((Reply::Map { version, .. }, _)) => Ok(version),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("map change through server {server}")))
+    }
+
     /// Route by `map` from now on (replacing the pool `failed`).
     fn install_map(&self, failed: &Arc<Pool>, map: ClusterMap) {
         tracing::info!("cluster map version {} -> {}", failed.map().version(), map.version());

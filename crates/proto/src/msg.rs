@@ -714,6 +714,14 @@ pub enum Op {
     GetMap {
         known: u64,
     },
+    /// Root only (`shoal map set`): change the cluster map through its group, if it is still
+    /// at `expect_version` (`toml` must declare `expect_version + 1`). Answered `Map` with
+    /// the new map, `EAGAIN` when the map moved on (the message names the version), or the
+    /// reason. Added in protocol 8.
+    ProposeMap {
+        expect_version: u64,
+        toml: String,
+    },
 }
 
 /// How busy a server is and how much room it has: what load-aware placement
@@ -794,6 +802,7 @@ impl Op {
             Op::PeerLoad { .. } => "peer_load",
             Op::PeerRaft { .. } => "peer_raft",
             Op::GetMap { .. } => "get_map",
+            Op::ProposeMap { .. } => "propose_map",
         }
     }
 
@@ -974,6 +983,9 @@ pub enum Reply {
     Map {
         version: u64,
         toml: String,
+        /// The group's leader as this server knows it, and its voters.
+        leader: Option<u32>,
+        voters: Vec<u32>,
     },
 }
 

@@ -67,6 +67,7 @@ impl Op {
             Op::FetchInto { .. } => 51,
             Op::PeerRaft { .. } => 52,
             Op::GetMap { .. } => 53,
+            Op::ProposeMap { .. } => 54,
         }
     }
 }

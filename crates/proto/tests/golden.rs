@@ -198,6 +198,7 @@ fn ops() -> Vec<Op> {
         Op::UrlProbe { url: "https://data.example.org/f.h5".into() },
         Op::PeerRaft { kind: 1, payload: vec![0x91, 0x2a] },
         Op::GetMap { known: 3 },
+        Op::ProposeMap { expect_version: 4, toml: "[cluster]\nversion = 5\n".into() },
         Op::FetchInto {
             url: "https://data.example.org/f.h5".into(),
             ino: FILE,
@@ -254,7 +255,7 @@ fn replies() -> Vec<Reply> {
         Reply::UrlInfo(UrlInfo { size: Some(1 << 30), ranges: true, etag: Some("\"v1\"".into()) }),
         Reply::Fetched { bytes: 1 << 20 },
         Reply::Raft { payload: vec![0xc0] },
-        Reply::Map { version: 4, toml: "[cluster]\nversion = 4\n".into() },
+        Reply::Map { version: 4, toml: "[cluster]\nversion = 4\n".into(), leader: Some(1), voters: vec![0, 1, 2] },
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),

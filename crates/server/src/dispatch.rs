@@ -55,7 +55,7 @@ pub async fn handle(
     // 0 means "any map" (tools that do not route by the map, and local peer steps). The
     // map group's messages and `GetMap` are how a server or client behind catches up, so
     // they are answered whatever map the sender has.
-    let routes_by_map = !matches!(req.op, Op::PeerRaft { .. } | Op::GetMap { .. });
+    let routes_by_map = !matches!(req.op, Op::PeerRaft { .. } | Op::GetMap { .. } | Op::ProposeMap { .. });
     if routes_by_map && req.map_version != 0 && req.map_version != st.map.version() {
         // The sender saw a newer map than ours: ours is on its way through the group.
         if req.map_version > st.map.version() {
@@ -269,6 +269,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         }
         Op::PeerRaft { kind, payload } => crate::membership::handle(st, kind, &payload).await?,
         Op::GetMap { .. } => crate::membership::get_map(st),
+        Op::ProposeMap { expect_version, toml } => crate::membership::propose(st, &cred, expect_version, toml).await?,
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
         // Never nested: `BatchOp` has no batch.

@@ -128,8 +128,27 @@ pub fn get_map(st: &State) -> Reply {
     match st.membership.get() {
         Some(g) => {
             let doc = g.current();
-            Reply::Map { version: doc.version, toml: doc.toml.clone() }
+            let status = g.status();
+            Reply::Map { version: doc.version, toml: doc.toml.clone(), leader: status.leader, voters: status.voters }
         }
-        None => Reply::Map { version: st.map.version(), toml: st.map.to_toml() },
+        None => Reply::Map { version: st.map.version(), toml: st.map.to_toml(), leader: None, voters: st.map.voters() },
+    }
+}
+
+/// Answer `ProposeMap` (root only): change the map through the group.
+pub async fn propose(st: &Arc<State>, cred: &Cred, expect_version: u64, toml: String) -> R<Reply> {
+    if cred.uid != 0 {
+        return fail(Errno::EPERM, "only root may change the cluster map");
+    }
+    let Some(group) = st.membership.get() else {
+        return fail(Errno::EAGAIN, "the map group is not started yet");
+    };
+    match group.propose(expect_version, toml).await {
+        Ok(_) => Ok(get_map(st)),
+        Err(shoal_membership::ProposeError::Conflict { current }) => {
+            fail(Errno::EAGAIN, format!("the map is at version {current} now, not {expect_version}: try again"))
+        }
+        Err(e @ shoal_membership::ProposeError::Invalid(_)) => fail(Errno::EINVAL, e.to_string()),
+        Err(e) => fail(Errno::EIO, e.to_string()),
     }
 }
