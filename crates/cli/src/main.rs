@@ -42,6 +42,9 @@ enum Command {
     /// Start, stop or describe a local cluster of shoald processes.
     #[command(subcommand)]
     Cluster(cmd::cluster::ClusterCmd),
+    /// The replicated cluster map: show it, change a server's state or weight.
+    #[command(subcommand)]
+    Map(cmd::map::MapCmd),
     /// Servers, whether they answer, their capacity, contents and requests served.
     Status(cmd::status::StatusArgs),
     /// The cluster live in the terminal: health, capacity, rates, busiest operations.
@@ -151,6 +154,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Cluster(c) => cmd::cluster::run(&ctx, c).await,
             Command::Status(a) => cmd::status::status(&ctx, a).await,
+            Command::Map(c) => cmd::map::run(&ctx, c).await,
             Command::Df(a) => cmd::status::df(&ctx, a).await,
             Command::Top(a) => cmd::top::top(&ctx, a).await,
             Command::Ls(a) => cmd::files::ls(&ctx, a).await,

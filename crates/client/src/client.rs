@@ -38,6 +38,9 @@ struct Shared {
     config: Option<PathBuf>,
     /// One reload at a time.
     reload: tokio::sync::Mutex<()>,
+    /// Map fetches finished (`refresh_map`): a caller that waited for another's fetch uses
+    /// its result instead of asking again.
+    map_fetches: std::sync::atomic::AtomicU64,
     /// Traffic counted by pools that were replaced.
     retired_traffic: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
     cache: Cache,
@@ -168,6 +171,8 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Fetched { .. } => "Fetched",
         Reply::Load(_) => "Load",
         Reply::Replicated { .. } => "Replicated",
+        Reply::Raft { .. } => "Raft",
+        Reply::Map { .. } => "Map",
     }
 }
 
@@ -344,6 +349,7 @@ impl Client {
                 maps: Mutex::new(vec![Arc::new(map)]),
                 config,
                 reload: tokio::sync::Mutex::new(()),
+                map_fetches: std::sync::atomic::AtomicU64::new(0),
                 retired_traffic: Mutex::new(HashMap::new()),
                 cache: Cache::new(opts.cache_ttl),
                 session,
@@ -578,7 +584,7 @@ impl Client {
         match to {
             To::Home(ino) => pool.map().home_of(ino),
             To::Server(s) => s,
-            To::Entry { dir, hash } => self.shared.bitmaps.server_for(pool.map(), dir, hash),
+            To::Entry { dir, hash } => self.shared.bitmaps.server_for(&pool.map(), dir, hash),
         }
     }
 
@@ -621,21 +627,77 @@ impl Client {
     /// Re-read the config file after `failed` got a stale-map answer. True if a newer map
     /// is now in use (by this call or a concurrent one).
     async fn reload_map(&self, failed: &Arc<Pool>) -> Result<bool> {
-        let Some(path) = &self.shared.config else { return Ok(false) };
         let _one = self.shared.reload.lock().await;
         if !Arc::ptr_eq(&self.pool(), failed) {
             return Ok(true);
         }
-        let map = ClusterMap::load(path).map_err(map_error)?;
-        if map.version() <= failed.map().version() {
-            return Ok(false);
+        let mut newest: Option<ClusterMap> = None;
+        if let Some(path) = &self.shared.config {
+            let map = ClusterMap::load(path).map_err(map_error)?;
+            if map.version() > failed.map().version() {
+                newest = Some(map);
+            }
         }
-        tracing::info!(
-            "cluster map reloaded from {}: version {} -> {}",
-            path.display(),
-            failed.map().version(),
-            map.version()
-        );
+        // The servers hold the replicated map (docs/membership.md): it may be newer than
+        // the file.
+        if let Some(map) = self.fetch_map(failed).await {
+            if map.version() > newest.as_ref().map_or(failed.map().version(), |m| m.version()) {
+                newest = Some(map);
+            }
+        }
+        self.shared.map_fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        match newest {
+            Some(map) => {
+                self.install_map(failed, map);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Ask the servers of the current map for the newest map they hold (`GetMap`), first
+    /// to answer wins; `None` if none answers.
+    async fn fetch_map(&self, pool: &Arc<Pool>) -> Option<ClusterMap> {
+        let map = pool.map();
+        let base = self.shared.config.as_deref().and_then(|p| p.parent()).unwrap_or(std::path::Path::new("."));
+        for s in map.servers.iter().filter(|s| s.state != shoal_placement::map::ServerState::Out) {
+            let op = Op::GetMap { known: map.version() };
+            match pool.request(s.server_id(), &self.opts.cred, op, Bytes::new()).await {
+                Ok((Reply::Map { toml, .. }, _)) => match ClusterMap::from_toml(&toml, base) {
+                    Ok(m) => return Some(m),
+                    Err(e) => tracing::warn!("server {} sent a map this client cannot use: {e}", s.id),
+                },
+                Ok(_) | Err(_) => continue,
+            }
+        }
+        None
+    }
+
+    /// The newest cluster map `server` holds: (version, TOML, the group's leader, voters).
+    pub async fn get_map(&self, server: ServerId) -> Result<(u64, String, Option<u32>, Vec<u32>)> {
+        let known = self.map().version();
+        match self.call(To::Server(server), Op::GetMap { known }, Bytes::new()).await {
+            Ok((Reply::Map { version, toml, leader, voters }, _)) => Ok((version, toml, leader, voters)),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("map of server {server}")))
+    }
+
+    /// Change the cluster map through `server` (root only): compare-and-set against
+    /// `expect_version`; returns the new version.
+    pub async fn propose_map(&self, server: ServerId, expect_version: u64, toml: String) -> Result<u64> {
+        match self.call(To::Server(server), Op::ProposeMap { expect_version, toml }, Bytes::new()).await {
+            Ok((Reply::Map { version, .. }, _)) => Ok(version),
+            Ok((other, _)) => Err(unexpected(&other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| e.within(format_args!("map change through server {server}")))
+    }
+
+    /// Route by `map` from now on (replacing the pool `failed`).
+    fn install_map(&self, failed: &Arc<Pool>, map: ClusterMap) {
+        tracing::info!("cluster map version {} -> {}", failed.map().version(), map.version());
         let pool = Arc::new(Pool::new(
             map.clone(),
             pool_options(&self.opts, self.shared.session, self.shared.notices.clone()),
@@ -649,7 +711,24 @@ impl Client {
             e.1 += tx;
             e.2 += rx;
         }
-        Ok(true)
+    }
+
+    /// Fetch the newest cluster map from the servers (and the config file) and route by it
+    /// if it is newer; returns the version in use afterwards. For callers that saw a server
+    /// fail (its slot may have moved). Cheap: one `GetMap` when nothing changed, and callers
+    /// arriving while a fetch is under way share its result.
+    pub async fn refresh_map(&self) -> Result<u64> {
+        let seen = self.shared.map_fetches.load(std::sync::atomic::Ordering::SeqCst);
+        let pool = self.pool();
+        {
+            // Another caller's fetch finished while this one waited: use it.
+            let _wait = self.shared.reload.lock().await;
+            if self.shared.map_fetches.load(std::sync::atomic::Ordering::SeqCst) != seen {
+                return Ok(self.pool().map().version());
+            }
+        }
+        self.reload_map(&pool).await?;
+        Ok(self.pool().map().version())
     }
 
     // ---- lookups ----

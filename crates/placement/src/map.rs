@@ -22,6 +22,10 @@
 //! anonymous_gid = 65534
 //! import_from = []                   # URL prefixes `shoal import` may fetch (empty: any)
 //!
+//! [membership]                       # optional (docs/membership.md)
+//! voters = [0, 1, 2]                 # the Raft group's voters; default: the first 3 ids (5 from 7 servers)
+//! down_after_ms = 3000               # unheard this long: marked down by the group's leader
+//!
 //! [security]                         # optional; these are the defaults
 //! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
 //! cluster_key = "cluster.key"        # servers only; relative to this file's folder
@@ -325,6 +329,36 @@ impl HttpSettings {
     }
 }
 
+fn default_down_after_ms() -> u64 {
+    3000
+}
+
+/// The `[membership]` table: who holds the replicated cluster map (docs/membership.md).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Membership {
+    /// Server ids of the Raft group's voters; `None`: [`ClusterMap::voters`] picks them.
+    /// Every other server follows the group as a learner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub voters: Option<Vec<u32>>,
+    /// A server that is `up` and unheard by the group's leader for this long is marked
+    /// `down` (a map change, version + 1).
+    #[serde(default = "default_down_after_ms")]
+    pub down_after_ms: u64,
+}
+
+impl Default for Membership {
+    fn default() -> Self {
+        Membership { voters: None, down_after_ms: default_down_after_ms() }
+    }
+}
+
+impl Membership {
+    fn is_default(&self) -> bool {
+        *self == Membership::default()
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 // A misspelt key (`stripe_cout`) is an error, not a silently applied default.
 #[serde(deny_unknown_fields)]
@@ -336,6 +370,8 @@ pub struct ClusterMap {
     pub security: Security,
     #[serde(default, skip_serializing_if = "HttpSettings::is_default")]
     pub http: HttpSettings,
+    #[serde(default, skip_serializing_if = "Membership::is_default")]
+    pub membership: Membership,
 }
 
 /// One line for a TOML error: where (line number) and what, without the source excerpt that
@@ -377,6 +413,41 @@ impl ClusterMap {
         Ok(map)
     }
 
+    /// Parse and validate a map received as text (from the replicated map, `GetMap`). Relative
+    /// key paths are resolved against `base`, as [`ClusterMap::load`] resolves them against
+    /// the file's folder.
+    pub fn from_toml(text: &str, base: &Path) -> Result<ClusterMap, String> {
+        let mut map: ClusterMap = toml::from_str(text).map_err(|e| parse_message(text, &e))?;
+        map.validate()?;
+        let sec = &mut map.security;
+        for key in [
+            &mut sec.cluster_key,
+            &mut sec.host_key,
+            &mut sec.identity_socket,
+            &mut sec.tls_ca,
+            &mut sec.tls_ca_key,
+            &mut sec.tls_cert,
+            &mut sec.tls_key,
+        ] {
+            if key.is_relative() {
+                *key = base.join(&*key);
+            }
+        }
+        Ok(map)
+    }
+
+    /// The voters of the group that holds the map: `[membership] voters`, or else the first 3
+    /// server ids in map order (5 when the map has 7 or more servers; all when fewer than 3).
+    /// Why so few: every map change waits for a majority of voters, and 3 or 5 survive one or
+    /// two failures; the other servers follow as learners.
+    pub fn voters(&self) -> Vec<u32> {
+        if let Some(v) = &self.membership.voters {
+            return v.clone();
+        }
+        let n = if self.servers.len() >= 7 { 5 } else { 3 };
+        self.servers.iter().take(n).map(|s| s.id).collect()
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("cluster map serialises")
     }
@@ -404,6 +475,7 @@ impl ClusterMap {
                 .collect(),
             security: Security::default(),
             http: HttpSettings::default(),
+            membership: Membership::default(),
         }
     }
 
@@ -471,6 +543,28 @@ impl ClusterMap {
             return Err(format!(
                 "cluster.replicas {r} must be from 1 to 3 and at most the number of servers ({})",
                 self.servers.len()
+            ));
+        }
+        if let Some(voters) = &self.membership.voters {
+            if voters.is_empty() {
+                return Err("membership.voters is empty; name 1 to 5 server ids (or leave it out)".into());
+            }
+            if voters.len() > 5 {
+                return Err(format!("membership.voters names {} servers; at most 5", voters.len()));
+            }
+            for (i, v) in voters.iter().enumerate() {
+                if !self.servers.iter().any(|s| s.id == *v) {
+                    return Err(format!("membership.voters: server {v} is not a [[server]] of this map"));
+                }
+                if voters[..i].contains(v) {
+                    return Err(format!("membership.voters: server {v} is listed twice"));
+                }
+            }
+        }
+        if self.membership.down_after_ms < 500 {
+            return Err(format!(
+                "membership.down_after_ms {} must be ≥ 500 (a server is pinged every 500 ms)",
+                self.membership.down_after_ms
             ));
         }
         let sc = self.cluster.stripe_count;
@@ -623,6 +717,28 @@ mod tests {
         m.validate().unwrap();
         m.servers[0].data_dir = None;
         m.validate().unwrap();
+    }
+
+    #[test]
+    fn voters_default_to_the_first_three_or_five_and_are_checked() {
+        assert_eq!(map(1).voters(), vec![0]);
+        assert_eq!(map(4).voters(), vec![0, 1, 2]);
+        assert_eq!(map(7).voters(), vec![0, 1, 2, 3, 4]);
+        let mut m = map(4);
+        m.membership.voters = Some(vec![3, 1]);
+        m.validate().unwrap();
+        assert_eq!(m.voters(), vec![3, 1]);
+        let back: ClusterMap = toml::from_str(&m.to_toml()).unwrap();
+        assert_eq!(back, m);
+        m.membership.voters = Some(vec![9]);
+        assert_eq!(m.validate().unwrap_err(), "membership.voters: server 9 is not a [[server]] of this map");
+        m.membership.voters = Some(vec![1, 1]);
+        assert_eq!(m.validate().unwrap_err(), "membership.voters: server 1 is listed twice");
+        m.membership.voters = Some(vec![]);
+        assert!(m.validate().unwrap_err().starts_with("membership.voters is empty"));
+        m.membership.voters = None;
+        m.membership.down_after_ms = 10;
+        assert!(m.validate().unwrap_err().starts_with("membership.down_after_ms 10"));
     }
 
     #[test]

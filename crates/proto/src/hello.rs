@@ -54,6 +54,11 @@ pub const FEATURE_LOAD: u64 = 1 << 5;
 /// client imports through servers that agreed and says which did not otherwise.
 pub const FEATURE_FETCH: u64 = 1 << 6;
 
+/// The replicated cluster map (docs/membership.md): the server knows `Op::PeerRaft` and
+/// `Op::GetMap`. Servers send the group's messages only to peers that agreed; clients ask
+/// for the map only servers that did (an older server would close the connection).
+pub const FEATURE_MEMBERSHIP: u64 = 1 << 7;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LEASES
@@ -61,7 +66,8 @@ pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_ATTR_LEASES
     | FEATURE_LIST_IO
     | FEATURE_LOAD
-    | FEATURE_FETCH;
+    | FEATURE_FETCH
+    | FEATURE_MEMBERSHIP;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says

@@ -699,6 +699,29 @@ pub enum Op {
     PeerLoad {
         load: LoadReport,
     },
+    /// Server to server: a message of the replicated cluster map's Raft group
+    /// (`crates/membership`, docs/membership.md): `kind` says which (append, vote, snapshot,
+    /// forwarded proposal, ping) and `payload` is the group's own encoding of it. Answered
+    /// `Reply::Raft`, or an error when the receiver's group cannot take it. Sent only to
+    /// servers that agreed on `FEATURE_MEMBERSHIP`. Added in protocol 8.
+    PeerRaft {
+        kind: u8,
+        payload: Vec<u8>,
+    },
+    /// Anyone: the newest cluster map the server has applied. `known` is the version the
+    /// sender holds (informational: the answer is the same). Answered `Reply::Map`. Added in
+    /// protocol 8.
+    GetMap {
+        known: u64,
+    },
+    /// Root only (`shoal map set`): change the cluster map through its group, if it is still
+    /// at `expect_version` (`toml` must declare `expect_version + 1`). Answered `Map` with
+    /// the new map, `EAGAIN` when the map moved on (the message names the version), or the
+    /// reason. Added in protocol 8.
+    ProposeMap {
+        expect_version: u64,
+        toml: String,
+    },
     /// Primary to mirror (`server/src/replica/`): the changes the primary of `slot` made,
     /// in the order it made them, positions `first ..` of its replication log under its
     /// current `incarnation` (drawn at each start). The bytes each change carries (a
@@ -818,6 +841,9 @@ impl Op {
             Op::PeerPartitionAttr { .. } => "peer_partition_attr",
             Op::PeerLoad { .. } => "peer_load",
             Op::PeerReplicate { .. } => "peer_replicate",
+            Op::PeerRaft { .. } => "peer_raft",
+            Op::GetMap { .. } => "get_map",
+            Op::ProposeMap { .. } => "propose_map",
         }
     }
 
@@ -997,6 +1023,18 @@ pub enum Reply {
         incarnation: u64,
         applied: u64,
         in_sync: bool,
+    },
+    /// Answer to `PeerRaft`: the receiving group's answer, in its own encoding.
+    Raft {
+        payload: Vec<u8>,
+    },
+    /// Answer to `GetMap`: the server's newest map, its version and TOML text.
+    Map {
+        version: u64,
+        toml: String,
+        /// The group's leader as this server knows it, and its voters.
+        leader: Option<u32>,
+        voters: Vec<u32>,
     },
 }
 

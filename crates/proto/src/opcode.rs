@@ -66,6 +66,9 @@ impl Op {
             Op::UrlProbe { .. } => 50,
             Op::FetchInto { .. } => 51,
             Op::PeerReplicate { .. } => 56,
+            Op::PeerRaft { .. } => 52,
+            Op::GetMap { .. } => 53,
+            Op::ProposeMap { .. } => 54,
         }
     }
 }
@@ -101,6 +104,8 @@ impl Reply {
             Reply::UrlInfo(_) => 25,
             Reply::Fetched { .. } => 26,
             Reply::Replicated { .. } => 30,
+            Reply::Raft { .. } => 27,
+            Reply::Map { .. } => 28,
         }
     }
 }

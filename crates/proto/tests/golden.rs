@@ -196,6 +196,9 @@ fn ops() -> Vec<Op> {
         Op::PeerPartitionAttr { attr: dir_attr() },
         Op::PeerLoad { load: load_report() },
         Op::UrlProbe { url: "https://data.example.org/f.h5".into() },
+        Op::PeerRaft { kind: 1, payload: vec![0x91, 0x2a] },
+        Op::GetMap { known: 3 },
+        Op::ProposeMap { expect_version: 4, toml: "[cluster]\nversion = 5\n".into() },
         Op::FetchInto {
             url: "https://data.example.org/f.h5".into(),
             ino: FILE,
@@ -264,6 +267,8 @@ fn replies() -> Vec<Reply> {
         Reply::UrlInfo(UrlInfo { size: Some(1 << 30), ranges: true, etag: Some("\"v1\"".into()) }),
         Reply::Fetched { bytes: 1 << 20 },
         Reply::Replicated { incarnation: 0x0a0b_0c0d_0e0f_1011, applied: 21, in_sync: true },
+        Reply::Raft { payload: vec![0xc0] },
+        Reply::Map { version: 4, toml: "[cluster]\nversion = 4\n".into(), leader: Some(1), voters: vec![0, 1, 2] },
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),

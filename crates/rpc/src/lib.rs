@@ -579,15 +579,17 @@ type Slot = (ServerId, usize);
 
 /// Connections to every server of a cluster map.
 pub struct Pool {
-    map: ClusterMap,
+    /// The map connections follow; replaced by [`Pool::set_map`] when the cluster's map
+    /// changes (docs/membership.md).
+    map: parking_lot::RwLock<Arc<ClusterMap>>,
     opts: PoolOptions,
     rr: AtomicU64,
     conns: Mutex<HashMap<Slot, Arc<Conn>>>,
     /// Serialises connection set-up per slot so a burst of calls opens one connection.
     connecting: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
     stats: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
-    /// Per server of the map: what was heard from it (fixed at creation, so no lock).
-    liveness: HashMap<ServerId, Arc<Liveness>>,
+    /// Per server of the map: what was heard from it (grows when a new map adds servers).
+    liveness: parking_lot::RwLock<HashMap<ServerId, Arc<Liveness>>>,
     /// Under `[security] tls`: the client configuration, read from the CA file at the first
     /// connection (a missing file fails every call with a message naming it).
     tls: std::sync::OnceLock<Result<ClientTls, String>>,
@@ -597,8 +599,8 @@ impl Pool {
     pub fn new(map: ClusterMap, opts: PoolOptions) -> Pool {
         let liveness = map.servers.iter().map(|s| (ServerId(s.id), Arc::new(Liveness::new()))).collect();
         Pool {
-            liveness,
-            map,
+            liveness: parking_lot::RwLock::new(liveness),
+            map: parking_lot::RwLock::new(Arc::new(map)),
             opts,
             rr: AtomicU64::new(0),
             conns: Mutex::new(HashMap::new()),
@@ -610,18 +612,56 @@ impl Pool {
 
     /// The TLS settings connections use, `None` without `[security] tls`.
     fn tls(&self) -> Result<Option<&ClientTls>, CallError> {
-        if !self.map.security.tls {
+        let map = self.map();
+        if !map.security.tls {
             return Ok(None);
         }
         let t = self.tls.get_or_init(|| {
-            let security = self.map.security.clone();
+            let security = map.security.clone();
             tls::client_config(&security).map(|config| ClientTls { config, security })
         });
         t.as_ref().map(Some).map_err(|m| CallError::transport(Errno::EINVAL, m.clone()))
     }
 
-    pub fn map(&self) -> &ClusterMap {
-        &self.map
+    /// The map this pool routes by now.
+    pub fn map(&self) -> Arc<ClusterMap> {
+        self.map.read().clone()
+    }
+
+    /// Follow a newer map: requests name its version from now on, servers it adds become
+    /// reachable, and connections to a server whose address changed are dropped, so that the
+    /// next call connects to the new address. A map not newer than the current one is
+    /// ignored (maps only move forward).
+    pub fn set_map(&self, map: ClusterMap) {
+        let mut cur = self.map.write();
+        if map.version() <= cur.version() {
+            return;
+        }
+        let moved: Vec<ServerId> = map
+            .servers
+            .iter()
+            .filter(|s| cur.server(s.server_id()).is_some_and(|old| old.addr != s.addr))
+            .map(|s| s.server_id())
+            .collect();
+        {
+            let mut live = self.liveness.write();
+            for s in &map.servers {
+                live.entry(s.server_id()).or_insert_with(|| Arc::new(Liveness::new()));
+            }
+        }
+        *cur = Arc::new(map);
+        drop(cur);
+        if !moved.is_empty() {
+            self.conns.lock().retain(|(server, _), _| !moved.contains(server));
+        }
+    }
+
+    fn liveness_of(&self, server: ServerId) -> Result<Arc<Liveness>, CallError> {
+        self.liveness
+            .read()
+            .get(&server)
+            .cloned()
+            .ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))
     }
 
     pub fn options(&self) -> &PoolOptions {
@@ -648,14 +688,14 @@ impl Pool {
                 return Ok(c.clone());
             }
         }
-        let entry =
-            self.map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
+        let map = self.map();
+        let entry = map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
         let tls = self.tls()?;
         // Boxed: connecting (TCP, TLS handshake, Hello, authentication) is a large state
         // machine; inline, it made every request's future as large, and moving those futures
         // (into a task, through `FuturesUnordered`) cost a `memcpy` of that size per call:
         // 10 % of a client's CPU on md-easy creates (`perf`). It runs once per connection.
-        let (conn, id) = Box::pin(Conn::open(&entry.addr, &self.opts, &self.map, live.clone(), tls)).await?;
+        let (conn, id) = Box::pin(Conn::open(&entry.addr, &self.opts, &map, live.clone(), tls)).await?;
         if id != server {
             tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
             return Err(CallError::transport(Errno::EIO, format!("{} answered as server {id}", entry.addr)));
@@ -668,9 +708,8 @@ impl Pool {
     /// The feature bits `server` agreed on in `Hello` (connecting to it if need be): what a
     /// caller checks before sending an operation that older servers do not know.
     pub async fn features(&self, server: ServerId) -> Result<u64, CallError> {
-        let live =
-            self.liveness.get(&server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
-        match tokio::time::timeout(self.opts.timeout, self.conn(server, live)).await {
+        let live = self.liveness_of(server)?;
+        match tokio::time::timeout(self.opts.timeout, self.conn(server, &live)).await {
             Ok(conn) => Ok(conn?.features),
             Err(_) => Err(CallError::transport(Errno::ETIMEDOUT, format!("no answer within {:?}", self.opts.timeout))),
         }
@@ -702,8 +741,8 @@ impl Pool {
         op: Op,
         data: Bytes,
     ) -> Result<(Reply, Bytes), CallError> {
-        let live =
-            self.liveness.get(&server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
+        let live = self.liveness_of(server)?;
+        let live = &live;
         if live.is_silent() {
             return Err(CallError::transport(
                 Errno::ETIMEDOUT,
@@ -732,7 +771,8 @@ impl Pool {
         op: Op,
         data: Bytes,
     ) -> Result<(Reply, Bytes), CallError> {
-        let req = Request { cred: cred.clone(), map_version: self.map.version(), op };
+        let version = self.map.read().version();
+        let req = Request { cred: cred.clone(), map_version: version, op };
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
         let frame = Frame::request(id, &req, data)
             .map_err(|e| CallError::transport(Errno::EINVAL, format!("cannot encode the request: {e}")))?;
@@ -764,10 +804,7 @@ impl Pool {
             Reply::Error { errno, message } => Err(CallError::Server { errno, message }),
             Reply::StaleMap { current } => Err(CallError::Server {
                 errno: Errno::ESTALE,
-                message: format!(
-                    "the server routes with cluster map version {current}, this side {}",
-                    self.map.version()
-                ),
+                message: format!("the server routes with cluster map version {current}, this side {version}"),
             }),
             other => Ok((other, reply.data)),
         }

@@ -13,6 +13,9 @@ use shoal_proto::msg::{BatchOp, BatchReply, Cred, Op, Reply, Request, BATCH_MAX}
 use shoal_proto::Errno;
 use std::sync::Arc;
 
+/// How long a request naming a newer map than the server's waits for it to arrive.
+const NEWER_MAP_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The data section of a reply.
 pub enum Payload {
     /// Bytes in memory.
@@ -38,7 +41,8 @@ pub async fn handle(
     let name = req.op.name();
     // The load exchange is the servers' own upkeep: counted nowhere, so that request
     // counts stay those of the workload (`load.rs`).
-    let exchange = matches!(req.op, Op::PeerLoad { .. });
+    // So is the map group's traffic (heartbeats several times a second).
+    let exchange = matches!(req.op, Op::PeerLoad { .. } | Op::PeerRaft { .. });
     if !exchange {
         st.counters.request(name, from_peer || req.op.is_peer());
     }
@@ -48,9 +52,18 @@ pub async fn handle(
     if let Some(n) = data_bytes {
         st.load.throttle(n).await;
     }
-    // 0 means "any map" (tools that do not route by the map, and local peer steps).
-    if req.map_version != 0 && req.map_version != st.map.version() {
-        return (Reply::StaleMap { current: st.map.version() }, Payload::none());
+    // 0 means "any map" (tools that do not route by the map, and local peer steps). The
+    // map group's messages and `GetMap` are how a server or client behind catches up, so
+    // they are answered whatever map the sender has.
+    let routes_by_map = !matches!(req.op, Op::PeerRaft { .. } | Op::GetMap { .. } | Op::ProposeMap { .. });
+    if routes_by_map && req.map_version != 0 && req.map_version != st.map.version() {
+        // The sender saw a newer map than ours: ours is on its way through the group.
+        if req.map_version > st.map.version() {
+            st.map.wait_for(req.map_version, NEWER_MAP_WAIT).await;
+        }
+        if req.map_version != st.map.version() {
+            return (Reply::StaleMap { current: st.map.version() }, Payload::none());
+        }
     }
     let op_desc = if tracing::enabled!(tracing::Level::DEBUG) { format!("{:?}", req.op) } else { String::new() };
     match route(st, req, data, crcs).await {
@@ -258,6 +271,9 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             Some(m) => m.apply(incarnation, first, changes, data).await?,
             None => return fail(Errno::EINVAL, format!("server {} keeps no mirror of server {slot}", st.id)),
         },
+        Op::PeerRaft { kind, payload } => crate::membership::handle(st, kind, &payload).await?,
+        Op::GetMap { .. } => crate::membership::get_map(st),
+        Op::ProposeMap { expect_version, toml } => crate::membership::propose(st, &cred, expect_version, toml).await?,
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
         // Never nested: `BatchOp` has no batch.

@@ -35,6 +35,8 @@ pub mod leases;
 mod limits;
 pub mod load;
 mod locks;
+mod map_cell;
+pub mod membership;
 mod metrics;
 mod net;
 mod ops;
@@ -229,6 +231,7 @@ impl Server {
         }
         let state = Arc::new(state);
         let _ = state_cell.set(Arc::downgrade(&state));
+        membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
 
         let st = state.clone();
         let pending = state

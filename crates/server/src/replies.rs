@@ -309,6 +309,12 @@ pub fn changes_state(op: &Op) -> bool {
         // Hearing the same load twice changes nothing.
         | Op::PeerLoad { .. }
         | Op::PeerReplicate { .. }
+        // Raft tolerates repeated messages by design (terms and log indexes), and reading
+        // the map changes nothing.
+        | Op::PeerRaft { .. }
+        | Op::GetMap { .. }
+        // A repeated proposal finds the map moved on and is refused: no change twice.
+        | Op::ProposeMap { .. }
         // Acknowledging a lease twice forgets it twice: the same.
         | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.

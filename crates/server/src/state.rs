@@ -30,7 +30,10 @@ pub struct Contents {
 
 pub struct State {
     pub id: ServerId,
-    pub map: ClusterMap,
+    /// The newest cluster map (replaced when the replicated map changes: `membership.rs`).
+    pub map: crate::map_cell::MapCell,
+    /// This server's member of the replicated map's group (set once at start).
+    pub membership: std::sync::OnceLock<shoal_membership::MapGroup>,
     pub data_dir: PathBuf,
     pub meta: MetaStore,
     pub data: DataStore,
@@ -107,7 +110,8 @@ impl State {
     ) -> State {
         State {
             id,
-            map,
+            map: crate::map_cell::MapCell::new(map),
+            membership: std::sync::OnceLock::new(),
             data_dir,
             meta,
             data,

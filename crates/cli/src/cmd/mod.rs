@@ -10,6 +10,7 @@ pub mod identityd;
 pub mod import;
 pub mod job;
 pub mod keygen;
+pub mod map;
 pub mod mount;
 pub mod scrub;
 pub mod sim;

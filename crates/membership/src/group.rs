@@ -1,0 +1,366 @@
+//! One server's member of the group: starting it, proposing changes, answering the other
+//! members, and the background tasks that keep learners in the group and detect failures.
+
+use crate::detector::{self, Heard};
+use crate::doc::{self, ApplyResult, Command, MapDoc};
+use crate::network::{self, Network, RaftTransport};
+use crate::store::{self, LogStore, StateMachine};
+use crate::TypeConfig;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{Config, EmptyNode, Raft, ServerState};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// The leader's heartbeat interval. Elections start after 5 to 10 of them unheard: long
+/// enough that a busy machine (tests run several servers on two cores) does not depose a
+/// healthy leader, short enough that a dead one is replaced in a few seconds.
+pub const HEARTBEAT_MS: u64 = 150;
+
+/// How long a proposal waits for a leader to exist before it answers `NoLeader`.
+const LEADER_WAIT: Duration = Duration::from_secs(5);
+
+/// How long the leader waits for a majority to accept a change.
+const COMMIT_WAIT: Duration = Duration::from_secs(3);
+
+/// Why a proposal did not change the map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ProposeError {
+    #[error("the map is at version {current}, not the version the change was made against")]
+    Conflict { current: u64 },
+    #[error("no leader of the map group (is a majority of its voters up?)")]
+    NoLeader,
+    #[error("not a valid next map: {0}")]
+    Invalid(String),
+    /// Answered by a member asked to commit a forwarded proposal while it is not the
+    /// leader (leadership moved); the proposer tries again.
+    #[error("this member is not the leader")]
+    NotLeader,
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// What `shoal status` and `shoal map show` say about the group, as one member sees it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GroupStatus {
+    pub node: u32,
+    /// "leader", "follower", "candidate" or "learner".
+    pub role: String,
+    pub leader: Option<u32>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    pub voters: Vec<u32>,
+    pub learners: Vec<u32>,
+    pub map_version: u64,
+}
+
+struct Inner {
+    node: u32,
+    raft: Raft<TypeConfig>,
+    docs: watch::Receiver<Arc<MapDoc>>,
+    transport: Arc<dyn RaftTransport>,
+    heard: Arc<Heard>,
+    /// Learners named at start (the leader adds them, and every server of a later map).
+    learners: Vec<u32>,
+    /// The background tasks; they hold the group weakly and are stopped with it.
+    tasks: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// This server's member of the map group. Cheap to clone.
+#[derive(Clone)]
+pub struct MapGroup {
+    inner: Arc<Inner>,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, String> {
+    rmp_serde::from_slice(payload).map_err(|e| format!("undecodable Raft message: {e}"))
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, String> {
+    rmp_serde::to_vec_named(v).map_err(|e| format!("cannot encode a Raft answer: {e}"))
+}
+
+impl MapGroup {
+    /// Open the group's storage under `dir` and join the group as `node`. The lowest of
+    /// `voters` initializes the group on its very first start (a restarted member, or one
+    /// whose group exists already, does not). `learners` are added by the leader; so is any
+    /// server that appears in a later map. `initial` is the document until the group applies
+    /// its first change (see `StateMachine::open`).
+    pub async fn start(
+        node: u32,
+        voters: &[u32],
+        learners: &[u32],
+        dir: &Path,
+        initial: MapDoc,
+        transport: Arc<dyn RaftTransport>,
+    ) -> anyhow::Result<MapGroup> {
+        let db = store::open_db(dir)?;
+        let log = LogStore::new(db.clone());
+        let (sm, docs) = StateMachine::open(db, initial)?;
+        let config = Config {
+            cluster_name: "shoal-map".into(),
+            heartbeat_interval: HEARTBEAT_MS,
+            election_timeout_min: HEARTBEAT_MS * 5,
+            election_timeout_max: HEARTBEAT_MS * 10,
+            ..Default::default()
+        };
+        let config = Arc::new(config.validate().map_err(|e| anyhow::anyhow!("map group configuration: {e}"))?);
+        let heard = Arc::new(Heard::default());
+        let net = Network { transport: transport.clone(), heard: heard.clone() };
+        let raft = Raft::new(node as u64, config, net, log, sm)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot start the map group: {e}"))?;
+        let first = voters.iter().min().copied();
+        if first == Some(node) && !raft.is_initialized().await.map_err(|e| anyhow::anyhow!("map group: {e}"))? {
+            let members: BTreeSet<u64> = voters.iter().map(|&v| v as u64).collect();
+            // Initializing twice with the same voters is safe (openraft refuses the second
+            // as "not allowed"), so a failure here is only logged.
+            if let Err(e) = raft.initialize(members).await {
+                tracing::debug!("map group initialization: {e}");
+            }
+        }
+        let inner = Arc::new(Inner {
+            node,
+            raft,
+            docs,
+            transport,
+            heard,
+            learners: learners.to_vec(),
+            tasks: Default::default(),
+        });
+        let tasks = vec![
+            tokio::spawn(keep_learners(Arc::downgrade(&inner))),
+            tokio::spawn(detect_failures(Arc::downgrade(&inner))),
+        ];
+        *inner.tasks.lock() = tasks;
+        Ok(MapGroup { inner })
+    }
+
+    /// The newest map this member has applied.
+    pub fn current(&self) -> Arc<MapDoc> {
+        self.inner.docs.borrow().clone()
+    }
+
+    /// Every map this member applies from now on.
+    pub fn watch(&self) -> watch::Receiver<Arc<MapDoc>> {
+        self.inner.docs.clone()
+    }
+
+    /// The leader as this member knows it.
+    pub fn leader(&self) -> Option<u32> {
+        self.inner.raft.metrics().borrow().current_leader.map(|l| l as u32)
+    }
+
+    /// This member's server id.
+    pub fn node(&self) -> u32 {
+        self.inner.node
+    }
+
+    /// Record that `server` was heard from (a reply on a peer connection): the failure
+    /// detector counts it as alive.
+    pub fn on_heard(&self, server: u32) {
+        self.inner.heard.heard(server);
+    }
+
+    /// The group as this member sees it.
+    pub fn status(&self) -> GroupStatus {
+        let m = self.inner.raft.metrics().borrow().clone();
+        let role = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Candidate => "candidate",
+            ServerState::Follower => "follower",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shut down",
+        };
+        let mem = m.membership_config.membership();
+        let voters: Vec<u32> = mem.voter_ids().map(|v| v as u32).collect();
+        let learners: Vec<u32> = mem.learner_ids().map(|v| v as u32).collect();
+        GroupStatus {
+            node: self.inner.node,
+            role: role.to_string(),
+            leader: m.current_leader.map(|l| l as u32),
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            voters,
+            learners,
+            map_version: self.current().version,
+        }
+    }
+
+    /// Replace the map by `toml` if it is still at `expect_version` (compare-and-set; `toml`
+    /// must declare version `expect_version + 1`). Works on any member: a member that does not
+    /// lead forwards the proposal to the leader. Returns the new version once this member
+    /// has applied it too (so that [`MapGroup::current`] here shows it).
+    pub async fn propose(&self, expect_version: u64, toml: String) -> Result<u64, ProposeError> {
+        doc::check_next(expect_version, &toml).map_err(ProposeError::Invalid)?;
+        let deadline = Instant::now() + LEADER_WAIT;
+        let version = loop {
+            let attempt = match self.wait_for_leader(deadline).await {
+                None => Err(ProposeError::NoLeader),
+                Some(l) if l == self.inner.node => self.propose_here(expect_version, toml.clone()).await,
+                Some(l) => self.forward(l, expect_version, &toml).await,
+            };
+            match attempt {
+                Ok(v) => break v,
+                // Leadership moved, or the leader was unreachable: ask again until the
+                // deadline (an election takes a few heartbeats).
+                Err(ProposeError::NotLeader) | Err(ProposeError::Failed(_)) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
+                }
+                Err(ProposeError::NotLeader) => return Err(ProposeError::NoLeader),
+                Err(e) => return Err(e),
+            }
+        };
+        let mut docs = self.inner.docs.clone();
+        // Bounded: the leader has committed it, so this member gets it within heartbeats
+        // (unless it is cut off, and then its caller learns the version anyway).
+        let _ = tokio::time::timeout(Duration::from_secs(2), docs.wait_for(|d| d.version >= version)).await;
+        Ok(version)
+    }
+
+    async fn wait_for_leader(&self, deadline: Instant) -> Option<u32> {
+        let mut m = self.inner.raft.metrics();
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let found = tokio::time::timeout(wait, m.wait_for(|m| m.current_leader.is_some())).await;
+        match found {
+            Ok(Ok(m)) => m.current_leader.map(|l| l as u32),
+            _ => None,
+        }
+    }
+
+    async fn forward(&self, leader: u32, expect_version: u64, toml: &str) -> Result<u64, ProposeError> {
+        let payload = encode(&(expect_version, toml)).map_err(ProposeError::Failed)?;
+        let answer = self
+            .inner
+            .transport
+            .call(leader, network::KIND_PROPOSE, payload, Duration::from_secs(5))
+            .await
+            .map_err(|e| ProposeError::Failed(format!("forwarding to the leader, server {leader}: {e}")))?;
+        decode::<Result<u64, ProposeError>>(&answer).map_err(ProposeError::Failed)?
+    }
+
+    /// Commit a proposal as the leader.
+    async fn propose_here(&self, expect_version: u64, toml: String) -> Result<u64, ProposeError> {
+        // Bounded: a leader cut off from its quorum does not know it and would wait forever.
+        let write = self.inner.raft.client_write(Command::Replace { expect_version, toml });
+        let Ok(written) = tokio::time::timeout(COMMIT_WAIT, write).await else {
+            return Err(ProposeError::Failed(format!(
+                "not committed within {} s (is a majority of the group's voters reachable?)",
+                COMMIT_WAIT.as_secs()
+            )));
+        };
+        match written {
+            Ok(r) => match r.data {
+                ApplyResult::Applied { version } => Ok(version),
+                ApplyResult::Conflict { current } => Err(ProposeError::Conflict { current }),
+                ApplyResult::Invalid { message } => Err(ProposeError::Invalid(message)),
+                ApplyResult::NotACommand => Err(ProposeError::Failed("the group answered a map change oddly".into())),
+            },
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(_))) => Err(ProposeError::NotLeader),
+            Err(e) => Err(ProposeError::Failed(e.to_string())),
+        }
+    }
+
+    /// The receiving side of the transport: answer a message another member sent.
+    pub async fn handle(&self, kind: u8, payload: &[u8]) -> Result<Vec<u8>, String> {
+        let raft = &self.inner.raft;
+        match kind {
+            network::KIND_APPEND => encode(&raft.append_entries(decode(payload)?).await),
+            network::KIND_VOTE => encode(&raft.vote(decode(payload)?).await),
+            network::KIND_SNAPSHOT => encode(&raft.install_snapshot(decode(payload)?).await),
+            network::KIND_PROPOSE => {
+                let (expect, toml): (u64, String) = decode(payload)?;
+                encode(&self.propose_here(expect, toml).await)
+            }
+            network::KIND_PING => Ok(Vec::new()),
+            other => Err(format!("unknown Raft message kind {other}")),
+        }
+    }
+
+    /// Stop this member (its Raft task and background tasks).
+    pub async fn shutdown(&self) {
+        for t in self.inner.tasks.lock().drain(..) {
+            t.abort();
+        }
+        if let Err(e) = self.inner.raft.shutdown().await {
+            tracing::warn!("stopping the map group: {e}");
+        }
+    }
+}
+
+/// On the leader: add every server of the map (and every learner named at start) that is
+/// not a member yet as a learner, so that it receives each new map.
+async fn keep_learners(group: std::sync::Weak<Inner>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some(g) = group.upgrade() else { return };
+        let m = g.raft.metrics().borrow().clone();
+        if m.state != ServerState::Leader {
+            continue;
+        }
+        let members: BTreeSet<u64> = m.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        let doc = g.docs.borrow().clone();
+        let mut wanted: BTreeSet<u32> = g.learners.iter().copied().collect();
+        if let Ok(map) = doc.map() {
+            wanted.extend(map.servers.iter().map(|s| s.id));
+        }
+        for id in wanted.into_iter().filter(|id| !members.contains(&(*id as u64))) {
+            // Not blocking: the learner catches up in the background, and one that is down
+            // must not hold up the others.
+            if let Err(e) = g.raft.add_learner(id as u64, EmptyNode {}, false).await {
+                tracing::debug!("adding server {id} to the map group as a learner: {e}");
+            }
+        }
+    }
+}
+
+/// On the leader: mark silent servers down (`detector.rs`).
+async fn detect_failures(group: std::sync::Weak<Inner>) {
+    let mut was_leader = false;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some(g) = group.upgrade() else { return };
+        let leader = g.raft.metrics().borrow().state == ServerState::Leader;
+        let doc = g.docs.borrow().clone();
+        if !leader {
+            was_leader = false;
+            continue;
+        }
+        if !was_leader {
+            was_leader = true;
+            if let Ok(map) = doc.map() {
+                g.heard.reset(map.servers.iter().map(|s| s.id));
+            }
+            continue;
+        }
+        detector::ping_silent(&doc, g.node, &g.heard, &g.transport);
+        let down = detector::to_mark_down(&doc, g.node, &g.heard, Instant::now());
+        if down.is_empty() {
+            continue;
+        }
+        let toml = match detector::marked_down(&doc, &down) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!("cannot mark servers {down:?} down: {e}");
+                continue;
+            }
+        };
+        let group = MapGroup { inner: g };
+        match group.propose_here(doc.version, toml).await {
+            Ok(v) => tracing::warn!("servers {down:?} unheard for too long: marked down (map version {v})"),
+            // Someone changed the map meanwhile: judged again on the next round.
+            Err(e) => tracing::debug!("marking servers {down:?} down: {e}"),
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! This server's member of the replicated cluster map (`shoal-membership`,
+//! docs/membership.md): starting it with the map file, carrying its messages as
+//! `Op::PeerRaft` on the peer pool, answering them and `GetMap`, and following each map the
+//! group applies (the state's [`crate::map_cell::MapCell`] and the peer pool).
+
+use crate::error::{fail, R};
+use crate::state::State;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use shoal_membership::{MapDoc, MapGroup, RaftTransport};
+use shoal_placement::ClusterMap;
+use shoal_proto::hello::FEATURE_MEMBERSHIP;
+use shoal_proto::msg::{Cred, Op, Reply};
+use shoal_proto::{Errno, ServerId};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+/// The group's messages over the server's peer pool.
+struct PeerTransport {
+    state: Arc<OnceLock<Weak<State>>>,
+}
+
+impl RaftTransport for PeerTransport {
+    fn call(
+        &self,
+        target: u32,
+        kind: u8,
+        payload: Vec<u8>,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Vec<u8>, String>> {
+        let st = self.state.get().and_then(Weak::upgrade);
+        Box::pin(async move {
+            let st = st.ok_or_else(|| "this server is stopping".to_string())?;
+            let server = ServerId(target);
+            let exchange = async {
+                // An older server would close the connection on a message it cannot decode.
+                let features = st.pool.features(server).await.map_err(|e| e.to_string())?;
+                if features & FEATURE_MEMBERSHIP == 0 {
+                    return Err(format!("server {target} does not know the replicated map (an older version)"));
+                }
+                let op = Op::PeerRaft { kind, payload };
+                match st.pool.request(server, &Cred::root(), op, Bytes::new()).await {
+                    Ok((Reply::Raft { payload }, _)) => Ok(payload),
+                    Ok((other, _)) => {
+                        Err(format!("server {target} answered a Raft message with {}", reply_name(&other)))
+                    }
+                    Err(e) => Err(e.to_string()),
+                }
+            };
+            match tokio::time::timeout(timeout, exchange).await {
+                Ok(r) => r,
+                Err(_) => Err(format!("server {target}: no answer within {timeout:?}")),
+            }
+        })
+    }
+}
+
+fn reply_name(r: &Reply) -> String {
+    let s = format!("{r:?}");
+    s.split([' ', '(', '{']).next().unwrap_or_default().to_string()
+}
+
+/// Start this server's member of the group, with the map file as the initial document, and
+/// keep `st` following the maps it applies. `state_cell` is how the transport reaches the
+/// state (set once the state exists).
+pub async fn start(
+    st: &Arc<State>,
+    state_cell: Arc<OnceLock<Weak<State>>>,
+    config: &Path,
+    data_dir: &Path,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| anyhow::anyhow!("cannot read cluster config {}: {e}", config.display()))?;
+    let initial = MapDoc::new(text).map_err(|e| anyhow::anyhow!("cluster config {}: {e}", config.display()))?;
+    let voters = st.map.voters();
+    let learners: Vec<u32> = st.map.servers.iter().map(|s| s.id).filter(|id| !voters.contains(id)).collect();
+    let transport = Arc::new(PeerTransport { state: state_cell });
+    let group = MapGroup::start(st.id.0, &voters, &learners, &data_dir.join("raft"), initial, transport).await?;
+    let base: PathBuf = config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    // The group's map may be newer than the file (changed while this server was away).
+    follow(st, &group.current(), &base);
+    let mut docs = group.watch();
+    let weak = Arc::downgrade(st);
+    if st.membership.set(group).is_err() {
+        anyhow::bail!("the map group was started twice");
+    }
+    tokio::spawn(async move {
+        while docs.changed().await.is_ok() {
+            let doc = docs.borrow_and_update().clone();
+            let Some(st) = weak.upgrade() else { return };
+            follow(&st, &doc, &base);
+        }
+    });
+    Ok(())
+}
+
+/// Route by `doc` from now on, if it is newer than the map in use.
+fn follow(st: &State, doc: &MapDoc, base: &Path) {
+    if doc.version <= st.map.version() {
+        return;
+    }
+    match ClusterMap::from_toml(&doc.toml, base) {
+        Ok(map) => {
+            tracing::info!("cluster map version {} (was {})", map.version(), st.map.version());
+            st.pool.set_map(map.clone());
+            st.map.set(map);
+        }
+        // The group checked it when it was proposed; a map this build cannot read (from a
+        // newer version) is reported and the old one kept.
+        Err(e) => tracing::error!("cluster map version {} is not usable here: {e}", doc.version),
+    }
+}
+
+/// Answer a `PeerRaft` message.
+pub async fn handle(st: &Arc<State>, kind: u8, payload: &[u8]) -> R<Reply> {
+    let Some(group) = st.membership.get() else {
+        return fail(Errno::EAGAIN, "the map group is not started yet");
+    };
+    match group.handle(kind, payload).await {
+        Ok(payload) => Ok(Reply::Raft { payload }),
+        Err(m) => fail(Errno::EINVAL, m),
+    }
+}
+
+/// Answer `GetMap`: the newest map this server has applied.
+pub fn get_map(st: &State) -> Reply {
+    match st.membership.get() {
+        Some(g) => {
+            let doc = g.current();
+            let status = g.status();
+            Reply::Map { version: doc.version, toml: doc.toml.clone(), leader: status.leader, voters: status.voters }
+        }
+        None => Reply::Map { version: st.map.version(), toml: st.map.to_toml(), leader: None, voters: st.map.voters() },
+    }
+}
+
+/// Answer `ProposeMap` (root only): change the map through the group.
+pub async fn propose(st: &Arc<State>, cred: &Cred, expect_version: u64, toml: String) -> R<Reply> {
+    if cred.uid != 0 {
+        return fail(Errno::EPERM, "only root may change the cluster map");
+    }
+    let Some(group) = st.membership.get() else {
+        return fail(Errno::EAGAIN, "the map group is not started yet");
+    };
+    match group.propose(expect_version, toml).await {
+        Ok(_) => Ok(get_map(st)),
+        Err(shoal_membership::ProposeError::Conflict { current }) => {
+            fail(Errno::EAGAIN, format!("the map is at version {current} now, not {expect_version}: try again"))
+        }
+        Err(e @ shoal_membership::ProposeError::Invalid(_)) => fail(Errno::EINVAL, e.to_string()),
+        Err(e) => fail(Errno::EIO, e.to_string()),
+    }
+}
