@@ -52,7 +52,9 @@ pub const SHOAL_STRIPE_COUNT_ALL: u32 = u32::MAX;
 /// `shoal_layout::first_server`: inherit, else chosen by the policy.
 pub const SHOAL_FIRST_SERVER_UNSET: i64 = -1;
 /// `shoal_layout::replicas`: the most copies a layout may ask for.
-pub const SHOAL_REPLICAS_MAX: u32 = ::shoal_client::REPLICAS_MAX as u32;
+pub const SHOAL_REPLICAS_MAX: u32 = 3;
+// A literal above, because cbindgen writes only literals into shoal.h; kept equal here.
+const _: () = assert!(SHOAL_REPLICAS_MAX == ::shoal_client::REPLICAS_MAX as u32);
 /// A layout that inherits everything: the starting point of one to ask for.
 pub const SHOAL_LAYOUT_INHERIT: shoal_layout = shoal_layout {
     stripe_size: 0,
