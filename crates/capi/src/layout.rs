@@ -34,8 +34,8 @@ pub struct shoal_layout {
     /// Copies of each data object, 1 to `SHOAL_REPLICAS_MAX`; 0: inherit. More than the
     /// cluster keeps of its metadata (`[cluster] replicas`) is capped to it at create.
     pub replicas: u32,
-    /// 0. Keeps the struct free of padding (so it can be compared with `memcmp`) and holds
-    /// a later field without changing the struct's size again; anything else is EINVAL.
+    /// Must be 0 (else EINVAL): keeps the struct free of padding (so it can be compared
+    /// with `memcmp`) and holds a later field without changing the struct's size again.
     pub reserved: u32,
 }
 

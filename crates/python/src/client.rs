@@ -293,6 +293,8 @@ macro_rules! path_calls {
             /// raises `FileExistsError` (create it with `layout=` instead). Values the
             /// cluster does not take raise `OSError` (EINVAL).
             #[pyo3(signature = (path, *, stripe_size = None, stripe_count = None, first_server = None, policy = None, replicas = None))]
+            // One argument per keyword of the Python method, as Python callers see it.
+            #[allow(clippy::too_many_arguments)]
             fn set_layout<'py>(
                 &self,
                 py: Python<'py>,
