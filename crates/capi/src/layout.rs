@@ -31,6 +31,12 @@ pub struct shoal_layout {
     /// The server holding the first object (an id of the cluster map; ids start at 0), or
     /// `SHOAL_FIRST_SERVER_UNSET` (-1): inherit, else chosen by `policy`.
     pub first_server: i64,
+    /// Copies of each data object, 1 to `SHOAL_REPLICAS_MAX`; 0: inherit. More than the
+    /// cluster keeps of its metadata (`[cluster] replicas`) is capped to it at create.
+    pub replicas: u32,
+    /// Must be 0 (else EINVAL): keeps the struct free of padding (so it can be compared
+    /// with `memcmp`) and holds a later field without changing the struct's size again.
+    pub reserved: u32,
 }
 
 /// `shoal_layout::policy`: inherit.
@@ -45,12 +51,18 @@ pub const SHOAL_POLICY_LOAD: u32 = 3;
 pub const SHOAL_STRIPE_COUNT_ALL: u32 = u32::MAX;
 /// `shoal_layout::first_server`: inherit, else chosen by the policy.
 pub const SHOAL_FIRST_SERVER_UNSET: i64 = -1;
+/// `shoal_layout::replicas`: the most copies a layout may ask for.
+pub const SHOAL_REPLICAS_MAX: u32 = 3;
+// A literal above, because cbindgen writes only literals into shoal.h; kept equal here.
+const _: () = assert!(SHOAL_REPLICAS_MAX == ::shoal_client::REPLICAS_MAX as u32);
 /// A layout that inherits everything: the starting point of one to ask for.
 pub const SHOAL_LAYOUT_INHERIT: shoal_layout = shoal_layout {
     stripe_size: 0,
     stripe_count: 0,
     policy: SHOAL_POLICY_UNSET,
     first_server: SHOAL_FIRST_SERVER_UNSET,
+    replicas: 0,
+    reserved: 0,
 };
 
 impl shoal_layout {
@@ -77,11 +89,29 @@ impl shoal_layout {
                 }
             },
         };
+        let replicas = match self.replicas {
+            0 => None,
+            r if r <= SHOAL_REPLICAS_MAX => Some(r as u8),
+            r => {
+                fail(
+                    libc::EINVAL,
+                    format_args!(
+                        "layout of {path}: replica count {r} must be 0 (inherit) or 1 to {SHOAL_REPLICAS_MAX}"
+                    ),
+                );
+                return None;
+            }
+        };
+        if self.reserved != 0 {
+            fail(libc::EINVAL, format_args!("layout of {path}: the reserved field is {}, it must be 0", self.reserved));
+            return None;
+        }
         Some(LayoutSpec {
             stripe_size: (self.stripe_size != 0).then_some(self.stripe_size),
             stripe_count: (self.stripe_count != 0).then_some(self.stripe_count),
             first_server,
             policy,
+            replicas,
         })
     }
 
@@ -97,6 +127,8 @@ impl shoal_layout {
                 Some(PlacementPolicy::Load) => SHOAL_POLICY_LOAD,
             },
             first_server: s.first_server.map_or(SHOAL_FIRST_SERVER_UNSET, |f| i64::from(f.0)),
+            replicas: s.replicas.map_or(0, u32::from),
+            reserved: 0,
         }
     }
 }
@@ -134,6 +166,8 @@ fn put_layout(a: &Attr, out: Out<shoal_layout>, servers: &Slots<u32>) -> Result<
                 stripe_count: ids.len() as u32,
                 policy: SHOAL_POLICY_UNSET,
                 first_server: ids.first().map_or(SHOAL_FIRST_SERVER_UNSET, |&f| i64::from(f)),
+                replicas: l.replicas.into(),
+                reserved: 0,
             };
             (layout, ids)
         }
@@ -160,7 +194,7 @@ pub extern "C" fn shoal_set_layout(c: *const shoal_client, path: *const c_char, 
 }
 
 /// The layout of `path` (following a final symbolic link) into `*out`. For a file: its
-/// stripe size, stripe count and first server, and the ids of the servers holding objects
+/// stripe size, stripe count, first server and replica count, and the ids of the servers holding objects
 /// 0, 1, … into `servers` (capacity `cap`); returns their number (at least 1). For a
 /// directory: its default for new files (unset fields as unset); returns 0. -1 on failure
 /// (ERANGE: more servers than `cap`, nothing written; a `cap` of 0 only asks for the

@@ -53,7 +53,7 @@ impl Raw {
         cap: Option<Capability>,
         data: &'static [u8],
     ) -> Result<(), CallError> {
-        let op = Op::Write { ino, index: 0, offset: 0, file_end: data.len() as u64, inode_local: true, cap };
+        let op = Op::Write { ino, index: 0, offset: 0, file_end: data.len() as u64, inode_local: true, cap, copies: 1 };
         self.call(server, op, Bytes::from_static(data)).await.map(|_| ())
     }
 }

@@ -271,9 +271,17 @@ async fn a_frame_announcing_a_large_body_reserves_memory_only_as_its_bytes_arriv
     let mut head = [0u8; HEADER_LEN];
     head[0..4].copy_from_slice(&MAGIC.to_le_bytes());
     head[6..8].copy_from_slice(
-        &Op::Write { ino: shoal_proto::ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false, cap: None }
-            .code()
-            .to_le_bytes(),
+        &Op::Write {
+            ino: shoal_proto::ROOT_INO,
+            index: 0,
+            offset: 0,
+            file_end: 0,
+            inode_local: false,
+            cap: None,
+            copies: 1,
+        }
+        .code()
+        .to_le_bytes(),
     );
     head[8..16].copy_from_slice(&1u64.to_le_bytes());
     head[16..20].copy_from_slice(&100u32.to_le_bytes());

@@ -169,7 +169,7 @@ fn a_frame_failing_its_checksum_is_answered_eio_and_closes_the_connection() {
             // A write's data section, one bit flipped in transit.
             Some(_) => Raw::encode(Raw::frame(
                 7,
-                Op::Write { ino: ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false, cap: None },
+                Op::Write { ino: ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false, cap: None, copies: 1 },
                 Bytes::from_static(b"some bytes"),
             )),
             None => Raw::encode(Raw::frame(7, create(&name), Bytes::new())),
@@ -221,6 +221,7 @@ fn a_write_whose_data_fails_its_checksum_changes_nothing_in_the_object() {
         file_end: offset + len as u64,
         inode_local: true,
         cap: cap.clone(),
+        copies: 1,
     };
     assert!(matches!(raw.call(2, write(0, old.len()), old.clone()).0, Reply::Written { .. }));
     let fsync = Op::Fsync { ino, data_only: false, cap: cap.clone() };
@@ -275,8 +276,15 @@ fn read_replies_carry_a_data_checksum_only_where_it_was_negotiated() {
     let made = raw.call(1, create("f"), Bytes::new()).0;
     let (ino, cap) = (ino_of(&made), cap_of(&made));
     let bytes: Bytes = (0..300_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
-    let write =
-        Op::Write { ino, index: 0, offset: 0, file_end: bytes.len() as u64, inode_local: true, cap: cap.clone() };
+    let write = Op::Write {
+        ino,
+        index: 0,
+        offset: 0,
+        file_end: bytes.len() as u64,
+        inode_local: true,
+        cap: cap.clone(),
+        copies: 1,
+    };
     let (reply, _) = raw.call(2, write, bytes.clone());
     assert!(matches!(reply, Reply::Written { .. }), "{reply:?}");
     for features in [FEATURE_DATA_CRC, 0] {

@@ -390,7 +390,9 @@ pub(crate) async fn read_piece(client: &Client, cap: &Holder, layout: &Layout, i
 }
 
 /// Write one object piece, `chunk`, of a write that ends at `end` in the file, to `server`
-/// (which holds object `p.index`); `inode_local`: that server is the inode's home.
+/// (which holds object `p.index`); `inode_local`: that server is the inode's home. `copies`:
+/// the layout's replica count, which the server holding the object needs to keep them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn write_piece(
     client: &Client,
     cap: &Holder,
@@ -399,10 +401,11 @@ pub(crate) async fn write_piece(
     p: Piece,
     chunk: Bytes,
     end: u64,
+    copies: u8,
 ) -> Result<()> {
     let inode_local = server == client.home_of(ino);
     let call = |cap| {
-        let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local, cap };
+        let op = Op::Write { ino, index: p.index, offset: p.object_offset, file_end: end, inode_local, cap, copies };
         client.call(To::Server(server), op, chunk.clone())
     };
     match cap.with(client, call).await {
@@ -448,7 +451,8 @@ async fn write_pieces(
         .map(|p| async move {
             let server: ServerId = layout.servers[p.index as usize];
             let start = (p.file_offset - offset) as usize;
-            write_piece(client, cap, ino, server, p, data.slice(start..start + p.len as usize), end).await
+            write_piece(client, cap, ino, server, p, data.slice(start..start + p.len as usize), end, layout.replicas)
+                .await
         })
         .buffer_unordered(client.max_in_flight())
         .try_collect::<Vec<()>>()
@@ -482,7 +486,7 @@ impl File {
             (FileKind::File, None) => {
                 return Err(Error::new(Errno::EPROTO, format!("file {} has no layout", attr.ino)));
             }
-            _ => Layout { stripe_size: 0, servers: Vec::new() },
+            _ => Layout { stripe_size: 0, servers: Vec::new(), replicas: 1 },
         };
         let size = attr.size;
         let counted = attr.kind == FileKind::File;
@@ -1430,7 +1434,7 @@ mod tests {
     use super::*;
 
     fn layout(ss: u64, n: u32) -> Layout {
-        Layout { stripe_size: ss, servers: (0..n).map(ServerId).collect() }
+        Layout { stripe_size: ss, servers: (0..n).map(ServerId).collect(), replicas: 1 }
     }
 
     #[test]

@@ -134,7 +134,7 @@ mod tests {
     use shoal_proto::ServerId;
 
     fn layout(stripe: u64) -> Layout {
-        Layout { stripe_size: stripe, servers: vec![ServerId(0), ServerId(1)] }
+        Layout { stripe_size: stripe, servers: vec![ServerId(0), ServerId(1)], replicas: 1 }
     }
 
     #[test]

@@ -245,6 +245,7 @@ async fn fetch(
             parallel,
             etag: etag.clone(),
             cap,
+            copies: file.layout().replicas,
         };
         client.call(To::Server(server), op, Bytes::new())
     };
@@ -268,7 +269,7 @@ mod tests {
 
     #[test]
     fn a_plan_covers_the_file_once_with_ranges_merged_where_they_continue() {
-        let one = Layout { stripe_size: 1 << 20, servers: vec![ServerId(2)] };
+        let one = Layout { stripe_size: 1 << 20, servers: vec![ServerId(2)], replicas: 1 };
         // One object: the file in ranges of RANGE_MAX, and the tail.
         let size = 20 << 20 | 5;
         let plan1 = plan(&one, size);
@@ -278,7 +279,11 @@ mod tests {
             vec![p(0, 0, 8 << 20), p(8 << 20, 8 << 20, 8 << 20), p(16 << 20, 16 << 20, (4 << 20) | 5)]
         );
         // Four objects: each stripe its own range (not continuing in the remote file).
-        let four = Layout { stripe_size: 1 << 20, servers: vec![ServerId(0), ServerId(1), ServerId(2), ServerId(3)] };
+        let four = Layout {
+            stripe_size: 1 << 20,
+            servers: vec![ServerId(0), ServerId(1), ServerId(2), ServerId(3)],
+            replicas: 1,
+        };
         let plan4 = plan(&four, 6 << 20);
         assert_eq!(plan4.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
         assert_eq!(plan4[0].1, vec![p(0, 0, 1 << 20), p(4 << 20, 1 << 20, 1 << 20)]);

@@ -101,7 +101,7 @@ pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::{Bitmap, ClusterMap};
 pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
-    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, UrlInfo, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
+    ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, UrlInfo, REPLICAS_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
 };
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 

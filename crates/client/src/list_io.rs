@@ -201,13 +201,14 @@ impl File {
         let groups = by_server(&self.layout().servers, object_pieces);
         let (client, cap, ino) = (self.client(), self.holder(), self.ino());
         let home = client.home_of(ino);
+        let copies = self.layout().replicas;
         let reached_home = groups.contains_key(&home);
         futures::stream::iter(groups)
             .map(|(server, requests)| async move {
                 // One request after another: the order of overlapping pieces is kept.
                 if !client.server_has(server, FEATURE_LIST_IO).await? {
                     for (p, chunk) in requests.into_iter().flatten() {
-                        write_piece(client, cap, ino, server, p, chunk, end).await?;
+                        write_piece(client, cap, ino, server, p, chunk, end, copies).await?;
                     }
                     return Ok(());
                 }
@@ -225,6 +226,7 @@ impl File {
                             file_end: end,
                             inode_local: server == home,
                             cap,
+                            copies,
                         };
                         client.call(To::Server(server), op, data.clone())
                     };

@@ -219,7 +219,7 @@ mod tests {
             mtime: Timestamp::default(),
             ctime: Timestamp::default(),
             blocks_bytes: 0,
-            layout: Some(Layout { stripe_size: 1 << 20, servers: vec![ServerId(2), ServerId(0)] }),
+            layout: Some(Layout { stripe_size: 1 << 20, servers: vec![ServerId(2), ServerId(0)], replicas: 1 }),
             dir_default: None,
             parent: None,
         };

@@ -30,4 +30,4 @@ pub use partition::{
 };
 pub use partition_home::{dir_ring_pos, ring_step};
 pub use split_policy::{should_split, target_depth, SPLIT_ENTRIES};
-pub use stripe::{check_spec, object_len, pieces, resolve_layout, resolve_layout_by, Piece};
+pub use stripe::{check_replicas, check_spec, object_len, pieces, resolve_layout, resolve_layout_by, Piece};

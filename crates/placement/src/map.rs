@@ -7,6 +7,7 @@
 //! stripe_size = 1048576      # default for new files
 //! stripe_count = 1           # default for new files; 0 = all servers
 //! policy = "same"            # or "spread"
+//! replicas = 1               # copies of metadata, and the default for files' data (1 to 3)
 //!
 //! [[server]]
 //! id = 0
@@ -34,7 +35,7 @@
 
 use crate::rendezvous;
 use serde::{Deserialize, Serialize};
-use shoal_proto::msg::{PlacementPolicy, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
+use shoal_proto::msg::{PlacementPolicy, REPLICAS_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
 use shoal_proto::{Ino, ServerId};
 use std::path::{Path, PathBuf};
 
@@ -121,15 +122,14 @@ pub struct ClusterDefaults {
     pub stripe_count: u32,
     #[serde(default = "default_policy", with = "policy_serde")]
     pub policy: PlacementPolicy,
-    /// Copies of every server's metadata and data (1 to 3): each server's stores are
-    /// mirrored on the next `replicas - 1` servers of the map ([`ClusterMap::mirrors_of`];
-    /// docs/architecture.md, "Redundancy").
-    #[serde(default = "one_replica")]
+    /// Copies the cluster keeps of its metadata (directory objects and inodes: always this
+    /// many, since a file is reachable only through its ancestors' metadata), and the
+    /// replica count of new files that ask for none. A file asking for more gets this many.
+    /// 1 ..= `REPLICAS_MAX`, and at most the servers that can hold data (`validate`).
+    /// Left out of a written map when 1, so that a map this code writes for a cluster without
+    /// replication still loads in an older `shoal`/`shoald` (they refuse unknown keys).
+    #[serde(default = "shoal_proto::msg::one_copy", skip_serializing_if = "shoal_proto::msg::is_one_copy")]
     pub replicas: u8,
-}
-
-fn one_replica() -> u8 {
-    1
 }
 
 fn one() -> u64 {
@@ -538,13 +538,6 @@ impl ClusterMap {
         if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
             return Err(format!("cluster.stripe_size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
         }
-        let r = self.cluster.replicas;
-        if !(1..=3).contains(&r) || r as usize > self.servers.len() {
-            return Err(format!(
-                "cluster.replicas {r} must be from 1 to 3 and at most the number of servers ({})",
-                self.servers.len()
-            ));
-        }
         if let Some(voters) = &self.membership.voters {
             if voters.is_empty() {
                 return Err("membership.voters is empty; name 1 to 5 server ids (or leave it out)".into());
@@ -572,6 +565,14 @@ impl ClusterMap {
             return Err(format!(
                 "cluster.stripe_count {sc} is more than the {placeable} servers that can hold data (0 means all of them)"
             ));
+        }
+        let r = self.cluster.replicas;
+        if !(1..=REPLICAS_MAX).contains(&r) {
+            return Err(format!("cluster.replicas {r} must be 1 to {REPLICAS_MAX}"));
+        }
+        if r as usize > placeable {
+            // Each copy must be on a server of its own, or losing one server loses two.
+            return Err(format!("cluster.replicas {r} is more than the {placeable} servers that can hold data"));
         }
         Ok(())
     }
@@ -661,6 +662,20 @@ mod tests {
         assert!(bad.validate().is_err());
     }
 
+    #[test]
+    fn the_replica_count_is_read_from_the_map_and_written_only_when_not_one() {
+        let mut m = map(3);
+        // One copy is what a map without the key means, and what older code reads.
+        assert!(!m.to_toml().contains("replicas"), "{}", m.to_toml());
+        m.cluster.replicas = 2;
+        let text = m.to_toml();
+        assert!(text.contains("replicas = 2"), "{text}");
+        let back: ClusterMap = toml::from_str(&text).unwrap();
+        assert_eq!(back.cluster.replicas, 2);
+        let old: ClusterMap = toml::from_str(&text.replace("replicas = 2", "")).unwrap();
+        assert_eq!(old.cluster.replicas, 1);
+    }
+
     /// Every refusal is one line that names the field and says what is allowed.
     #[test]
     fn validation_names_the_field_and_what_is_allowed() {
@@ -709,11 +724,23 @@ mod tests {
         );
         assert!(refused(&|m| m.servers[1].weight = -1.0).starts_with("server 1: weight"));
         assert!(refused(&|m| m.cluster.stripe_size = 1000).starts_with("cluster.stripe_size 1000"));
+        assert_eq!(refused(&|m| m.cluster.replicas = 0), "cluster.replicas 0 must be 1 to 3");
+        assert_eq!(refused(&|m| m.cluster.replicas = 4), "cluster.replicas 4 must be 1 to 3");
+        assert_eq!(
+            refused(&|m| {
+                m.cluster.replicas = 3;
+                m.servers[0].state = ServerState::Out;
+                m.servers[1].state = ServerState::Out;
+            }),
+            "cluster.replicas 3 is more than the 2 servers that can hold data"
+        );
         // Still accepted: all servers, and a count up to the servers not marked out.
         let mut m = map(4);
         m.cluster.stripe_count = 0;
         m.validate().unwrap();
         m.cluster.stripe_count = 4;
+        m.validate().unwrap();
+        m.cluster.replicas = 3;
         m.validate().unwrap();
         m.servers[0].data_dir = None;
         m.validate().unwrap();

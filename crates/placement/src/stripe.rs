@@ -2,7 +2,9 @@
 //! the pieces of data objects that hold it.
 
 use crate::ClusterMap;
-use shoal_proto::msg::{Layout, LayoutSpec, PlacementPolicy, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN};
+use shoal_proto::msg::{
+    Layout, LayoutSpec, PlacementPolicy, REPLICAS_MAX, STRIPE_COUNT_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
+};
 use shoal_proto::{Errno, Ino, ServerId};
 
 /// Check a layout that a request asks for (a new file's, or a directory's default) against
@@ -12,6 +14,7 @@ use shoal_proto::{Errno, Ino, ServerId};
 /// count instead, because a directory default that was valid may outnumber the servers
 /// after one is marked out, and files must still be creatable there.
 pub fn check_spec(map: &ClusterMap, spec: &LayoutSpec) -> Result<(), String> {
+    check_replicas(spec)?;
     if let Some(ss) = spec.stripe_size {
         if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&ss) || !ss.is_multiple_of(STRIPE_SIZE_MIN) {
             return Err(format!("stripe size {ss} must be a multiple of 4096 between 4 KiB and 1 GiB"));
@@ -29,9 +32,24 @@ pub fn check_spec(map: &ClusterMap, spec: &LayoutSpec) -> Result<(), String> {
     Ok(())
 }
 
+/// Check the replica count a request asks for: 1 ..= [`REPLICAS_MAX`], or unset (inherit).
+/// A count above the cluster's (`[cluster] replicas`) is not an error: it is capped when a
+/// file is created (see [`resolve_layout_by`]), so that a directory default stays valid
+/// on a cluster that keeps fewer copies.
+pub fn check_replicas(spec: &LayoutSpec) -> Result<(), String> {
+    match spec.replicas {
+        Some(r) if !(1..=REPLICAS_MAX).contains(&r) => Err(format!("replica count {r} must be 1 to {REPLICAS_MAX}")),
+        _ => Ok(()),
+    }
+}
+
 /// Decide the layout of a new file `ino` whose inode lives on `home`. `spec` is what the
 /// request asked for; unset fields come from `dir_default`, then from the cluster defaults.
-/// Without load information the `load` policy places as `spread` does.
+/// Without load information the `load` policy places as `spread` does. The replica count
+/// comes the same way (request, directory default, cluster default) and is capped to the
+/// cluster's replica count: metadata is always kept at the cluster's count, because a
+/// file is reachable only through its ancestors' metadata, so more copies of its data than
+/// of the directories above it would protect nothing.
 pub fn resolve_layout(
     map: &ClusterMap,
     ino: Ino,
@@ -57,6 +75,11 @@ pub fn resolve_layout_by(
 ) -> Result<Layout, Errno> {
     let pick = |f: &dyn Fn(&LayoutSpec) -> Option<u64>| spec.and_then(f).or_else(|| dir_default.and_then(f));
     let stripe_size = pick(&|s| s.stripe_size).unwrap_or(map.cluster.stripe_size);
+    let replicas = pick(&|s| s.replicas.map(u64::from)).map(|r| r as u8).unwrap_or(map.cluster.replicas);
+    if !(1..=REPLICAS_MAX).contains(&replicas) {
+        return Err(Errno::EINVAL);
+    }
+    let replicas = replicas.min(map.cluster.replicas);
     if !(STRIPE_SIZE_MIN..=STRIPE_SIZE_MAX).contains(&stripe_size) || stripe_size % STRIPE_SIZE_MIN != 0 {
         return Err(Errno::EINVAL);
     }
@@ -78,14 +101,14 @@ pub fn resolve_layout_by(
         let chosen = by_load(count);
         let distinct = chosen.iter().collect::<std::collections::HashSet<_>>().len() == chosen.len();
         if chosen.len() == count as usize && distinct && chosen.iter().all(|c| map.placeable().any(|s| s.id == c.0)) {
-            return Ok(Layout { stripe_size, servers: chosen });
+            return Ok(Layout { stripe_size, servers: chosen, replicas });
         }
     }
     let first = first.unwrap_or(match policy {
         PlacementPolicy::Same => home,
         PlacementPolicy::Spread | PlacementPolicy::Load => map.rank(ino.0 ^ 0xDA7A)[0],
     });
-    Ok(Layout { stripe_size, servers: map.servers_from(first, count) })
+    Ok(Layout { stripe_size, servers: map.servers_from(first, count), replicas })
 }
 
 /// A contiguous part of a file range that lies in one data object.
@@ -144,7 +167,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn layout(ss: u64, n: u32) -> Layout {
-        Layout { stripe_size: ss, servers: (0..n).map(ServerId).collect() }
+        Layout { stripe_size: ss, servers: (0..n).map(ServerId).collect(), replicas: 1 }
     }
 
     #[test]
@@ -196,6 +219,41 @@ mod tests {
         assert!(check_spec(&m, &size).unwrap_err().starts_with("stripe size 1000"));
         let first = LayoutSpec { first_server: Some(ServerId(9)), ..Default::default() };
         assert!(check_spec(&m, &first).unwrap_err().starts_with("first server s9"));
+        let replicas = |r: u8| LayoutSpec { replicas: Some(r), ..Default::default() };
+        assert_eq!(check_spec(&m, &replicas(0)), Err("replica count 0 must be 1 to 3".into()));
+        assert_eq!(check_spec(&m, &replicas(4)), Err("replica count 4 must be 1 to 3".into()));
+        // Above the cluster's count (1 here) is accepted: it is capped at create.
+        for ok in 1..=3 {
+            check_spec(&m, &replicas(ok)).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_replica_count_comes_from_the_request_then_the_directory_then_the_cluster() {
+        let mut m = ClusterMap::local(4, 7000, std::path::Path::new("/tmp"));
+        m.cluster.replicas = 2;
+        let spec = |r: Option<u8>| LayoutSpec { replicas: r, ..Default::default() };
+        let resolve = |m: &ClusterMap, req: Option<u8>, dir: Option<u8>| {
+            resolve_layout(m, Ino(7), ServerId(0), Some(&spec(req)), Some(&spec(dir))).map(|l| l.replicas)
+        };
+        assert_eq!(resolve(&m, None, None), Ok(2), "the cluster default");
+        assert_eq!(resolve(&m, None, Some(1)), Ok(1), "the directory's default");
+        assert_eq!(resolve(&m, Some(2), Some(1)), Ok(2), "the request before the directory");
+        assert_eq!(resolve(&m, Some(1), None), Ok(1));
+        // More than the cluster keeps of the metadata is capped to it, from either source.
+        assert_eq!(resolve(&m, Some(3), None), Ok(2));
+        assert_eq!(resolve(&m, None, Some(3)), Ok(2));
+        m.cluster.replicas = 3;
+        assert_eq!(resolve(&m, Some(3), None), Ok(3));
+        // Out of range is EINVAL wherever it comes from.
+        for bad in [0, 4, 255] {
+            assert_eq!(resolve(&m, Some(bad), None), Err(Errno::EINVAL));
+            assert_eq!(resolve(&m, None, Some(bad)), Err(Errno::EINVAL));
+        }
+        // The `load` policy's path carries the count too.
+        let load = LayoutSpec { policy: Some(PlacementPolicy::Load), replicas: Some(2), ..Default::default() };
+        let l = resolve_layout_by(&m, Ino(7), ServerId(0), Some(&load), None, &|n| (0..n).map(ServerId).collect());
+        assert_eq!(l.unwrap().replicas, 2);
     }
 
     #[test]

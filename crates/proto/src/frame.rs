@@ -550,7 +550,15 @@ mod tests {
         let req = Request {
             cred: Cred::root(),
             map_version: 3,
-            op: Op::Write { ino: crate::ROOT_INO, index: 0, offset: 0, file_end: 0, inode_local: false, cap: None },
+            op: Op::Write {
+                ino: crate::ROOT_INO,
+                index: 0,
+                offset: 0,
+                file_end: 0,
+                inode_local: false,
+                cap: None,
+                copies: 1,
+            },
         };
         let data: Bytes = (0..data_len).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
         Frame::request(5, &req, data).unwrap()

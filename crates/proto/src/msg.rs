@@ -23,6 +23,21 @@ pub const STRIPE_COUNT_MAX: u32 = 1024;
 /// Largest stripe size (and smallest is 4 KiB, a multiple of 4 KiB is required).
 pub const STRIPE_SIZE_MAX: u64 = 1 << 30;
 pub const STRIPE_SIZE_MIN: u64 = 4096;
+/// Most copies of a file's data (and of the cluster's metadata) a layout may ask for; the
+/// least is 1 (docs/replicas.md).
+pub const REPLICAS_MAX: u8 = 3;
+
+/// The replica count of a layout, a `copies` field or a cluster that says nothing: one copy,
+/// as before replication existed. Fields holding it are left out of the encoding, so a
+/// message or record with one copy is byte for byte what older code sent and reads.
+pub fn one_copy() -> u8 {
+    1
+}
+
+/// Whether `n` is the default replica count (see [`one_copy`]); for `skip_serializing_if`.
+pub fn is_one_copy(n: &u8) -> bool {
+    *n == 1
+}
 
 /// Who is asking. Servers check permissions against these (the cluster trusts its clients
 /// to report them honestly, as NFS with AUTH_SYS does; see docs/architecture.md).
@@ -102,6 +117,11 @@ pub struct Layout {
     pub stripe_size: u64,
     /// The servers holding objects 0, 1, …; its length is the stripe count.
     pub servers: Vec<ServerId>,
+    /// How many copies of each object the file wants (1 ..= [`REPLICAS_MAX`]), resolved at
+    /// create: the request, the parent's default, the cluster default, capped to the
+    /// cluster's replica count. Absent (older peers and records) means 1.
+    #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+    pub replicas: u8,
 }
 
 /// What a user asks for when creating a file or setting a directory default. Unset fields
@@ -113,6 +133,10 @@ pub struct LayoutSpec {
     pub stripe_count: Option<u32>,
     pub first_server: Option<ServerId>,
     pub policy: Option<PlacementPolicy>,
+    /// Copies of each data object, 1 ..= [`REPLICAS_MAX`]; `None` inherits. More than the
+    /// cluster keeps (`[cluster] replicas`) is capped to it when a file is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<u8>,
 }
 
 /// Where the data objects of a new file go (FPFS-S vs FPFS-R).
@@ -467,6 +491,10 @@ pub enum Op {
         /// server holding the object when the cluster runs with keys.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cap: Option<Capability>,
+        /// How many copies of the object the file wants (its layout's `replicas`), so that
+        /// the server holding it can keep them (docs/replicas.md); absent means 1.
+        #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+        copies: u8,
     },
     /// List I/O (PVFS): many pieces of objects of `ino` on this server in one request. The
     /// reply (`DataList`) carries each piece's bytes back to back in the data section, each
@@ -488,6 +516,10 @@ pub enum Op {
         inode_local: bool,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cap: Option<Capability>,
+        /// How many copies of the object the file wants (its layout's `replicas`), so that
+        /// the server holding it can keep them (docs/replicas.md); absent means 1.
+        #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+        copies: u8,
     },
     /// Reverse read (`shoal import`, docs/import.md): the server asks the HTTP(S) server of
     /// `url` for its size and whether it serves byte ranges. Answered `UrlInfo`.
@@ -511,6 +543,10 @@ pub enum Op {
         etag: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cap: Option<Capability>,
+        /// How many copies of the object the file wants (its layout's `replicas`), so that
+        /// the server holding it can keep them (docs/replicas.md); absent means 1.
+        #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+        copies: u8,
     },
     /// Make the objects of `ino` on this server, and this server's metadata log, durable.
     Fsync {
@@ -585,6 +621,10 @@ pub enum Op {
         ino: Ino,
         index: u32,
         len: u64,
+        /// How many copies of the object the file wants (its layout's `replicas`), so that
+        /// the server holding it can keep them (docs/replicas.md); absent means 1.
+        #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+        copies: u8,
     },
 
     // ---- added after version 3 shipped: kept last so the earlier variants keep their codes ----

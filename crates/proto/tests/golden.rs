@@ -33,6 +33,7 @@ fn spec() -> LayoutSpec {
         stripe_count: Some(2),
         first_server: Some(ServerId(1)),
         policy: Some(PlacementPolicy::Spread),
+        replicas: None,
     }
 }
 
@@ -49,7 +50,7 @@ fn attr() -> Attr {
         mtime: ts(1_700_000_001),
         ctime: ts(1_700_000_002),
         blocks_bytes: 8192,
-        layout: Some(Layout { stripe_size: 65536, servers: vec![ServerId(0), ServerId(1)] }),
+        layout: Some(Layout { stripe_size: 65536, servers: vec![ServerId(0), ServerId(1)], replicas: 1 }),
         dir_default: None,
         parent: None,
     }
@@ -142,10 +143,10 @@ fn ops() -> Vec<Op> {
         Op::ListXattr { ino: FILE },
         Op::RemoveXattr { ino: FILE, name: "user.k".into() },
         Op::Read { ino: FILE, index: 1, offset: 1 << 20, len: 65536, cap: None },
-        Op::Write { ino: FILE, index: 0, offset: 4096, file_end: 8192, inode_local: true, cap: None },
+        Op::Write { ino: FILE, index: 0, offset: 4096, file_end: 8192, inode_local: true, cap: None, copies: 1 },
         Op::Fsync { ino: FILE, data_only: true, cap: None },
         Op::ReadList { ino: FILE, pieces: list_pieces(), cap: None },
-        Op::WriteList { ino: FILE, pieces: list_pieces(), file_end: 1 << 21, inode_local: false, cap: None },
+        Op::WriteList { ino: FILE, pieces: list_pieces(), file_end: 1 << 21, inode_local: false, cap: None, copies: 1 },
         Op::Batch { ops: batch_ops() },
         Op::StatFs,
         Op::Status,
@@ -162,7 +163,7 @@ fn ops() -> Vec<Op> {
         },
         Op::PeerSetParent { ino: Ino(9), parent: Ino(2) },
         Op::PeerDeleteObjects { objects: vec![(FILE, 0), (Ino(43), 3)] },
-        Op::PeerTruncateObject { ino: FILE, index: 2, len: 100 },
+        Op::PeerTruncateObject { ino: FILE, index: 2, len: 100, copies: 1 },
         Op::Append { ino: FILE, cap: None },
         Op::ReleaseOrphan { ino: FILE, session: 0xfeed },
         Op::ScrubStart,
@@ -207,6 +208,7 @@ fn ops() -> Vec<Op> {
             parallel: 4,
             etag: Some("\"v1\"".into()),
             cap: None,
+            copies: 1,
         },
         Op::PeerReplicate {
             slot: ServerId(2),
@@ -440,6 +442,35 @@ fn samples() -> Vec<(String, Sample)> {
     for n in notices() {
         v.push((format!("Notice.{}", variant_name(&n)), Sample::Notice(n)));
     }
+    // Replica counts (docs/replicas.md): optional fields, left out when 1, so the vectors
+    // above are those of before; here with other counts.
+    let replicated = |op: Op| Sample::Request(request(op));
+    v.push((
+        "Op.Write+copies".into(),
+        replicated(Op::Write { ino: FILE, index: 0, offset: 0, file_end: 8, inode_local: false, cap: None, copies: 3 }),
+    ));
+    v.push((
+        "Op.WriteList+copies".into(),
+        replicated(Op::WriteList {
+            ino: FILE,
+            pieces: list_pieces(),
+            file_end: 1 << 21,
+            inode_local: false,
+            cap: None,
+            copies: 2,
+        }),
+    ));
+    v.push((
+        "Op.PeerTruncateObject+copies".into(),
+        replicated(Op::PeerTruncateObject { ino: FILE, index: 1, len: 7, copies: 2 }),
+    ));
+    v.push((
+        "Op.SetDirLayout+replicas".into(),
+        replicated(Op::SetDirLayout { ino: DIR, spec: LayoutSpec { replicas: Some(2), ..spec() } }),
+    ));
+    let mut three = attr();
+    three.layout.as_mut().unwrap().replicas = 3;
+    v.push(("Reply.Attr+replicas".into(), Sample::Reply(Reply::Attr(three))));
     // Leases: the optional `lease` field of Lookup and ReadDir, and every kind of leased answer.
     let ask = Some(LeaseAsk { ms: 3000 });
     v.push(("Op.Lookup+lease".into(), Sample::Request(request(Op::Lookup { dir: DIR, name: "a".into(), lease: ask }))));
@@ -574,7 +605,15 @@ fn samples() -> Vec<(String, Sample)> {
             "Frame.WriteRequest",
             Frame::request(
                 0x0102_0304_0506_0708,
-                &request(Op::Write { ino: FILE, index: 0, offset: 0, file_end: 11, inode_local: true, cap: None }),
+                &request(Op::Write {
+                    ino: FILE,
+                    index: 0,
+                    offset: 0,
+                    file_end: 11,
+                    inode_local: true,
+                    cap: None,
+                    copies: 1,
+                }),
                 Bytes::from_static(b"hello world"),
             ),
         ),

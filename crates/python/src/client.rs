@@ -288,10 +288,13 @@ macro_rules! path_calls {
             /// Set the default layout of the files created in the directory `path` from
             /// now on (subdirectories made later inherit it); `None` fields are inherited
             /// from the cluster, `stripe_count=-1` stripes over every server, `policy` is
-            /// "same" or "spread". A file's layout is fixed when it is created: a file
+            /// "same" or "spread", `replicas` 1 to 3 copies of each data object (capped to
+            /// the cluster's `[cluster] replicas` at create). A file's layout is fixed when it is created: a file
             /// raises `FileExistsError` (create it with `layout=` instead). Values the
             /// cluster does not take raise `OSError` (EINVAL).
-            #[pyo3(signature = (path, *, stripe_size = None, stripe_count = None, first_server = None, policy = None))]
+            #[pyo3(signature = (path, *, stripe_size = None, stripe_count = None, first_server = None, policy = None, replicas = None))]
+            // One argument per keyword of the Python method, as Python callers see it.
+            #[allow(clippy::too_many_arguments)]
             fn set_layout<'py>(
                 &self,
                 py: Python<'py>,
@@ -300,8 +303,9 @@ macro_rules! path_calls {
                 stripe_count: Option<i64>,
                 first_server: Option<i64>,
                 policy: Option<&str>,
+                replicas: Option<i64>,
             ) -> PyResult<Bound<'py, PyAny>> {
-                let spec = Layout::asked(stripe_size, stripe_count, first_server, policy)?.spec();
+                let spec = Layout::asked(stripe_size, stripe_count, first_server, policy, replicas)?.spec();
                 let c = self.client.clone();
                 $run(py, async move { c.set_layout(&path, spec).await.or_raise() })
             }

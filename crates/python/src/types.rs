@@ -4,7 +4,7 @@
 
 use crate::errors::value;
 use pyo3::prelude::*;
-use shoal_client::{Attr, FileKind, LayoutSpec, PlacementPolicy, ServerId};
+use shoal_client::{Attr, FileKind, LayoutSpec, PlacementPolicy, ServerId, REPLICAS_MAX};
 
 fn kind_name(k: FileKind) -> &'static str {
     match k {
@@ -166,8 +166,8 @@ impl StatFs {
 
 /// Where a file's bytes live, or what a directory gives the files created in it.
 ///
-/// From `Client.layout`: for a file, `stripe_size`, `stripe_count`, `first_server` and
-/// `servers` (the ids of the servers holding objects 0, 1, …; `policy` is not kept and is
+/// From `Client.layout`: for a file, `stripe_size`, `stripe_count`, `first_server`,
+/// `replicas` and `servers` (the ids of the servers holding objects 0, 1, …; `policy` is not kept and is
 /// `None`); for a directory, its default for new files, `None` where unset (inherited from
 /// the cluster), and `servers` is `None`.
 ///
@@ -188,6 +188,10 @@ pub struct Layout {
     pub policy: Option<&'static str>,
     /// A file's servers, object by object; `None` for a directory's default.
     pub servers: Option<Vec<u32>>,
+    /// Copies of each data object, 1 to 3 (docs/replicas.md): a file's, or a directory's
+    /// default (`None`: inherited). More than the cluster keeps of its metadata is capped to
+    /// it when a file is created.
+    pub replicas: Option<u8>,
 }
 
 impl Layout {
@@ -198,7 +202,13 @@ impl Layout {
         stripe_count: Option<i64>,
         first_server: Option<i64>,
         policy: Option<&str>,
+        replicas: Option<i64>,
     ) -> PyResult<Layout> {
+        let replicas = match replicas {
+            None => None,
+            Some(r) if (1..=REPLICAS_MAX as i64).contains(&r) => Some(r as u8),
+            Some(r) => return Err(value(format!("replicas {r} must be 1 to {REPLICAS_MAX} (None: inherit)"))),
+        };
         let stripe_size = match stripe_size {
             None => None,
             Some(s) if s > 0 => Some(s as u64),
@@ -220,7 +230,7 @@ impl Layout {
             Some("load") => Some("load"),
             Some(p) => return Err(value(format!("policy {p:?} is not \"same\", \"spread\" or \"load\""))),
         };
-        Ok(Layout { stripe_size, stripe_count, first_server, policy, servers: None })
+        Ok(Layout { stripe_size, stripe_count, first_server, policy, servers: None, replicas })
     }
 
     /// What the client sends when creating a file or setting a directory's default (a
@@ -235,6 +245,7 @@ impl Layout {
                 "load" => PlacementPolicy::Load,
                 _ => PlacementPolicy::Same,
             }),
+            replicas: self.replicas,
         }
     }
 
@@ -248,6 +259,7 @@ impl Layout {
                 first_server: servers.first().copied(),
                 policy: None,
                 servers: Some(servers),
+                replicas: Some(l.replicas),
             };
         }
         let spec = a.dir_default.clone().unwrap_or_default();
@@ -265,6 +277,7 @@ impl Layout {
                 PlacementPolicy::Load => "load",
             }),
             servers: None,
+            replicas: spec.replicas,
         }
     }
 }
@@ -273,14 +286,15 @@ impl Layout {
 impl Layout {
     /// A layout to ask for; `None` fields are inherited. `stripe_count=-1`: every server.
     #[new]
-    #[pyo3(signature = (*, stripe_size = None, stripe_count = None, first_server = None, policy = None))]
+    #[pyo3(signature = (*, stripe_size = None, stripe_count = None, first_server = None, policy = None, replicas = None))]
     fn new(
         stripe_size: Option<i64>,
         stripe_count: Option<i64>,
         first_server: Option<i64>,
         policy: Option<&str>,
+        replicas: Option<i64>,
     ) -> PyResult<Layout> {
-        Layout::asked(stripe_size, stripe_count, first_server, policy)
+        Layout::asked(stripe_size, stripe_count, first_server, policy, replicas)
     }
 
     fn __repr__(&self) -> String {
@@ -295,6 +309,7 @@ impl Layout {
         if let Some(servers) = &self.servers {
             s += &format!(", servers={servers:?}");
         }
+        s += &format!(", replicas={}", opt(self.replicas.map(|r| r.to_string())));
         s + ")"
     }
 }

@@ -129,6 +129,32 @@ def test_bad_layouts_are_refused(fs, base):
     assert fs.layout(base) == shoal.Layout()  # unchanged by the failures
 
 
+def test_replica_counts_round_trip(fs, base):
+    """docs/replicas.md: the session's cluster keeps one copy (`[cluster] replicas` unset),
+    so files get 1 whatever they ask; a directory keeps the count it was given."""
+    fs.write_bytes(f"{base}/plain", b"x")
+    assert fs.layout(f"{base}/plain").replicas == 1
+    d = f"{base}/d"
+    fs.mkdir(d)
+    assert fs.layout(d).replicas is None
+    fs.set_layout(d, replicas=3, stripe_count=1)
+    got = fs.layout(d)
+    assert got.replicas == 3 and got.stripe_count == 1 and "replicas=3" in repr(got)
+    fs.mkdir(f"{d}/sub")
+    assert fs.layout(f"{d}/sub").replicas == 3  # mkdir copies the default
+    fs.write_bytes(f"{d}/f", b"f")
+    assert fs.layout(f"{d}/f").replicas == 1  # capped to the cluster's count
+    fs.write_bytes(f"{base}/two", b"2", layout=shoal.Layout(replicas=2))
+    assert fs.layout(f"{base}/two").replicas == 1
+    assert shoal.Layout(replicas=2).replicas == 2
+    for bad in (0, 4, -1):
+        with pytest.raises(ValueError, match=f"replicas {bad} must be 1 to 3"):
+            shoal.Layout(replicas=bad)
+        with pytest.raises(ValueError):
+            fs.set_layout(d, replicas=bad)
+    assert fs.layout(d).replicas == 3  # unchanged by the failures
+
+
 def test_asyncio_twins_give_the_same_answers(cluster, fs, base):
     async def main():
         afs = shoal.AsyncClient(cluster)

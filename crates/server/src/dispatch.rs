@@ -214,26 +214,26 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             caps::check(st, cap.as_ref(), ino, RIGHT_READ)?;
             return data::read(st, ino, index, offset, len).await;
         }
-        Op::Write { ino, index, offset, file_end, inode_local, cap } => {
+        Op::Write { ino, index, offset, file_end, inode_local, cap, copies } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
-            data::write(st, ino, index, offset, file_end, inode_local, data, crcs).await?
+            data::write(st, ino, index, offset, file_end, inode_local, data, crcs, copies).await?
         }
         Op::ReadList { ino, pieces, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_READ)?;
             return data::read_list(st, ino, pieces).await;
         }
-        Op::WriteList { ino, pieces, file_end, inode_local, cap } => {
+        Op::WriteList { ino, pieces, file_end, inode_local, cap, copies } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
-            data::write_list(st, ino, pieces, file_end, inode_local, data).await?
+            data::write_list(st, ino, pieces, file_end, inode_local, data, copies).await?
         }
         Op::Append { ino, cap } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
             data::append(st, ino, data).await?
         }
         Op::UrlProbe { url } => fetch::probe(st, &url).await?,
-        Op::FetchInto { url, ino, index, pieces, parallel, etag, cap } => {
+        Op::FetchInto { url, ino, index, pieces, parallel, etag, cap, copies } => {
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
-            fetch::fetch_into(st, &url, ino, index, pieces, parallel, etag).await?
+            fetch::fetch_into(st, &url, ino, index, pieces, parallel, etag, copies).await?
         }
         Op::Fsync { ino, data_only, cap } => {
             caps::check(st, cap.as_ref(), ino, 0)?;
@@ -254,7 +254,9 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::PeerSetParent { ino, parent } => peer::set_parent(st, ino, parent).await?,
         Op::PeerMoveLock { op_id, hold } => crate::steps::move_lock::peer(st, op_id, hold).await?,
         Op::PeerDeleteObjects { objects } => peer::delete_objects(st, objects).await?,
-        Op::PeerTruncateObject { ino, index, len } => peer::truncate_object(st, ino, index, len).await?,
+        Op::PeerTruncateObject { ino, index, len, copies } => {
+            peer::truncate_object(st, ino, index, len, copies).await?
+        }
         Op::ReleaseOrphan { ino, session } => crate::orphans::release(st, ino, session).await?,
         Op::PeerSplitIn { dir, index, depth, attr, entries, op_id } => {
             namespace::split::split_in(st, dir, index, depth, attr, entries, op_id).await?

@@ -657,7 +657,8 @@ async fn read_requests(
     let ConnInfo { addr, from_peer, .. } = conn;
     let count = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let bytes = Arc::new(Semaphore::new(MAX_IN_FLIGHT_BYTES));
-    let write_code = Op::Write { ino: Ino(0), index: 0, offset: 0, file_end: 0, inode_local: false, cap: None }.code();
+    let write_code =
+        Op::Write { ino: Ino(0), index: 0, offset: 0, file_end: 0, inode_local: false, cap: None, copies: 1 }.code();
     // Revocation notices go through the writer, between replies. Held weakly: a lease
     // outliving its connection must not keep the writer (and the socket) alive.
     let notices = conn.leases.then(|| {

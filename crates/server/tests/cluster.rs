@@ -541,13 +541,21 @@ async fn write_read_truncate_objects() {
     assert_eq!(layout.servers.len(), 2);
     assert_eq!(layout.servers[0], c.home(e.ino));
     // object 0 on the inode's home (raises the size), object 1 elsewhere (then ExtendSize)
-    let w0 = Op::Write { ino: e.ino, index: 0, offset: 0, file_end: 4096, inode_local: true, cap: e.cap.clone() };
+    let w0 =
+        Op::Write { ino: e.ino, index: 0, offset: 0, file_end: 4096, inode_local: true, cap: e.cap.clone(), copies: 1 };
     let data0 = Bytes::from(vec![7u8; 4096]);
     let (r, _) = c.call_as(layout.servers[0], &Cred::root(), w0, data0.clone()).await.unwrap();
     assert_eq!(r, Reply::Written { len: 4096 });
     assert_eq!(c.getattr(e.ino).await.size, 4096);
-    let w1 =
-        Op::Write { ino: e.ino, index: 1, offset: 10, file_end: 4096 + 15, inode_local: false, cap: e.cap.clone() };
+    let w1 = Op::Write {
+        ino: e.ino,
+        index: 1,
+        offset: 10,
+        file_end: 4096 + 15,
+        inode_local: false,
+        cap: e.cap.clone(),
+        copies: 1,
+    };
     c.call_as(layout.servers[1], &Cred::root(), w1, Bytes::from_static(b"hello")).await.unwrap();
     c.op(Op::ExtendSize { ino: e.ino, size: 4096 + 15 }).await.unwrap();
     assert_eq!(c.getattr(e.ino).await.size, 4111);
@@ -705,7 +713,7 @@ async fn restart_keeps_data_and_recovery_rolls_back_unfinished_mkdir() {
     c.call_as(
         root_home,
         &Cred::root(),
-        Op::Write { ino: f.ino, index: 0, offset: 0, file_end: 3, inode_local: true, cap: f.cap.clone() },
+        Op::Write { ino: f.ino, index: 0, offset: 0, file_end: 3, inode_local: true, cap: f.cap.clone(), copies: 1 },
         Bytes::from_static(b"abc"),
     )
     .await

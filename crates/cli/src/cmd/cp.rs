@@ -8,7 +8,7 @@ use super::{shoal_path, usage, Ctx};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use shoal_client::{Client, FileKind, OpenFlags};
+use shoal_client::{Client, FileKind, LayoutSpec, OpenFlags};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 
@@ -23,6 +23,10 @@ pub struct CpArgs {
     /// Never show a progress bar.
     #[arg(short = 'q', long)]
     quiet: bool,
+    /// Copies of each data object of the files created in Shoal, 1 to 3 (docs/replicas.md);
+    /// default: the destination directory's, else the cluster's.
+    #[arg(long)]
+    replicas: Option<i64>,
     /// Sources then destination; Shoal paths are written shoal://dir/file.
     #[arg(required = true, num_args = 2..)]
     paths: Vec<String>,
@@ -165,7 +169,11 @@ pub async fn cp(ctx: &Ctx, a: CpArgs) -> Result<()> {
     if !involves_shoal {
         return Err(usage("neither source nor destination is a Shoal path (write Shoal paths as shoal://dir/file)"));
     }
+    // Checked before anything is copied, as a bad source is.
+    let replicas = super::stripe::replicas_arg(a.replicas)?;
     let client = ctx.client()?;
+    super::stripe::note_capped(client.map(), replicas);
+    let spec = replicas.map(|r| LayoutSpec { replicas: Some(r), ..LayoutSpec::default() });
     let into_dir = is_dir(&client, &dst).await;
     if srcs.len() > 1 && !into_dir {
         bail!("copying several sources needs an existing directory as destination, {} is not one", dst.show());
@@ -187,7 +195,7 @@ pub async fn cp(ctx: &Ctx, a: CpArgs) -> Result<()> {
             Step::Symlink(s, d) => copy_symlink(&client, &s, &d).await?,
             Step::File(s, d, size, perm) => {
                 bar.set_message(s.show());
-                copy_file(&client, &s, &d, size, perm, &bar)
+                copy_file(&client, &s, &d, size, perm, &bar, spec.as_ref())
                     .await
                     .with_context(|| format!("cannot copy {} to {}", s.show(), d.show()))?
             }
@@ -230,7 +238,16 @@ async fn copy_symlink(client: &Client, s: &Loc, d: &Loc) -> Result<()> {
     Ok(())
 }
 
-async fn copy_file(client: &Client, s: &Loc, d: &Loc, size: u64, perm: u32, bar: &ProgressBar) -> Result<()> {
+/// `spec`: the layout of a file created in Shoal (`--replicas`); `None` inherits.
+async fn copy_file(
+    client: &Client,
+    s: &Loc,
+    d: &Loc,
+    size: u64,
+    perm: u32,
+    bar: &ProgressBar,
+    spec: Option<&LayoutSpec>,
+) -> Result<()> {
     // Source.
     let local_src = match s {
         Loc::Local(p) => {
@@ -257,7 +274,7 @@ async fn copy_file(client: &Client, s: &Loc, d: &Loc, size: u64, perm: u32, bar:
         Loc::Shoal(_) => None,
     };
     let shoal_dst = match d {
-        Loc::Shoal(p) => Some(client.create(p, perm, None).await?),
+        Loc::Shoal(p) => Some(client.create(p, perm, spec.cloned()).await?),
         Loc::Local(_) => None,
     };
     let mut off = 0u64;

@@ -258,10 +258,11 @@ pub async fn stat(ctx: &Ctx, a: StatArgs) -> Result<()> {
         if let Some(l) = &attr.layout {
             let servers: Vec<String> = l.servers.iter().map(|s| s.to_string()).collect();
             println!(
-                "Layout: stripe_size={} stripe_count={} servers={}",
+                "Layout: stripe_size={} stripe_count={} servers={} replicas={}",
                 l.stripe_size,
                 l.servers.len(),
-                servers.join(",")
+                servers.join(","),
+                l.replicas
             );
         }
     }

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     CHECK(memcmp(data, back, sizeof data) == 0 && shoal_close(f) == 0);
     /* A capacity of 0 asks for the count; a short one is ERANGE, writing nothing. */
     CHECK(shoal_get_layout(c, "/l/two", &l, NULL, 0) == 2);
-    shoal_layout untouched = {7, 7, 7, 7};
+    shoal_layout untouched = {7, 7, 7, 7, 7, 0};
     uint32_t one = 99;
     CHECK(shoal_get_layout(c, "/l/two", &untouched, &one, 1) == -1 && errno == ERANGE && one == 99);
     CHECK(untouched.stripe_size == 7 && untouched.first_server == 7);

@@ -509,7 +509,9 @@ pub fn manifest_dir() -> std::path::PathBuf {
 }
 
 /// Build the C library package `package` (the tests' own package does not depend on it)
-/// and return `<target>/release`, checking that each of `outputs` was made there.
+/// in the tests' own profile and return `<target>/<profile>`, checking that each of
+/// `outputs` was made there (release under `cargo test --release`, as CI runs them; dev
+/// otherwise, so that a developer's `cargo test` needs no second build of everything).
 ///
 /// Cargo and the package folder are taken from the environment cargo gives the running
 /// test, for the reason given at [`manifest_dir`].
@@ -517,17 +519,18 @@ pub fn manifest_dir() -> std::path::PathBuf {
 pub fn build_c_library(package: &str, outputs: &[&str]) -> std::path::PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
     let out = std::process::Command::new(&cargo)
-        .args(["build", "--release", "-p", package])
+        .args(["build", "-p", package])
+        .args(if cfg!(debug_assertions) { &[][..] } else { &["--release"][..] })
         .current_dir(manifest_dir())
         .output()
         .unwrap_or_else(|e| {
             panic!("run {} build -p {package} in {}: {e}", cargo.to_string_lossy(), manifest_dir().display())
         });
     assert!(out.status.success(), "building {package} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    // The test binary is <target>/release/deps/<test>-<hash>: the libraries are in
-    // <target>/release.
+    // The test binary is <target>/<profile>/deps/<test>-<hash>: the libraries are in
+    // <target>/<profile>.
     let exe = std::env::current_exe().expect("the test binary's path");
-    let dir = exe.parent().and_then(std::path::Path::parent).expect("<target>/release").to_path_buf();
+    let dir = exe.parent().and_then(std::path::Path::parent).expect("<target>/<profile>").to_path_buf();
     for f in outputs {
         assert!(dir.join(f).exists(), "{} was not made", dir.join(f).display());
     }

@@ -51,6 +51,7 @@ class Layout:
     first_server: int | None
     policy: Literal["same", "spread"] | None
     servers: list[int] | None
+    replicas: int | None
     def __init__(
         self,
         *,
@@ -58,6 +59,7 @@ class Layout:
         stripe_count: int | None = None,
         first_server: int | None = None,
         policy: Literal["same", "spread"] | None = None,
+        replicas: int | None = None,
     ) -> None: ...
 
 class File:
@@ -133,6 +135,7 @@ class Client:
         stripe_count: int | None = None,
         first_server: int | None = None,
         policy: Literal["same", "spread"] | None = None,
+        replicas: int | None = None,
     ) -> None: ...
     def statfs(self) -> StatFs: ...
     def read_bytes(self, path: str) -> bytes: ...
@@ -174,6 +177,7 @@ class AsyncClient:
         stripe_count: int | None = None,
         first_server: int | None = None,
         policy: Literal["same", "spread"] | None = None,
+        replicas: int | None = None,
     ) -> Awaitable[None]: ...
     def statfs(self) -> Awaitable[StatFs]: ...
     def read_bytes(self, path: str) -> Awaitable[bytes]: ...

@@ -69,6 +69,7 @@ pub async fn write_list(
     file_end: u64,
     inode_local: bool,
     data: Bytes,
+    copies: u8,
 ) -> R<Reply> {
     let total = list_total(&pieces)?;
     if total != data.len() {
@@ -78,7 +79,7 @@ pub async fn write_list(
         let mut at = 0;
         for p in &pieces {
             let len = p.len as usize;
-            st.data.write_with_crcs(ino, p.index, p.offset, &data[at..at + len], None)?;
+            st.data.write_with_crcs(ino, p.index, p.offset, &data[at..at + len], None, copies)?;
             at += len;
         }
         Ok(())
@@ -87,7 +88,8 @@ pub async fn write_list(
 }
 
 /// A write of `data` at `offset` in object `index` of `ino`; `crcs`: the CRC32C of its block
-/// pieces, when the connection computed them already (see `store::write_crcs`).
+/// pieces, when the connection computed them already (see `store::write_crcs`); `copies`:
+/// how many copies the file wants, for the data store (`DataStore::write`).
 #[allow(clippy::too_many_arguments)]
 pub async fn write(
     st: &Arc<State>,
@@ -98,9 +100,10 @@ pub async fn write(
     inode_local: bool,
     data: Bytes,
     crcs: Option<PieceCrcs>,
+    copies: u8,
 ) -> R<Reply> {
     let len = data.len() as u32;
-    let store = move |st: &State| st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref());
+    let store = move |st: &State| st.data.write_with_crcs(ino, index, offset, &data, crcs.as_ref(), copies);
     store_objects(st, ino, file_end, inode_local, len, store).await
 }
 
@@ -193,6 +196,9 @@ pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
     // a client's: this server, which holds the cluster key, vouches for them with a
     // capability of its own (the client's was checked on arrival).
     let cap = crate::caps::issue(st, ino, shoal_proto::cap::RIGHT_WRITE);
+    // The inode is here, so its layout says how many copies the pieces need: the append's
+    // request carries no count of its own that could disagree.
+    let copies = layout.replicas;
     let (data, layout, cap) = (&data, &layout, &cap);
     futures::stream::iter(pieces(layout, offset, len))
         .map(|p| async move {
@@ -200,7 +206,7 @@ pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
             let start = (p.file_offset - offset) as usize;
             let chunk = data.slice(start..start + p.len as usize);
             if server == st.id {
-                return st.blocking(move |st| st.data.write(ino, p.index, p.object_offset, &chunk)).await;
+                return st.blocking(move |st| st.data.write(ino, p.index, p.object_offset, &chunk, copies)).await;
             }
             let op = Op::Write {
                 ino,
@@ -209,6 +215,7 @@ pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
                 file_end: end,
                 inode_local: false,
                 cap: cap.clone(),
+                copies,
             };
             match st.peer_write(server, op, chunk).await {
                 Ok(Reply::Written { len }) if len as u64 == p.len => Ok(()),

@@ -123,6 +123,7 @@ pub async fn probe(st: &Arc<State>, url: &str) -> R<Reply> {
 }
 
 /// `FetchInto`: fetch every piece (at most `parallel` at once) into object `index` of `ino`.
+#[allow(clippy::too_many_arguments)]
 pub async fn fetch_into(
     st: &Arc<State>,
     url: &str,
@@ -131,6 +132,7 @@ pub async fn fetch_into(
     pieces: Vec<FetchPiece>,
     parallel: u32,
     etag: Option<String>,
+    copies: u8,
 ) -> R<Reply> {
     let url = check_url(st, url)?;
     if pieces.len() > MAX_FETCH_PIECES {
@@ -141,7 +143,7 @@ pub async fn fetch_into(
     }
     let parallel = parallel.clamp(1, MAX_PARALLEL) as usize;
     let total: u64 = futures::stream::iter(pieces)
-        .map(|p| fetch_piece(st, &url, etag.as_deref(), ino, index, p))
+        .map(|p| fetch_piece(st, &url, etag.as_deref(), ino, index, p, copies))
         .buffer_unordered(parallel)
         .try_fold(0u64, |sum, n| async move { Ok(sum + n) })
         .await?;
@@ -156,6 +158,7 @@ async fn fetch_piece(
     ino: Ino,
     index: u32,
     p: FetchPiece,
+    copies: u8,
 ) -> R<u64> {
     let last = p.file_offset + p.len - 1;
     let mut req = http()?.get(url.clone()).header("Range", format!("bytes={}-{last}", p.file_offset));
@@ -190,7 +193,7 @@ async fn fetch_piece(
             let chunk: Bytes = buf.split().freeze();
             let at = p.offset + stored;
             stored += chunk.len() as u64;
-            st.blocking(move |st| st.data.write_with_crcs(ino, index, at, &chunk, None)).await?;
+            st.blocking(move |st| st.data.write_with_crcs(ino, index, at, &chunk, None, copies)).await?;
         }
         if done {
             break;

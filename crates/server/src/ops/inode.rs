@@ -109,11 +109,12 @@ async fn cut_objects(st: &Arc<State>, ino: Ino, layout: &shoal_proto::msg::Layou
     let cuts = layout.servers.iter().enumerate().map(|(i, &server)| {
         let index = i as u32;
         let len = object_len(layout, index, size);
+        let copies = layout.replicas;
         async move {
             if server == st.id {
-                st.blocking(move |st| st.data.truncate(ino, index, len)).await
+                st.blocking(move |st| st.data.truncate(ino, index, len, copies)).await
             } else {
-                st.peer(server, Op::PeerTruncateObject { ino, index, len })
+                st.peer(server, Op::PeerTruncateObject { ino, index, len, copies })
                     .await
                     .map(|_| ())
                     .map_err(|e| Fail::peer(server, e))

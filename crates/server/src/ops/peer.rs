@@ -132,6 +132,6 @@ pub async fn delete_objects(st: &Arc<State>, objects: Vec<(Ino, u32)>) -> R<Repl
     st.blocking(move |st| st.data.delete_objects(&objects).map(|_| Reply::Ok)).await
 }
 
-pub async fn truncate_object(st: &Arc<State>, ino: Ino, index: u32, len: u64) -> R<Reply> {
-    st.blocking(move |st| st.data.truncate(ino, index, len).map(|_| Reply::Ok)).await
+pub async fn truncate_object(st: &Arc<State>, ino: Ino, index: u32, len: u64, copies: u8) -> R<Reply> {
+    st.blocking(move |st| st.data.truncate(ino, index, len, copies).map(|_| Reply::Ok)).await
 }

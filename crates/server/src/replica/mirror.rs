@@ -131,8 +131,8 @@ impl Mirror {
             let position = first + k as u64;
             let r = match change {
                 ReplChange::Meta { .. } => self.meta.apply_replicated(&bytes, &encode_position(incarnation, position)),
-                ReplChange::Write { ino, index, offset, .. } => self.data.write(ino, index, offset, &bytes),
-                ReplChange::Truncate { ino, index, len } => self.data.truncate(ino, index, len),
+                ReplChange::Write { ino, index, offset, .. } => self.data.write(ino, index, offset, &bytes, 1),
+                ReplChange::Truncate { ino, index, len } => self.data.truncate(ino, index, len, 1),
                 ReplChange::Delete { objects } => self.data.delete_objects(&objects),
                 ReplChange::Reply { session, request, reply } => {
                     self.replies.keep(session, request, *reply);

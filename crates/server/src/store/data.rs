@@ -306,14 +306,31 @@ impl DataStore {
     /// of the blocks it touches: pending (new and old) in the sidecar before the data,
     /// settled in memory after, and in the sidecar later (lazily, `sums_cache.rs`; the crash
     /// invariant of `checksums.rs` holds at every instant).
-    pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8]) -> R<()> {
-        self.write_with_crcs(ino, index, offset, data, None)
+    ///
+    /// `copies` is how many copies of the object its file wants (the layout's `replicas`,
+    /// carried by the request). This store keeps one, on this server; the others are the
+    /// replication log's to make (`replica/`). Today the log ships every change of every
+    /// object to every mirror whatever `copies` says — more copies than asked, never fewer:
+    /// a mirror skipping the data of a file whose metadata it holds would serve zeros for
+    /// it after a failover. Keeping fewer copies of a file that asks for fewer is open.
+    pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8], copies: u8) -> R<()> {
+        self.write_with_crcs(ino, index, offset, data, None, copies)
     }
 
     /// [`DataStore::write`], with the CRC32C of the write's block pieces when the caller has
     /// them already (`crcs`, from [`PieceCrcs::compute`] over the same bytes: the connection
     /// computed them to verify the frame's data checksum, `net.rs`); computed here otherwise.
-    pub fn write_with_crcs(&self, ino: Ino, index: u32, offset: u64, data: &[u8], crcs: Option<&PieceCrcs>) -> R<()> {
+    pub fn write_with_crcs(
+        &self,
+        ino: Ino,
+        index: u32,
+        offset: u64,
+        data: &[u8],
+        crcs: Option<&PieceCrcs>,
+        copies: u8,
+    ) -> R<()> {
+        // One copy here, and the log ships to every mirror, whatever `copies` says; see `write`.
+        let _ = copies;
         let end = offset.saturating_add(data.len() as u64);
         if end > i64::MAX as u64 {
             return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
@@ -468,8 +485,10 @@ impl DataStore {
     /// Shorten object `index` to `len` bytes if it is longer (a missing object stays missing:
     /// it reads as zeros anyway). The checksums follow the crash invariant: the blocks that
     /// change (the one cut in the middle, those dropped) are pending before the cut, the
-    /// cut block settled and the dropped entries removed after.
-    pub fn truncate(&self, ino: Ino, index: u32, len: u64) -> R<()> {
+    /// cut block settled and the dropped entries removed after. `copies` as in
+    /// [`DataStore::write`]: the replication layer cuts the other copies.
+    pub fn truncate(&self, ino: Ino, index: u32, len: u64, copies: u8) -> R<()> {
+        let _ = copies;
         let _g = self.lock(ino, index).write();
         let Some(obj) = self.open_object(ino, index, false)? else { return Ok(()) };
         let mut mem = obj.mem.lock();
@@ -803,17 +822,17 @@ mod tests {
         let d = DataStore::open(dir.path()).unwrap();
         let ino = Ino(0xabcd_0012);
         assert!(rd(&d, ino, 0, 0, 10).is_empty());
-        d.write(ino, 1, 5, b"hello").unwrap();
+        d.write(ino, 1, 5, b"hello", 1).unwrap();
         assert!(d.path(ino, 1).ends_with("12/00000000abcd0012.1"));
         assert!(d.sums_path(ino, 1).ends_with("12/00000000abcd0012.1.crc"));
         assert_eq!(rd(&d, ino, 1, 0, 100), b"\0\0\0\0\0hello");
         // beyond 4 GiB, sparse
-        d.write(ino, 1, 5 << 30, b"far").unwrap();
+        d.write(ino, 1, 5 << 30, b"far", 1).unwrap();
         assert_eq!(rd(&d, ino, 1, (5 << 30) - 1, 10), b"\0far");
         d.sync(ino, true).unwrap();
-        d.truncate(ino, 1, 7).unwrap();
+        d.truncate(ino, 1, 7, 1).unwrap();
         assert_eq!(rd(&d, ino, 1, 0, 100), b"\0\0\0\0\0he");
-        d.truncate(ino, 3, 0).unwrap(); // missing: fine
+        d.truncate(ino, 3, 0, 1).unwrap(); // missing: fine
         assert_eq!(d.count(), 1);
         assert_eq!(d.list(), vec![(ino, 1)]);
         d.delete_objects(&[(ino, 0), (ino, 1), (ino, 2)]).unwrap();
@@ -859,7 +878,7 @@ mod tests {
             (8 * b, pat(1, 8)),         // extend by one byte at a block start
         ];
         for (off, data) in steps {
-            d.write(ino, 0, off as u64, &data).unwrap();
+            d.write(ino, 0, off as u64, &data, 1).unwrap();
             put(&mut model, off, &data);
             check_clean(&d, ino, &model);
         }
@@ -867,14 +886,14 @@ mod tests {
         assert_eq!(rd(&d, ino, 0, (b - 20) as u64, 50), model[b - 20..b + 30]);
         // Truncate to mid-block, then extend over the cut: the bytes after the cut are zeros.
         for len in [5 * b + 1000, 3 * b, 3 * b - 1, 10] {
-            d.truncate(ino, 0, len as u64).unwrap();
+            d.truncate(ino, 0, len as u64, 1).unwrap();
             model.truncate(len);
             check_clean(&d, ino, &model);
         }
-        d.write(ino, 0, 20, b"xy").unwrap();
+        d.write(ino, 0, 20, b"xy", 1).unwrap();
         put(&mut model, 20, b"xy");
         check_clean(&d, ino, &model);
-        d.write(ino, 0, (2 * b) as u64, b"z").unwrap();
+        d.write(ino, 0, (2 * b) as u64, b"z", 1).unwrap();
         put(&mut model, 2 * b, b"z");
         check_clean(&d, ino, &model);
     }
@@ -886,7 +905,7 @@ mod tests {
         let ino = Ino(0x52);
         let b = BLOCK as usize;
         let body: Vec<u8> = (0..3 * b + 500).map(|i| (i % 251) as u8).collect();
-        d.write(ino, 0, 0, &body).unwrap();
+        d.write(ino, 0, 0, &body, 1).unwrap();
         let path = d.path(ino, 0);
         let f = OpenOptions::new().read(true).write(true).open(&path).unwrap();
         let mut byte = [0u8];
@@ -898,11 +917,11 @@ mod tests {
         assert_eq!(rd(&d, ino, 0, 0, b), body[..b]);
         assert_eq!(rd(&d, ino, 0, 2 * b as u64, 2 * b), body[2 * b..]);
         // A partial write does not bless the damaged block; scrub names it, and only it.
-        assert_eq!(d.write(ino, 0, (b + 5) as u64, b"q").unwrap_err().errno, Errno::EIO);
+        assert_eq!(d.write(ino, 0, (b + 5) as u64, b"q", 1).unwrap_err().errno, Errno::EIO);
         let (_, bad) = d.scrub_object(ino, 0, 2, |_| {}, || {}).unwrap();
         assert_eq!(bad.iter().map(|x| (x.path.clone(), x.offset)).collect::<Vec<_>>(), vec![(path, b as u64)]);
         // Rewriting the whole block repairs it.
-        d.write(ino, 0, b as u64, &body[b..2 * b]).unwrap();
+        d.write(ino, 0, b as u64, &body[b..2 * b], 1).unwrap();
         check_clean(&d, ino, &body);
     }
 
@@ -931,7 +950,7 @@ mod tests {
         let new: Vec<u8> = vec![9u8; 2 * b];
         {
             let d = DataStore::open(dir.path()).unwrap();
-            d.write(ino, 0, 0, &old).unwrap();
+            d.write(ino, 0, 0, &old, 1).unwrap();
             // What a server killed between steps (1) and (3) of a write leaves: entries pending,
             // block 0 with the new bytes, block 1 still old.
             let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
@@ -966,13 +985,13 @@ mod tests {
         // the end (the piece after was written first), most inside blocks written before.
         let piece = |i: u64| -> Vec<u8> { (0..47_008u64).map(|j| (i * 7 + j % 251) as u8).collect() };
         let mut model = Vec::new();
-        d.write(ino, 0, 0, &piece(0)).unwrap();
+        d.write(ino, 0, 0, &piece(0), 1).unwrap();
         put(&mut model, 0, &piece(0));
         for i in [2u64, 1, 3, 5, 4, 6, 7] {
             let off = i * 47_008;
             let (c0, c1) = (syscalls(), syscalls()); // what reading the counters costs
             let before = syscalls();
-            d.write(ino, 0, off, &piece(i)).unwrap();
+            d.write(ino, 0, off, &piece(i), 1).unwrap();
             let after = syscalls();
             let cost = (c1.0 - c0.0, c1.1 - c0.1);
             let after = (after.0 - cost.0, after.1 - cost.1);
@@ -992,8 +1011,8 @@ mod tests {
         let body: Vec<u8> = (0..3 * b + 77).map(|i| (i % 239) as u8).collect();
         {
             let d = DataStore::open(dir.path()).unwrap();
-            d.write(ino, 0, 0, &body).unwrap();
-            d.write(ino, 0, 100, b"again").unwrap();
+            d.write(ino, 0, 0, &body, 1).unwrap();
+            d.write(ino, 0, 100, b"again", 1).unwrap();
             // Not synced: the checksum file still says pending (new or old), which the block
             // satisfies; dropping the store here is what `kill -9` leaves.
             let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
@@ -1003,7 +1022,7 @@ mod tests {
         put(&mut expect, 100, b"again");
         let d = DataStore::open(dir.path()).unwrap();
         check_clean(&d, ino, &expect);
-        d.write(ino, 0, 5, b"x").unwrap();
+        d.write(ino, 0, 5, b"x", 1).unwrap();
         put(&mut expect, 5, b"x");
         d.sync(ino, true).unwrap();
         let s = Sidecar::open(&d.sums_path(ino, 0)).unwrap().unwrap();
@@ -1026,7 +1045,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = DataStore::open(dir.path()).unwrap();
         for i in 0..(FD_CACHE as u64 + 300) {
-            d.write(Ino(i + 2), 0, 0, &i.to_le_bytes()).unwrap();
+            d.write(Ino(i + 2), 0, 0, &i.to_le_bytes(), 1).unwrap();
         }
         for i in 0..(FD_CACHE as u64 + 300) {
             assert_eq!(rd(&d, Ino(i + 2), 0, 0, 8), i.to_le_bytes());

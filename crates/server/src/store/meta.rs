@@ -1196,6 +1196,7 @@ mod tests {
             layout: Some(Layout {
                 stripe_size: 4096,
                 servers: vec![shoal_proto::ServerId(0), shoal_proto::ServerId(2)],
+                replicas: 1,
             }),
             dir_default: None,
             parent: None,

@@ -25,7 +25,7 @@ use crate::store::meta::{
     AppliedRecord, EntryRecord, GcRecord, InodeRecord, Intent, IntentRecord, OrphanRecord, PartitionRecord,
 };
 use prost::Message;
-use shoal_proto::msg::{DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, Reply, Timestamp};
+use shoal_proto::msg::{DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, Reply, Timestamp, REPLICAS_MAX};
 use shoal_proto::{Ino, ServerId};
 
 pub mod v1;
@@ -114,6 +114,10 @@ pub struct StoredLayout {
     /// Server ids holding objects 0, 1, … (packed).
     #[prost(uint32, repeated, tag = "2")]
     pub servers: Vec<u32>,
+    /// Copies the file wants of each object; written only when not 1, so records of files
+    /// with one copy are byte for byte those of before (absent = 1).
+    #[prost(uint32, optional, tag = "3")]
+    pub replicas: Option<u32>,
 }
 
 #[derive(Clone, PartialEq, Eq, Message)]
@@ -126,6 +130,8 @@ pub struct StoredLayoutSpec {
     pub first_server: Option<u32>,
     #[prost(enumeration = "Policy", optional, tag = "4")]
     pub policy: Option<i32>,
+    #[prost(uint32, optional, tag = "5")]
+    pub replicas: Option<u32>,
 }
 
 /// `i` ino.
@@ -383,11 +389,28 @@ fn time_in(t: Option<Time>, what: &str) -> Result<Timestamp, String> {
 }
 
 fn layout_out(l: &Layout) -> StoredLayout {
-    StoredLayout { stripe_size: l.stripe_size, servers: l.servers.iter().map(|s| s.0).collect() }
+    StoredLayout {
+        stripe_size: l.stripe_size,
+        servers: l.servers.iter().map(|s| s.0).collect(),
+        replicas: (l.replicas != 1).then_some(l.replicas.into()),
+    }
 }
 
-fn layout_in(l: StoredLayout) -> Layout {
-    Layout { stripe_size: l.stripe_size, servers: l.servers.into_iter().map(ServerId).collect() }
+/// A stored replica count: 1 ..= `REPLICAS_MAX` (anything else was never written by this
+/// code: a damaged record, `EIO`, rather than a count placement cannot honour).
+fn replicas_in(r: u32) -> Result<u8, String> {
+    u8::try_from(r)
+        .ok()
+        .filter(|r| (1..=REPLICAS_MAX).contains(r))
+        .ok_or_else(|| format!("replica count {r} out of range 1 to {REPLICAS_MAX}"))
+}
+
+fn layout_in(l: StoredLayout) -> Result<Layout, String> {
+    Ok(Layout {
+        stripe_size: l.stripe_size,
+        servers: l.servers.into_iter().map(ServerId).collect(),
+        replicas: l.replicas.map(replicas_in).transpose()?.unwrap_or(1),
+    })
 }
 
 fn spec_out(s: &LayoutSpec) -> StoredLayoutSpec {
@@ -402,6 +425,7 @@ fn spec_out(s: &LayoutSpec) -> StoredLayoutSpec {
                 PlacementPolicy::Load => Policy::Load,
             }) as i32
         }),
+        replicas: s.replicas.map(u32::from),
     }
 }
 
@@ -419,6 +443,7 @@ fn spec_in(s: StoredLayoutSpec) -> Result<LayoutSpec, String> {
         stripe_count: s.stripe_count,
         first_server: s.first_server.map(ServerId),
         policy,
+        replicas: s.replicas.map(replicas_in).transpose()?,
     })
 }
 
@@ -453,7 +478,7 @@ impl Record for InodeRecord {
             atime: time_in(s.atime, "atime")?,
             mtime: time_in(s.mtime, "mtime")?,
             ctime: time_in(s.ctime, "ctime")?,
-            layout: s.layout.map(layout_in),
+            layout: s.layout.map(layout_in).transpose()?,
             dir_default: s.dir_default.map(spec_in).transpose()?,
             parent: s.parent.map(Ino),
             target: s.target,
@@ -605,7 +630,7 @@ impl Record for GcRecord {
         Gc { created: self.created, layout: Some(layout_out(&self.layout)) }
     }
     fn from_stored(s: Gc) -> Result<GcRecord, String> {
-        Ok(GcRecord { created: s.created, layout: layout_in(s.layout.ok_or("no layout")?) })
+        Ok(GcRecord { created: s.created, layout: layout_in(s.layout.ok_or("no layout")?)? })
     }
 }
 
@@ -638,7 +663,7 @@ mod tests {
             atime: Timestamp { secs: 5, nsecs: 6 },
             mtime: Timestamp { secs: 5, nsecs: 6 },
             ctime: Timestamp { secs: 5, nsecs: 6 },
-            layout: Some(Layout { stripe_size: 4096, servers: vec![ServerId(0), ServerId(2)] }),
+            layout: Some(Layout { stripe_size: 4096, servers: vec![ServerId(0), ServerId(2)], replicas: 1 }),
             dir_default: None,
             parent: None,
             target: None,
@@ -666,6 +691,34 @@ mod tests {
         // or target.
         assert_eq!(hex(&bytes), "0310a40318012002280330013a04080510064204080510064a0408051006520708802012020002");
         assert_eq!(decode::<InodeRecord>(&"inode", &bytes).unwrap(), inode());
+    }
+
+    /// Golden vectors of a replica count: the file's (`Layout` field 3) and a directory
+    /// default's (`LayoutSpec` field 5). One copy is not written (the vector above).
+    #[test]
+    fn replica_counts_encode_to_the_documented_bytes() {
+        let mut file = inode();
+        file.layout.as_mut().unwrap().replicas = 3;
+        let bytes = encode(&file);
+        // as above, but the layout is 9 bytes long and ends with field 3 (varint) = 3
+        assert_eq!(hex(&bytes), "0310a40318012002280330013a04080510064204080510064a04080510065209088020120200021803");
+        assert_eq!(decode::<InodeRecord>(&"inode", &bytes).unwrap(), file);
+        let mut dir = inode();
+        dir.kind = FileKind::Dir;
+        dir.layout = None;
+        dir.dir_default = Some(LayoutSpec { replicas: Some(2), ..LayoutSpec::default() });
+        let bytes = encode(&dir);
+        // kind Dir (08 01) first; then dir_default (field 11, 2 bytes): field 5 (varint) = 2
+        assert!(hex(&bytes).starts_with("030801"), "{}", hex(&bytes));
+        assert!(hex(&bytes).ends_with("5a022802"), "{}", hex(&bytes));
+        assert_eq!(decode::<InodeRecord>(&"inode", &bytes).unwrap(), dir);
+        // A count this code never writes is a damaged record, named, not a panic.
+        let mut stored = file.to_stored();
+        stored.layout.as_mut().unwrap().replicas = Some(9);
+        let mut bad = vec![VALUE_PROTOBUF];
+        bad.extend(stored.encode_to_vec());
+        let e = decode::<InodeRecord>(&"inode 5", &bad).unwrap_err();
+        assert!(format!("{e:?}").contains("replica count 9 out of range 1 to 3"), "{e:?}");
     }
 
     /// Golden vector of a partition record holding a directory inode with a bitmap (format 4).

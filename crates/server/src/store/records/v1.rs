@@ -79,7 +79,8 @@ impl<'a> Rd<'a> {
             return Err(format!("{n} servers beyond the value"));
         }
         let servers = (0..n).map(|_| self.u32().map(ServerId)).collect::<D<_>>()?;
-        Ok(Layout { stripe_size, servers })
+        // Formats 1 and 2 knew one copy only.
+        Ok(Layout { stripe_size, servers, replicas: 1 })
     }
     fn spec(&mut self) -> D<LayoutSpec> {
         Ok(LayoutSpec {
@@ -91,6 +92,7 @@ impl<'a> Rd<'a> {
                 1 => Ok(PlacementPolicy::Spread),
                 v => Err(format!("placement policy {v}")),
             })?,
+            replicas: None,
         })
     }
     fn done<T>(self, v: T) -> D<T> {

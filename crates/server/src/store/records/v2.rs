@@ -151,7 +151,8 @@ fn time(t: Time) -> Timestamp {
 }
 
 fn layout(l: StoredLayout) -> Layout {
-    Layout { stripe_size: l.stripe_size, servers: l.servers.into_iter().map(ServerId).collect() }
+    // Formats 1 and 2 knew one copy only.
+    Layout { stripe_size: l.stripe_size, servers: l.servers.into_iter().map(ServerId).collect(), replicas: 1 }
 }
 
 pub fn inode(bytes: &[u8]) -> D<InodeRecord> {
@@ -175,6 +176,7 @@ pub fn inode(bytes: &[u8]) -> D<InodeRecord> {
                 Policy::Same => PlacementPolicy::Same,
                 Policy::Spread => PlacementPolicy::Spread,
             }),
+            replicas: None,
         }),
         parent: s.parent.map(Ino),
         target: s.target,
