@@ -8,6 +8,10 @@
 //! machine is written without `sync`: after a crash it is rebuilt by applying the log again
 //! from the last applied id that did reach the disk.
 
+// openraft's storage traits fix the error type (`StorageError`, large by its design); our helpers
+// return it as the traits do.
+#![allow(clippy::result_large_err)]
+
 use crate::doc::{self, ApplyResult, Command, MapDoc};
 use crate::TypeConfig;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};

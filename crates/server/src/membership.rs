@@ -85,6 +85,7 @@ pub async fn start(
     if st.membership.set(group).is_err() {
         anyhow::bail!("the map group was started twice");
     }
+    tokio::spawn(rejoin_loop(weak.clone(), base.clone()));
     tokio::spawn(async move {
         while docs.changed().await.is_ok() {
             let doc = docs.borrow_and_update().clone();
@@ -150,5 +151,32 @@ pub async fn propose(st: &Arc<State>, cred: &Cred, expect_version: u64, toml: St
         }
         Err(e @ shoal_membership::ProposeError::Invalid(_)) => fail(Errno::EINVAL, e.to_string()),
         Err(e) => fail(Errno::EIO, e.to_string()),
+    }
+}
+
+/// How often a server checks whether the map has it down.
+const REJOIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// For the server's life: whenever the group's map has this server `down` (the leader's
+/// failure detector marked it while it was dead, frozen or cut off) and the server is
+/// serving, propose it `up` again. The detector never marks a server up itself: only the
+/// server knows it is back.
+async fn rejoin_loop(st: Weak<State>, base: PathBuf) {
+    loop {
+        tokio::time::sleep(REJOIN_EVERY).await;
+        let Some(st) = st.upgrade() else { return };
+        let Some(group) = st.membership.get() else { continue };
+        let doc = group.current();
+        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { continue };
+        let Some(me) = map.servers.iter_mut().find(|s| s.id == st.id.0) else { continue };
+        if me.state != shoal_placement::map::ServerState::Down {
+            continue;
+        }
+        me.state = shoal_placement::map::ServerState::Up;
+        map.cluster.version = doc.version + 1;
+        match group.propose(doc.version, map.to_toml()).await {
+            Ok(v) => tracing::info!("marked up again in the cluster map (version {v})"),
+            Err(e) => tracing::debug!("cannot mark this server up yet: {e}"),
+        }
     }
 }

@@ -42,11 +42,14 @@ pub async fn run(ctx: &Ctx, c: MapCmd) -> Result<()> {
     }
 }
 
-/// The newest map any server answers with: (server asked, version, text, leader, voters).
-async fn newest(client: &Client) -> Result<(ServerId, u64, String, Option<u32>, Vec<u32>)> {
+/// What one server says of the map: (server asked, version, text, leader, voters).
+type Answer = (ServerId, u64, String, Option<u32>, Vec<u32>);
+
+/// The newest map any server answers with.
+async fn newest(client: &Client) -> Result<Answer> {
     let servers: Vec<ServerId> = client.map().servers.iter().map(|s| s.server_id()).collect();
     let answers = futures::future::join_all(servers.iter().map(|&s| client.get_map(s))).await;
-    let mut best: Option<(ServerId, u64, String, Option<u32>, Vec<u32>)> = None;
+    let mut best: Option<Answer> = None;
     let mut last_err = None;
     for (s, a) in servers.into_iter().zip(answers) {
         match a {
