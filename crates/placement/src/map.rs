@@ -395,8 +395,14 @@ impl ClusterMap {
             .map_err(|e| MapError::Parse { path: path.into(), message: parse_message(&text, &e) })?;
         map.validate().map_err(|message| MapError::Invalid { path: path.into(), message })?;
         let mut map = map;
-        let base = path.parent().unwrap_or(Path::new("."));
-        let sec = &mut map.security;
+        map.resolve_key_paths(path.parent().unwrap_or(Path::new(".")));
+        Ok(map)
+    }
+
+    /// Make the relative paths of the `[security]` files relative to `base` (the map file's
+    /// folder).
+    fn resolve_key_paths(&mut self, base: &Path) {
+        let sec = &mut self.security;
         for key in [
             &mut sec.cluster_key,
             &mut sec.host_key,
@@ -410,7 +416,6 @@ impl ClusterMap {
                 *key = base.join(&*key);
             }
         }
-        Ok(map)
     }
 
     /// Parse and validate a map received as text (from the replicated map, `GetMap`). Relative
@@ -419,20 +424,7 @@ impl ClusterMap {
     pub fn from_toml(text: &str, base: &Path) -> Result<ClusterMap, String> {
         let mut map: ClusterMap = toml::from_str(text).map_err(|e| parse_message(text, &e))?;
         map.validate()?;
-        let sec = &mut map.security;
-        for key in [
-            &mut sec.cluster_key,
-            &mut sec.host_key,
-            &mut sec.identity_socket,
-            &mut sec.tls_ca,
-            &mut sec.tls_ca_key,
-            &mut sec.tls_cert,
-            &mut sec.tls_key,
-        ] {
-            if key.is_relative() {
-                *key = base.join(&*key);
-            }
-        }
+        map.resolve_key_paths(base);
         Ok(map)
     }
 
