@@ -29,8 +29,8 @@ use std::time::Instant;
 
 /// State shared by a client and its clones (and by clients made with `with_cred`).
 struct Shared {
-    /// The pool in use; replaced when the map is reloaded after a stale-map answer.
-    pool: RwLock<Arc<Pool>>,
+    /// The connections; it follows each newer map (`Pool::set_map`).
+    pool: Arc<Pool>,
     /// Every map this client has used, newest last. Append-only so that [`Client::map`]
     /// can hand out plain references.
     maps: Mutex<Vec<Arc<ClusterMap>>>,
@@ -41,8 +41,6 @@ struct Shared {
     /// Map fetches finished (`refresh_map`): a caller that waited for another's fetch uses
     /// its result instead of asking again.
     map_fetches: std::sync::atomic::AtomicU64,
-    /// Traffic counted by pools that were replaced.
-    retired_traffic: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
     cache: Cache,
     /// This client instance's session id, sent in every connection's handshake: servers
     /// keep the files it removed while open for as long as it stays connected.
@@ -54,8 +52,6 @@ struct Shared {
     leases: Arc<LeaseCache>,
     /// Partition bitmaps of split directories (`partitions.rs`).
     bitmaps: Bitmaps,
-    /// Where the pools' connections hand servers' notices (kept for a reloaded pool).
-    notices: Option<shoal_rpc::NoticeSink>,
     /// Attribute leases held (`attr_leases.rs`).
     attr_leases: Arc<AttrLeases>,
     /// Runs of attribute asks per directory (`stat_ahead.rs`).
@@ -275,7 +271,7 @@ fn notice_sink(shared: std::sync::Weak<Shared>) -> shoal_rpc::NoticeSink {
                 return;
             }
             let Some(sh) = weak.upgrade() else { return };
-            let pool = sh.pool.read().clone();
+            let pool = sh.pool.clone();
             drop(sh);
             let op = Op::LeaseAck { ids };
             if let Err(e) = pool.request(server, &shoal_proto::msg::Cred::root(), op, Bytes::new()).await {
@@ -284,6 +280,26 @@ fn notice_sink(shared: std::sync::Weak<Shared>) -> shoal_rpc::NoticeSink {
             }
         });
     }))
+}
+
+/// How long one server may take to answer `GetMap` before the next one is asked.
+const MAP_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How the pool fetches the newest map while it waits for a failover: the client's own
+/// [`Client::refresh_map`] (one fetch shared by every waiting call). Holds the client
+/// weakly (the pool it is in is the client's).
+fn map_refresh(shared: std::sync::Weak<Shared>, opts: ClientOptions) -> shoal_rpc::MapRefresh {
+    let opts = Arc::new(opts);
+    Arc::new(move || {
+        let client = shared.upgrade().map(|shared| Client { shared, opts: opts.clone() });
+        Box::pin(async move {
+            if let Some(c) = client {
+                if let Err(e) = c.refresh_map().await {
+                    tracing::debug!("fetching the cluster map during a failover: {e}");
+                }
+            }
+        })
+    })
 }
 
 /// Attributes carried by a create-like reply.
@@ -343,21 +359,24 @@ impl Client {
         let term = lease_term(&opts);
         let shared = Arc::new_cyclic(|weak| {
             let notices = (!term.is_zero()).then(|| notice_sink(weak.clone()));
-            let pool = Pool::new(map.clone(), pool_options(&opts, session, notices.clone()));
+            let mut popts = pool_options(&opts, session, notices);
+            popts.failover = (!opts.failover_wait.is_zero()).then(|| shoal_rpc::Failover {
+                wait: opts.failover_wait,
+                refresh: Some(map_refresh(weak.clone(), opts.clone())),
+            });
+            let pool = Pool::new(map.clone(), popts);
             Shared {
-                pool: RwLock::new(Arc::new(pool)),
+                pool: Arc::new(pool),
                 maps: Mutex::new(vec![Arc::new(map)]),
                 config,
                 reload: tokio::sync::Mutex::new(()),
                 map_fetches: std::sync::atomic::AtomicU64::new(0),
-                retired_traffic: Mutex::new(HashMap::new()),
                 cache: Cache::new(opts.cache_ttl),
                 session,
                 open_files: OpenFiles::default(),
                 cap_stash: crate::caps::Stash::default(),
                 leases: Arc::new(LeaseCache::new(term)),
                 bitmaps: Bitmaps::default(),
-                notices,
                 attr_leases: Arc::new(AttrLeases::new(opts.attr_leases && !term.is_zero())),
                 stat_ahead: StatAhead::default(),
                 on_revoke: RwLock::new(None),
@@ -395,14 +414,7 @@ impl Client {
 
     /// Requests sent, bytes sent and bytes received per server, since the client was made.
     pub fn traffic(&self) -> HashMap<ServerId, (u64, u64, u64)> {
-        let mut all = self.shared.retired_traffic.lock().clone();
-        for (s, (r, tx, rx)) in self.pool().traffic() {
-            let e = all.entry(s).or_default();
-            e.0 += r;
-            e.1 += tx;
-            e.2 += rx;
-        }
-        all
+        self.shared.pool.traffic()
     }
 
     /// The home server of `ino` under the current map: it holds the inode and, for a
@@ -473,7 +485,7 @@ impl Client {
     }
 
     pub(crate) fn pool(&self) -> Arc<Pool> {
-        self.shared.pool.read().clone()
+        self.shared.pool.clone()
     }
 
     /// Whether `server` agreed on the feature bit `feature` in `Hello` (connecting to it if
@@ -557,11 +569,12 @@ impl Client {
 
     async fn call_routed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
         let pool = self.pool();
+        let seen = pool.map().version();
         let server = self.target(&pool, to);
         let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
         match (pool.request(server, &self.opts.cred, op, data).await, retry) {
             (Err(e), Some((op, data))) if e.errno() == Errno::ESTALE => {
-                if !self.reload_map(&pool).await? {
+                if !self.reload_map(seen).await? {
                     return Err(Error::new(
                         Errno::ESTALE,
                         format!(
@@ -624,11 +637,13 @@ impl Client {
         Ok(found)
     }
 
-    /// Re-read the config file after `failed` got a stale-map answer. True if a newer map
-    /// is now in use (by this call or a concurrent one).
-    async fn reload_map(&self, failed: &Arc<Pool>) -> Result<bool> {
+    /// Re-read the config file and ask the servers after a call routed by map version
+    /// `seen` got a stale-map answer. True if a newer map is now in use (by this call or a
+    /// concurrent one).
+    async fn reload_map(&self, seen: u64) -> Result<bool> {
         let _one = self.shared.reload.lock().await;
-        if !Arc::ptr_eq(&self.pool(), failed) {
+        let failed = self.pool();
+        if failed.map().version() > seen {
             return Ok(true);
         }
         let mut newest: Option<ClusterMap> = None;
@@ -640,7 +655,7 @@ impl Client {
         }
         // The servers hold the replicated map (docs/membership.md): it may be newer than
         // the file.
-        if let Some(map) = self.fetch_map(failed).await {
+        if let Some(map) = self.fetch_map(&failed).await {
             if map.version() > newest.as_ref().map_or(failed.map().version(), |m| m.version()) {
                 newest = Some(map);
             }
@@ -648,7 +663,7 @@ impl Client {
         self.shared.map_fetches.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         match newest {
             Some(map) => {
-                self.install_map(failed, map);
+                self.install_map(&failed, map);
                 Ok(true)
             }
             None => Ok(false),
@@ -662,7 +677,12 @@ impl Client {
         let base = self.shared.config.as_deref().and_then(|p| p.parent()).unwrap_or(std::path::Path::new("."));
         for s in map.servers.iter().filter(|s| s.state != shoal_placement::map::ServerState::Out) {
             let op = Op::GetMap { known: map.version() };
-            match pool.request(s.server_id(), &self.opts.cred, op, Bytes::new()).await {
+            // Bounded: a frozen server must not hold up the search (a failover waits on it).
+            let asked =
+                tokio::time::timeout(MAP_FETCH_TIMEOUT, pool.request(s.server_id(), &self.opts.cred, op, Bytes::new()));
+            match asked.await.unwrap_or_else(|_| {
+                Err(shoal_rpc::CallError::Transport { errno: Errno::ETIMEDOUT, reason: "no answer".into() })
+            }) {
                 Ok((Reply::Map { toml, .. }, _)) => match ClusterMap::from_toml(&toml, base) {
                     Ok(m) => return Some(m),
                     Err(e) => tracing::warn!("server {} sent a map this client cannot use: {e}", s.id),
@@ -695,22 +715,14 @@ impl Client {
         .map_err(|e| e.within(format_args!("map change through server {server}")))
     }
 
-    /// Route by `map` from now on (replacing the pool `failed`).
-    fn install_map(&self, failed: &Arc<Pool>, map: ClusterMap) {
-        tracing::info!("cluster map version {} -> {}", failed.map().version(), map.version());
-        let pool = Arc::new(Pool::new(
-            map.clone(),
-            pool_options(&self.opts, self.shared.session, self.shared.notices.clone()),
-        ));
-        self.shared.maps.lock().push(Arc::new(map));
-        let old = std::mem::replace(&mut *self.shared.pool.write(), pool);
-        let mut retired = self.shared.retired_traffic.lock();
-        for (s, (r, tx, rx)) in old.traffic() {
-            let e = retired.entry(s).or_default();
-            e.0 += r;
-            e.1 += tx;
-            e.2 += rx;
-        }
+    /// Route by `map` from now on. The pool stays (`Pool::set_map`): connections to servers
+    /// whose address did not change stay open, and with them the leases granted on them, so
+    /// a map change that moves no server (one marked down and up again, say) costs no
+    /// cached state.
+    fn install_map(&self, pool: &Pool, map: ClusterMap) {
+        tracing::info!("cluster map version {} -> {}", pool.map().version(), map.version());
+        self.shared.maps.lock().push(Arc::new(map.clone()));
+        pool.set_map(map);
     }
 
     /// Fetch the newest cluster map from the servers (and the config file) and route by it
@@ -719,7 +731,7 @@ impl Client {
     /// arriving while a fetch is under way share its result.
     pub async fn refresh_map(&self) -> Result<u64> {
         let seen = self.shared.map_fetches.load(std::sync::atomic::Ordering::SeqCst);
-        let pool = self.pool();
+        let version = self.pool().map().version();
         {
             // Another caller's fetch finished while this one waited: use it.
             let _wait = self.shared.reload.lock().await;
@@ -727,7 +739,7 @@ impl Client {
                 return Ok(self.pool().map().version());
             }
         }
-        self.reload_map(&pool).await?;
+        self.reload_map(version).await?;
         Ok(self.pool().map().version())
     }
 

@@ -9,6 +9,11 @@ pub struct ClientOptions {
     /// How long one request may take (connecting included) before it fails with ETIMEDOUT.
     /// A dead server therefore gives an error, never a hang. Default 30 s.
     pub timeout: Duration,
+    /// With replicas (`[cluster] replicas` ≥ 2): how long a request to a server that
+    /// cannot be reached waits for its slot to fail over to a mirror, fetching the newest
+    /// map as it waits (docs/failover.md). Zero: fail at once. Default 15 s, well above
+    /// the detection delay (`[membership] down_after_ms`) plus the promotion.
+    pub failover_wait: Duration,
     /// How long cached directory entries (positive and negative), attributes and symlink
     /// targets are trusted. Default 1 s; zero disables caching.
     pub cache_ttl: Duration,
@@ -76,6 +81,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
             timeout: Duration::from_secs(30),
+            failover_wait: Duration::from_secs(15),
             cache_ttl: Duration::from_secs(1),
             cred: Cred::current(),
             connections_per_server: 2,

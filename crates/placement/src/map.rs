@@ -86,6 +86,14 @@ pub struct ServerEntry {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<String>,
+    /// After a failover: the server whose process serves this slot now, from its mirror
+    /// copy (at `addr`). The slot's own server, if it comes back, must not serve it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<u32>,
+    /// Mirrors of this slot that missed changes (the primary went on without them, with the
+    /// group's consent): their copies are not to be promoted until resynchronised.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub behind: Vec<u32>,
 }
 
 impl ServerEntry {
@@ -463,6 +471,8 @@ impl ClusterMap {
                     weight: 1.0,
                     state: ServerState::Up,
                     http: None,
+                    served_by: None,
+                    behind: Vec::new(),
                 })
                 .collect(),
             security: Security::default(),
@@ -500,6 +510,14 @@ impl ClusterMap {
             }
             if let Some(other) = self.servers[..i].iter().find(|o| same_addr(&o.addr, &s.addr)) {
                 return Err(format!("server {}: addr {} is also the address of server {}", s.id, s.addr, other.id));
+            }
+            if let Some(h) = s.served_by {
+                if h == s.id || !self.servers.iter().any(|o| o.id == h) {
+                    return Err(format!("server {}: served_by {h} must be another server of the map", s.id));
+                }
+            }
+            if let Some(b) = s.behind.iter().find(|b| !self.servers.iter().any(|o| o.id == **b)) {
+                return Err(format!("server {}: behind names server {b}, which is not in the map", s.id));
             }
             if let Some(http) = &s.http {
                 if !is_host_port(http) {
@@ -579,12 +597,28 @@ impl ClusterMap {
 
     /// The servers that mirror `slot`'s stores: the next `replicas - 1` servers after it in
     /// map order (wrapping), whatever their state (a down mirror is out of sync, not
-    /// replaced: moving a mirror is a rebalancing).
+    /// replaced: moving a mirror is a rebalancing), except the server that serves the slot
+    /// since a failover (its copy became the slot: the slot runs with one copy fewer).
     pub fn mirrors_of(&self, slot: ServerId) -> Vec<ServerId> {
         let n = self.servers.len();
         let Some(at) = self.servers.iter().position(|s| s.id == slot.0) else { return Vec::new() };
+        let host = self.servers[at].served_by;
         let copies = (self.cluster.replicas as usize).clamp(1, n);
-        (1..copies).map(|k| ServerId(self.servers[(at + k) % n].id)).collect()
+        (1..copies).map(|k| ServerId(self.servers[(at + k) % n].id)).filter(|m| Some(m.0) != host).collect()
+    }
+
+    /// The mirror to promote when `slot`'s primary is down: the first of its mirrors that is
+    /// up and not behind. `None` when the slot is up, already failed over, or has no such
+    /// mirror.
+    pub fn promotion_of(&self, slot: ServerId) -> Option<ServerId> {
+        let entry = self.server(slot)?;
+        if entry.state != ServerState::Down || entry.served_by.is_some() {
+            return None;
+        }
+        self.mirrors_of(slot).into_iter().find(|m| {
+            !entry.behind.contains(&m.0)
+                && self.server(*m).is_some_and(|e| e.state == ServerState::Up && e.served_by.is_none())
+        })
     }
 
     /// The slots whose stores `server` mirrors (the inverse of [`ClusterMap::mirrors_of`]).

@@ -76,7 +76,34 @@ pub struct PoolOptions {
     /// (a notice may have been lost with it). Called on the connection's reader task: it
     /// must not block. Only connections that negotiated `FEATURE_LEASES` receive notices.
     pub notices: Option<NoticeSink>,
+    /// With replicas (`[cluster] replicas` ≥ 2): how a call to a server that cannot be
+    /// reached waits for the slot to fail over to a mirror (`Failover`). `None`: such a call
+    /// fails at once, as with a single copy.
+    pub failover: Option<Failover>,
 }
+
+/// How calls ride out a failover: a call whose server cannot be reached (connection refused
+/// or lost, no answer in time) is sent again, same request id, for up to `wait`, each time
+/// after `refresh` (which brings a newer map into the pool, if there is one: the slot's new
+/// address). The same id lets the new primary's reply cache (the mirror's copy of the old
+/// primary's) answer a request the old primary applied but could not answer.
+#[derive(Clone)]
+pub struct Failover {
+    pub wait: Duration,
+    pub refresh: Option<MapRefresh>,
+}
+
+impl std::fmt::Debug for Failover {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Failover").field("wait", &self.wait).finish()
+    }
+}
+
+/// Fetches the newest cluster map and installs it with [`Pool::set_map`].
+pub type MapRefresh = Arc<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// Longest pause between two attempts during a failover.
+const FAILOVER_PAUSE_MAX: Duration = Duration::from_millis(400);
 
 /// A receiver of servers' notices (see [`PoolOptions::notices`]).
 #[derive(Clone)]
@@ -99,6 +126,7 @@ impl Default for PoolOptions {
             peer_keys: None,
             host_keys: None,
             notices: None,
+            failover: None,
         }
     }
 }
@@ -652,7 +680,22 @@ impl Pool {
         *cur = Arc::new(map);
         drop(cur);
         if !moved.is_empty() {
-            self.conns.lock().retain(|(server, _), _| !moved.contains(server));
+            {
+                // A moved server starts afresh: not silent, and calls waiting on the old
+                // address (a frozen server's) fail now, so that a failover retries them.
+                let mut live = self.liveness.write();
+                for s in &moved {
+                    live.insert(*s, Arc::new(Liveness::new()));
+                }
+            }
+            let gone: Vec<Arc<Conn>> = {
+                let mut conns = self.conns.lock();
+                let keys: Vec<_> = conns.keys().filter(|(server, _)| moved.contains(server)).copied().collect();
+                keys.into_iter().filter_map(|k| conns.remove(&k)).collect()
+            };
+            for c in gone {
+                fail_all(&c.broken, &c.pending, CallError::transport(Errno::ENOTCONN, "the server moved (a new map)"));
+            }
         }
     }
 
@@ -741,6 +784,72 @@ impl Pool {
         op: Op,
         data: Bytes,
     ) -> Result<(Reply, Bytes), CallError> {
+        let req = Request { cred: cred.clone(), map_version: self.map.read().version(), op };
+        let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
+        match self.request_once(server, &req, &data, id).await {
+            Err(e) if self.fails_over(&req.op, &e) => Box::pin(self.fail_over(server, req, data, id, e)).await,
+            r => r,
+        }
+    }
+
+    /// Whether a call that failed with `e` waits for a failover (see [`Failover`]): with
+    /// replicas, for an unreachable server, and not for the messages that have their own
+    /// retries (the map group's, replication, map fetches).
+    fn fails_over(&self, op: &Op, e: &CallError) -> bool {
+        self.opts.failover.is_some()
+            && self.map().cluster.replicas >= 2
+            && matches!(e, CallError::Transport { errno, .. } if *errno == Errno::ENOTCONN || *errno == Errno::ETIMEDOUT)
+            && !matches!(
+                op,
+                Op::GetMap { .. }
+                    | Op::ProposeMap { .. }
+                    | Op::PeerRaft { .. }
+                    | Op::PeerReplicate { .. }
+                    | Op::Hello { .. }
+            )
+    }
+
+    /// Send request `id` again until it is answered or the failover wait is over; each
+    /// attempt names the newest map.
+    async fn fail_over(
+        &self,
+        server: ServerId,
+        mut req: Request,
+        data: Bytes,
+        id: u64,
+        first: CallError,
+    ) -> Result<(Reply, Bytes), CallError> {
+        let Some(failover) = self.opts.failover.clone() else { return Err(first) };
+        let deadline = Instant::now() + failover.wait;
+        tracing::info!("server {server}: {first}; waiting up to {:?} for a failover", failover.wait);
+        let mut last = first;
+        let mut pause = Duration::from_millis(50);
+        while Instant::now() < deadline {
+            if let Some(refresh) = &failover.refresh {
+                refresh().await;
+            }
+            tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+            pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
+            req.map_version = self.map().version();
+            match self.request_once(server, &req, &data, id).await {
+                Err(e) if self.fails_over(&req.op, &e) => last = e,
+                // The slot's new server routes by a newer map than this pool got so far
+                // (the move and the fetch crossed): fetch again, same request id.
+                Err(e @ CallError::Server { errno: Errno::ESTALE, .. }) => last = e,
+                r => return r,
+            }
+        }
+        Err(last)
+    }
+
+    /// One attempt at request `id`, bounded by the pool's timeout.
+    async fn request_once(
+        &self,
+        server: ServerId,
+        req: &Request,
+        data: &Bytes,
+        id: u64,
+    ) -> Result<(Reply, Bytes), CallError> {
         let live = self.liveness_of(server)?;
         let live = &live;
         if live.is_silent() {
@@ -752,7 +861,9 @@ impl Pool {
         let heard = live.heard();
         // Boxed for the same reason as connecting (`conn`): every client operation's future
         // holds this one, and is moved whole into tasks and `FuturesUnordered`.
-        match tokio::time::timeout(self.opts.timeout, Box::pin(self.call_inner(server, live, cred, op, data))).await {
+        match tokio::time::timeout(self.opts.timeout, Box::pin(self.call_inner(server, live, req, data.clone(), id)))
+            .await
+        {
             Ok(r) => r,
             Err(_) => {
                 if live.heard() == heard {
@@ -767,14 +878,12 @@ impl Pool {
         &self,
         server: ServerId,
         live: &Arc<Liveness>,
-        cred: &Cred,
-        op: Op,
+        req: &Request,
         data: Bytes,
+        id: u64,
     ) -> Result<(Reply, Bytes), CallError> {
-        let version = self.map.read().version();
-        let req = Request { cred: cred.clone(), map_version: version, op };
-        let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
-        let frame = Frame::request(id, &req, data)
+        let version = req.map_version;
+        let frame = Frame::request(id, req, data)
             .map_err(|e| CallError::transport(Errno::EINVAL, format!("cannot encode the request: {e}")))?;
         let sent = (frame.body.len() + frame.data.len()) as u64;
         let conn = self.conn(server, live).await?;

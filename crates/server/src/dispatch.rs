@@ -269,7 +269,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             st.load.heard(load);
             Reply::Load(st.load.report())
         }
-        Op::PeerReplicate { slot, incarnation, first, changes } => match st.replica.mirrors.get(&slot) {
+        Op::PeerReplicate { slot, incarnation, first, changes } => match st.replica.mirror(slot) {
             Some(m) => m.apply(incarnation, first, changes, data).await?,
             None => return fail(Errno::EINVAL, format!("server {} keeps no mirror of server {slot}", st.id)),
         },

@@ -29,6 +29,7 @@ mod conn_io;
 mod counters;
 mod dispatch;
 mod error;
+mod failover;
 mod http;
 mod intents;
 pub mod leases;
@@ -205,33 +206,20 @@ impl Server {
             .map_err(|e| anyhow!("start-up task failed: {e}"))??;
 
         let state_cell: Arc<std::sync::OnceLock<std::sync::Weak<State>>> = Arc::default();
-        let pool = Pool::new(
-            map.clone(),
-            PoolOptions {
-                timeout: PEER_TIMEOUT,
-                connections_per_server: 2,
-                client_name: format!("shoald {id}"),
-                session: 0,
-                // Prove the cluster key to peers: the ring the state holds now (reloaded on
-                // SIGHUP), read at each new connection.
-                peer_keys: Some(shoal_rpc::auth::PeerKeys(Arc::new({
-                    let state = state_cell.clone();
-                    move || state.get().and_then(std::sync::Weak::upgrade).and_then(|st: Arc<State>| st.key_ring())
-                }))),
-                ..PoolOptions::default()
-            },
-        );
+        let pool = peer_pool(map.clone(), id, &state_cell);
         let parts = partitions::Partitions::load(meta.partitions().map_err(|e| anyhow!("{e}"))?);
         let mut state = State::new(id, map, data_dir, meta, data, space, pool, keys);
         state.parts = parts;
         state.load = load::Load::new(id, opts.throttle_mb_s);
         state.replica = replica::Replication::open(&state).await.map_err(|e| anyhow!("{e}"))?;
+        let _ = state.failover.options.set(opts.clone());
         if let Some(mb) = opts.throttle_mb_s {
             tracing::warn!("data reads and writes throttled to {mb} MB/s (--throttle)");
         }
         let state = Arc::new(state);
         let _ = state_cell.set(Arc::downgrade(&state));
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
+        membership::catch_up_at_start(&state, &opts.config).await;
 
         let st = state.clone();
         let pending = state
@@ -280,6 +268,73 @@ impl Server {
             orphan_grace: opts.orphan_grace,
             tls,
         })
+    }
+
+    /// A server for `slot` over the stores of the mirror `host` kept of it (`failover.rs`),
+    /// routing by `map` (the map that moves the slot to `host`). Its replies cache is the
+    /// mirror's copy of the old primary's, so a retried request is still applied once.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn open_promoted(
+        host: &Arc<State>,
+        slot: ServerId,
+        opts: &ServerOptions,
+        map: ClusterMap,
+        data_dir: PathBuf,
+        meta: MetaStore,
+        data: DataStore,
+        replies: replies::Replies,
+    ) -> anyhow::Result<Server> {
+        let keys = load_cluster_key(&map, &opts.config)?;
+        let tls = load_tls(&map, &opts.config)?;
+        let limits = conn_limits(opts, map.servers.len());
+        meta.set_leases(Arc::new(leases::Leases::new(opts.lease_max)));
+        let space = Space::new(&data_dir);
+        let state_cell: Arc<std::sync::OnceLock<std::sync::Weak<State>>> = Arc::default();
+        let pool = peer_pool(map.clone(), slot, &state_cell);
+        let parts = partitions::Partitions::load(meta.partitions().map_err(|e| anyhow!("{e}"))?);
+        let mut state = State::new(slot, map, data_dir, meta, data, space, pool, keys);
+        state.parts = parts;
+        state.replies = replies;
+        state.failover = failover::Failover::promoted_on(host.id);
+        let _ = state.failover.options.set(opts.clone());
+        state.replica = replica::Replication::open_promoted(&state);
+        let state = Arc::new(state);
+        let _ = state_cell.set(Arc::downgrade(&state));
+        if let Some(group) = host.membership.get() {
+            let _ = state.membership.set(group.clone());
+        }
+        let pending = state.blocking(|st| st.meta.intents()).await.map_err(|e| anyhow!("{e}"))?;
+        intents::pin_pending(&state, &pending).map_err(|e| anyhow!("{e}"))?;
+        Ok(Server {
+            listen: String::new(),
+            http_listen: None,
+            config: opts.config.clone(),
+            limits,
+            orphan_grace: opts.orphan_grace,
+            tls,
+            state,
+        })
+    }
+
+    /// The server's shared state.
+    pub(crate) fn state(&self) -> Arc<State> {
+        self.state.clone()
+    }
+
+    /// Close the stores without serving (a promotion that did not happen).
+    pub(crate) async fn close(self) {
+        let st = self.state;
+        let _ = st.blocking(|st| st.meta.sync_wal()).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut st = st;
+        while let Err(s) = Arc::try_unwrap(st) {
+            if Instant::now() >= deadline {
+                tracing::warn!("a store stays open: something still holds it");
+                return;
+            }
+            st = s;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// The address this server listens on unless told otherwise.
@@ -333,8 +388,26 @@ impl Server {
         if self.tls.is_some() {
             tracing::info!("every connection is TLS 1.3");
         }
+        // Also ends when the server must stop serving (`State::stop_serving`).
+        let mut stopped = st.stop.subscribe();
+        let shutdown = async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = stopped.wait_for(|r| r.is_some()) => {}
+            }
+        };
         net::accept_loop(st.clone(), listener, self.limits, self.tls, shutdown).await;
+        let stop_reason = st.stop.borrow().clone();
         tracing::info!("server {} shutting down", st.id);
+        // Slots served here from mirror copies stop with this process.
+        st.stop.send_if_modified(|r| {
+            let was = r.is_none();
+            r.get_or_insert_with(|| "shutting down".into());
+            was
+        });
+        for h in st.failover.take_served() {
+            let _ = h.await;
+        }
         if let Some(http) = http {
             http.abort();
             let _ = http.await;
@@ -377,8 +450,37 @@ impl Server {
                 }
             }
         }
-        Ok(())
+        match stop_reason {
+            Some(reason) => Err(anyhow!(reason)),
+            None => Ok(()),
+        }
     }
+}
+
+/// Timeout of a call to another server that cannot be reached, while its slot may fail over
+/// to a mirror (`failover.rs`): detection, election and promotion fit well inside.
+const PEER_FAILOVER_WAIT: Duration = Duration::from_secs(15);
+
+/// The pool of connections to the other servers, as server `id`, proving the cluster key
+/// of the state `state_cell` will hold. Newer maps come through the group (`membership`).
+fn peer_pool(map: ClusterMap, id: ServerId, state_cell: &Arc<std::sync::OnceLock<std::sync::Weak<State>>>) -> Pool {
+    let state = state_cell.clone();
+    Pool::new(
+        map,
+        PoolOptions {
+            timeout: PEER_TIMEOUT,
+            connections_per_server: 2,
+            client_name: format!("shoald {id}"),
+            session: 0,
+            // Prove the cluster key to peers: the ring the state holds now (reloaded on
+            // SIGHUP), read at each new connection.
+            peer_keys: Some(shoal_rpc::auth::PeerKeys(Arc::new(move || {
+                state.get().and_then(std::sync::Weak::upgrade).and_then(|st: Arc<State>| st.key_ring())
+            }))),
+            failover: Some(shoal_rpc::Failover { wait: PEER_FAILOVER_WAIT, refresh: None }),
+            ..PoolOptions::default()
+        },
+    )
 }
 
 /// Raise the descriptor limit and decide how many connections to take.

@@ -96,25 +96,56 @@ pub async fn start(
     Ok(())
 }
 
+/// Keep `st` (a slot served here from a mirror copy, `failover.rs`) following the maps
+/// `group` (its host's member) applies.
+pub fn follow_group(st: &Arc<State>, group: &MapGroup, base: PathBuf) {
+    let mut docs = group.watch();
+    follow(st, &group.current(), &base);
+    let weak = Arc::downgrade(st);
+    tokio::spawn(async move {
+        while docs.changed().await.is_ok() {
+            let doc = docs.borrow_and_update().clone();
+            let Some(st) = weak.upgrade() else { return };
+            follow(&st, &doc, &base);
+        }
+    });
+}
+
 /// Route by `doc` from now on, if it is newer than the map in use.
-fn follow(st: &State, doc: &MapDoc, base: &Path) {
+fn follow(st: &Arc<State>, doc: &MapDoc, base: &Path) {
     if doc.version <= st.map.version() {
         return;
     }
     match ClusterMap::from_toml(&doc.toml, base) {
-        Ok(map) => {
-            tracing::info!("cluster map version {} (was {})", map.version(), st.map.version());
-            st.pool.set_map(map.clone());
-            st.map.set(map);
-        }
+        Ok(map) => follow_map(st, map),
         // The group checked it when it was proposed; a map this build cannot read (from a
         // newer version) is reported and the old one kept.
         Err(e) => tracing::error!("cluster map version {} is not usable here: {e}", doc.version),
     }
 }
 
+/// Route by `map` (newer than the one in use), and act on what it says about failovers.
+fn follow_map(st: &Arc<State>, map: ClusterMap) {
+    if map.version() <= st.map.version() {
+        return;
+    }
+    tracing::info!("cluster map version {} (was {})", map.version(), st.map.version());
+    st.pool.set_map(map.clone());
+    st.map.set(map);
+    crate::failover::on_map(st);
+}
+
 /// Answer a `PeerRaft` message.
 pub async fn handle(st: &Arc<State>, kind: u8, payload: &[u8]) -> R<Reply> {
+    if let Some(host) = st.failover.host {
+        return fail(
+            Errno::EINVAL,
+            format!(
+                "server {} is served from server {host}'s copy since a failover: it has no member of the map group",
+                st.id
+            ),
+        );
+    }
     let Some(group) = st.membership.get() else {
         return fail(Errno::EAGAIN, "the map group is not started yet");
     };
@@ -154,6 +185,36 @@ pub async fn propose(st: &Arc<State>, cred: &Cred, expect_version: u64, toml: St
     }
 }
 
+/// At start, before serving: the newest map any other server holds (a server that was away
+/// may have had its slot failed over, and must know before it answers anyone).
+pub async fn catch_up_at_start(st: &Arc<State>, config: &Path) {
+    let base = config.parent().unwrap_or(Path::new(".")).to_path_buf();
+    let n = st.map.get().servers.len();
+    for turn in 0..n {
+        catch_up(st, &base, turn).await;
+    }
+}
+
+/// Ask one other server (a different one each `turn`) for its map, and follow it if it is
+/// newer. The group's messages may not reach this server: after a failover, its id's
+/// address is the promoted copy's, so a server coming back learns the map this way.
+async fn catch_up(st: &Arc<State>, base: &Path, turn: usize) {
+    let map = st.map.get();
+    let others: Vec<ServerId> = map.servers.iter().map(|s| s.server_id()).filter(|&s| s != st.id).collect();
+    let Some(&peer) = others.get(turn % others.len().max(1)) else { return };
+    let op = Op::GetMap { known: map.version() };
+    let root = Cred::root();
+    let asked = tokio::time::timeout(REJOIN_EVERY, st.pool.request(peer, &root, op, Bytes::new()));
+    if let Ok(Ok((Reply::Map { version, toml, .. }, _))) = asked.await {
+        if version > st.map.version() {
+            match ClusterMap::from_toml(&toml, base) {
+                Ok(m) => follow_map(st, m),
+                Err(e) => tracing::warn!("server {peer} sent a map this server cannot use: {e}"),
+            }
+        }
+    }
+}
+
 /// How often a server checks whether the map has it down.
 const REJOIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -162,14 +223,18 @@ const REJOIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// serving, propose it `up` again. The detector never marks a server up itself: only the
 /// server knows it is back.
 async fn rejoin_loop(st: Weak<State>, base: PathBuf) {
+    let mut turn = 0usize;
     loop {
         tokio::time::sleep(REJOIN_EVERY).await;
         let Some(st) = st.upgrade() else { return };
         let Some(group) = st.membership.get() else { continue };
+        turn += 1;
+        catch_up(&st, &base, turn).await;
         let doc = group.current();
         let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { continue };
         let Some(me) = map.servers.iter_mut().find(|s| s.id == st.id.0) else { continue };
-        if me.state != shoal_placement::map::ServerState::Down {
+        // A slot that failed over is not this server's to mark up (`failover::on_map`).
+        if me.state != shoal_placement::map::ServerState::Down || me.served_by.is_some() {
             continue;
         }
         me.state = shoal_placement::map::ServerState::Up;

@@ -74,6 +74,13 @@ pub struct State {
     pub load: crate::load::Load,
     /// Its replication log and the mirrors it keeps (`replica/`).
     pub replica: crate::replica::Replication,
+    /// Failover (`failover.rs`): for a slot served from a mirror copy, the server whose
+    /// process serves it; the slots this process serves that way; how it was started (to
+    /// start those the same way).
+    pub failover: crate::failover::Failover,
+    /// Set to a reason when this server must stop serving (its slot failed over while it
+    /// was away, or its host process stops): the accept loop ends on it.
+    pub stop: tokio::sync::watch::Sender<Option<String>>,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -134,7 +141,21 @@ impl State {
             parts: Default::default(),
             load: crate::load::Load::new(id, None),
             replica: Default::default(),
+            failover: Default::default(),
+            stop: tokio::sync::watch::channel(None).0,
         }
+    }
+
+    /// Stop serving, for `reason` (said once in the log and by `serve`).
+    pub fn stop_serving(&self, reason: String) {
+        self.stop.send_if_modified(|r| {
+            if r.is_some() {
+                return false;
+            }
+            tracing::error!("server {}: {reason}", self.id);
+            *r = Some(reason);
+            true
+        });
     }
 
     /// Hand a deleted file's objects to the gc task (after the commit that wrote its `g`

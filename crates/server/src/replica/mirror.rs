@@ -63,6 +63,11 @@ impl Mirror {
         Ok(Mirror { slot, dir, meta, data, replies: Replies::new(), position: tokio::sync::Mutex::new(position) })
     }
 
+    /// The stores and the kept replies, to serve the slot from this copy (`failover.rs`).
+    pub fn into_parts(self) -> (PathBuf, MetaStore, DataStore, Replies) {
+        (self.dir, self.meta, self.data, self.replies)
+    }
+
     /// (incarnation, last position applied).
     pub async fn position(&self) -> (u64, u64) {
         *self.position.lock().await

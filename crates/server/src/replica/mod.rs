@@ -25,8 +25,9 @@ use std::sync::Arc;
 pub struct Replication {
     /// The replication log of this server's own slot, when it has mirrors.
     pub log: Option<Arc<ReplLog>>,
-    /// The mirrors this server keeps, by slot.
-    pub mirrors: HashMap<ServerId, Arc<Mirror>>,
+    /// The mirrors this server keeps, by slot (one leaves when it is promoted to serve
+    /// its slot: `failover.rs`).
+    mirrors: parking_lot::RwLock<HashMap<ServerId, Arc<Mirror>>>,
 }
 
 impl Replication {
@@ -47,7 +48,42 @@ impl Replication {
             st.data.set_replication(l.clone());
             tracing::info!("mirrored on servers {mirrors_of:?} (incarnation {:x})", l.incarnation);
         }
-        Ok(Replication { log, mirrors })
+        Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors) })
+    }
+
+    /// The replication of a slot served from a mirror copy after a failover: its log, for
+    /// the mirrors the map gives it now, and no mirrors of other slots (those stayed with
+    /// the dead server's process).
+    pub fn open_promoted(st: &crate::state::State) -> Replication {
+        let mirrors_of = st.map.mirrors_of(st.id);
+        let log = (!mirrors_of.is_empty()).then(|| Arc::new(ReplLog::new(&mirrors_of)));
+        if let Some(l) = &log {
+            st.meta.set_replication(l.clone());
+            st.data.set_replication(l.clone());
+        }
+        Replication { log, mirrors: Default::default() }
+    }
+
+    /// The mirror of `slot` this server keeps, if any.
+    pub fn mirror(&self, slot: ServerId) -> Option<Arc<Mirror>> {
+        self.mirrors.read().get(&slot).cloned()
+    }
+
+    /// The slots this server keeps mirrors of.
+    pub fn mirror_slots(&self) -> Vec<ServerId> {
+        let mut v: Vec<ServerId> = self.mirrors.read().keys().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Stop keeping the mirror of `slot` (to serve it): it takes no more changes.
+    pub fn take_mirror(&self, slot: ServerId) -> Option<Arc<Mirror>> {
+        self.mirrors.write().remove(&slot)
+    }
+
+    /// Keep the mirror of `slot` again (a promotion that did not happen).
+    pub fn give_back(&self, slot: ServerId, mirror: Arc<Mirror>) {
+        self.mirrors.write().insert(slot, mirror);
     }
 
     /// Wait until what a reply or a step to another server may depend on is held by every

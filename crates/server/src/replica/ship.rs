@@ -32,7 +32,7 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
         let (first, changes, data) = log.take(applied);
         if changes.is_empty() {
             // Trimmed past what this mirror applied: it can no longer follow.
-            log.mark_out_of_sync(mirror);
+            go_on_without(&st, &log, mirror).await;
             return;
         }
         let payload = concat(&data);
@@ -56,7 +56,7 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
                     st.id,
                     log.incarnation
                 );
-                log.mark_out_of_sync(mirror);
+                go_on_without(&st, &log, mirror).await;
                 return;
             }
             Ok((other, _)) => tracing::warn!("mirror {mirror} answered PeerReplicate with {other:?}"),
@@ -75,10 +75,18 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
                 st.id,
                 since.elapsed()
             );
-            log.mark_out_of_sync(mirror);
+            go_on_without(&st, &log, mirror).await;
             return;
         }
         tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// Stop waiting for `mirror`, once the map group has recorded it as behind (so that it is
+/// never promoted over changes it lacks: `failover.rs`). Until then replies keep waiting.
+async fn go_on_without(st: &Arc<State>, log: &ReplLog, mirror: ServerId) {
+    if crate::failover::consent_to_go_on_without(st, mirror).await {
+        log.mark_out_of_sync(mirror);
     }
 }
 

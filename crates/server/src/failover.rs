@@ -1,0 +1,292 @@
+//! Failover (docs/failover.md): when the map marks a slot's primary `down`, the first of its
+//! mirrors that is up and not behind serves the slot from its copy, in its own process, on a
+//! new port of its own host, and moves the slot there through the map group.
+//!
+//! The rules that keep one primary per slot (no split brain):
+//! * A mirror is promoted only by a map change the group commits (compare-and-set): the
+//!   slot's entry gets `served_by` (the host), its new `addr`, and `state = up`.
+//! * A primary goes on without a mirror (replies stop waiting for it) only after the group
+//!   committed that mirror into the slot's `behind` list (`consent_to_go_on_without`); a
+//!   mirror in `behind` is never promoted. So a primary cut off from the group stalls
+//!   instead of acknowledging what a promoted mirror would never see.
+//! * A server whose slot has `served_by` set (it failed over while the server was away) stops
+//!   serving as soon as it sees that map (`on_map`).
+
+use crate::state::State;
+use anyhow::{anyhow, Context};
+use parking_lot::Mutex;
+use shoal_placement::map::ServerState;
+use shoal_placement::ClusterMap;
+use shoal_proto::ServerId;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// A server's part in failover.
+#[derive(Default)]
+pub struct Failover {
+    /// For a slot served from a mirror copy: the server whose process serves it.
+    pub host: Option<ServerId>,
+    /// How this server was started (slots promoted here are started the same way).
+    pub options: OnceLock<crate::ServerOptions>,
+    /// The slots this process serves from its mirror copies, and their serving tasks.
+    served: Mutex<Vec<(ServerId, tokio::task::JoinHandle<()>)>>,
+    /// Slots whose promotion is under way here.
+    promoting: Mutex<HashSet<ServerId>>,
+}
+
+impl Failover {
+    /// The failover part of a slot served from `host`'s mirror copy.
+    pub fn promoted_on(host: ServerId) -> Failover {
+        Failover { host: Some(host), ..Default::default() }
+    }
+
+    /// The slots this process serves from mirror copies.
+    pub fn served(&self) -> Vec<ServerId> {
+        self.served.lock().iter().map(|(s, _)| *s).collect()
+    }
+
+    /// The serving tasks of promoted slots (to wait for them at shutdown).
+    pub fn take_served(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        self.served.lock().drain(..).map(|(_, h)| h).collect()
+    }
+}
+
+/// Tries of a map change that keeps losing the compare-and-set race.
+const PROPOSE_TRIES: usize = 20;
+/// How long a mirror being promoted may still be busy applying a batch.
+const MIRROR_QUIET_WAIT: Duration = Duration::from_secs(5);
+
+/// Where map files name relative paths from.
+fn map_base(st: &State) -> PathBuf {
+    st.failover
+        .options
+        .get()
+        .and_then(|o| o.config.parent().map(Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Called with each newer map a server follows: stop serving if this server's slot failed
+/// over while it was away, and promote the mirrors the map now wants served here.
+pub fn on_map(st: &Arc<State>) {
+    if st.failover.host.is_some() {
+        return;
+    }
+    let map = st.map.get();
+    if let Some(h) = map.server(st.id).and_then(|e| e.served_by) {
+        st.stop_serving(format!(
+            "server {} has served this slot from its copy since a failover (map version {}): this server's \
+             data directory is out of date, so it does not serve (rejoining as a mirror is not built yet: see \
+             docs/failover.md)",
+            h,
+            map.version()
+        ));
+        return;
+    }
+    let served = st.failover.served();
+    let wanted = map.servers.iter().map(|e| e.server_id()).filter(|&slot| {
+        map.promotion_of(slot) == Some(st.id)
+            // Served here before this process restarted: serve it again.
+            || (map.server(slot).and_then(|e| e.served_by) == Some(st.id.0) && !served.contains(&slot))
+    });
+    for slot in wanted.collect::<Vec<_>>() {
+        if st.failover.promoting.lock().insert(slot) {
+            tokio::spawn(promote(st.clone(), slot));
+        }
+    }
+}
+
+async fn promote(host: Arc<State>, slot: ServerId) {
+    tracing::warn!("server {slot} is down: serving it from the mirror this server keeps");
+    let started = std::time::Instant::now();
+    match promote_inner(&host, slot).await {
+        Ok(true) => tracing::warn!("server {slot} is served here now (promoted in {:?})", started.elapsed()),
+        Ok(false) => tracing::info!("server {slot} needs no promotion here any more"),
+        Err(e) => tracing::error!("promoting the mirror of server {slot}: {e:#}"),
+    }
+    host.failover.promoting.lock().remove(&slot);
+}
+
+/// The map `doc` with `slot` served by `host` at `addr`; `None` if the map no longer wants
+/// that (the slot is up again, or another mirror took it, or this one is behind).
+fn promoted_map(
+    toml: &str,
+    version: u64,
+    base: &Path,
+    slot: ServerId,
+    host: ServerId,
+    addr: &str,
+) -> Option<ClusterMap> {
+    let mut map = ClusterMap::from_toml(toml, base).ok()?;
+    let resumed = map.server(slot).and_then(|e| e.served_by) == Some(host.0);
+    if map.promotion_of(slot) != Some(host) && !resumed {
+        return None;
+    }
+    if resumed {
+        // Served here before this process restarted: only the address is new.
+        map.servers.iter_mut().find(|e| e.id == slot.0)?.addr = addr.to_string();
+        map.cluster.version = version + 1;
+        return Some(map);
+    }
+    let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
+    e.addr = addr.to_string();
+    e.state = ServerState::Up;
+    e.served_by = Some(host.0);
+    e.http = None;
+    e.behind.clear();
+    // Every other mirror holds positions of the old primary's incarnation: behind the new
+    // one until resynchronised.
+    let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
+    map.servers.iter_mut().find(|e| e.id == slot.0)?.behind = behind;
+    map.cluster.version = version + 1;
+    Some(map)
+}
+
+/// Promote the mirror of `slot`; false if the map no longer wants it.
+async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool> {
+    let group = host.membership.get().ok_or_else(|| anyhow!("the map group is not started"))?.clone();
+    let opts = host.failover.options.get().ok_or_else(|| anyhow!("start options unknown"))?.clone();
+    let base = map_base(host);
+    let own = host.map.get().server(host.id).map(|e| e.addr.clone()).context("this server is not in the map")?;
+    let ip = own.rsplit_once(':').map_or(own.as_str(), |(h, _)| h).to_string();
+    let listener = tokio::net::TcpListener::bind(format!("{ip}:0"))
+        .await
+        .with_context(|| format!("cannot listen on {ip} for server {slot}"))?;
+    let addr = format!("{ip}:{}", listener.local_addr()?.port());
+
+    let doc = group.current();
+    let Some(mut next) = promoted_map(&doc.toml, doc.version, &base, slot, host.id, &addr) else { return Ok(false) };
+    let mirror = match host.replica.take_mirror(slot) {
+        Some(m) => m,
+        // Not opened as a mirror at start (the map then had the slot served here already).
+        None if crate::replica::mirror::dir_of(&host.data_dir, slot).join("meta").is_dir() => {
+            let dd = host.data_dir.clone();
+            let m = tokio::task::spawn_blocking(move || crate::replica::mirror::Mirror::open(&dd, slot))
+                .await?
+                .map_err(|e| anyhow!("opening the copy of server {slot}: {e}"))?;
+            Arc::new(m)
+        }
+        None => return Ok(false),
+    };
+    // A batch being applied holds the mirror: let it finish (no new ones are taken).
+    let deadline = tokio::time::Instant::now() + MIRROR_QUIET_WAIT;
+    let mut mirror = mirror;
+    let mirror = loop {
+        match Arc::try_unwrap(mirror) {
+            Ok(m) => break m,
+            Err(m) if tokio::time::Instant::now() < deadline => {
+                mirror = m;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(m) => {
+                host.replica.give_back(slot, m);
+                return Err(anyhow!("the mirror stayed busy for {MIRROR_QUIET_WAIT:?}"));
+            }
+        }
+    };
+    let (inc, pos) = mirror.position().await;
+    let (dir, meta, data, replies) = mirror.into_parts();
+    let server =
+        crate::Server::open_promoted(host, ServerId(slot.0), &opts, next.clone(), dir.clone(), meta, data, replies)
+            .await
+            .with_context(|| format!("opening the copy under {}", dir.display()))?;
+    let promoted = server.state();
+    // Move the slot here through the group (compare-and-set; retried while others change
+    // the map, as long as the map still wants this promotion).
+    let mut expect = doc.version;
+    let mut done = None;
+    for _ in 0..PROPOSE_TRIES {
+        match group.propose(expect, next.to_toml()).await {
+            Ok(v) => {
+                done = Some(v);
+                break;
+            }
+            Err(shoal_membership::ProposeError::Conflict { .. }) => {
+                let doc = group.current();
+                match promoted_map(&doc.toml, doc.version, &base, slot, host.id, &addr) {
+                    Some(m) if m.mirrors_of(slot) == next.mirrors_of(slot) => {
+                        expect = doc.version;
+                        next = m;
+                    }
+                    _ => break,
+                }
+            }
+            Err(e) => {
+                tracing::warn!("moving server {slot} here: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    let Some(version) = done else {
+        // Not moved: close the copy and keep it as a mirror again.
+        drop(promoted);
+        server.close().await;
+        let m = tokio::task::spawn_blocking({
+            let dd = host.data_dir.clone();
+            move || crate::replica::mirror::Mirror::open(&dd, slot)
+        })
+        .await?
+        .map_err(|e| anyhow!("reopening the mirror of server {slot}: {e}"))?;
+        host.replica.give_back(slot, Arc::new(m));
+        return Ok(false);
+    };
+    promoted.map.set(next.clone());
+    promoted.pool.set_map(next);
+    tracing::info!(
+        "server {slot} moves to {addr} in map version {version}; its copy was at position {pos} of incarnation {inc:x}"
+    );
+    crate::membership::follow_group(&promoted, &group, base);
+    let stop = host.stop.subscribe();
+    let handle = tokio::spawn(async move {
+        let mut stop = stop;
+        let shutdown = async move {
+            let _ = stop.wait_for(|r| r.is_some()).await;
+        };
+        if let Err(e) = server.serve(listener, shutdown).await {
+            tracing::error!("server {slot} (served from this server's copy) stopped: {e:#}");
+        }
+    });
+    host.failover.served.lock().push((slot, handle));
+    Ok(true)
+}
+
+/// Before a primary goes on without `mirror` (replies stop waiting for it): have the group
+/// record the mirror as behind, so that it is never promoted over what is acknowledged
+/// without it. Retried while the group is out of reach (replies keep waiting meanwhile:
+/// a primary cut off from the group does not go on alone). False if this server must stop
+/// serving instead (its slot failed over).
+pub async fn consent_to_go_on_without(st: &Arc<State>, mirror: ServerId) -> bool {
+    let Some(group) = st.membership.get().cloned() else { return true };
+    let base = map_base(st);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if st.stop.borrow().is_some() {
+            return false;
+        }
+        let doc = group.current();
+        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { return false };
+        let Some(e) = map.servers.iter_mut().find(|e| e.id == st.id.0) else { return false };
+        if e.served_by.is_some() && e.served_by != st.failover.host.map(|h| h.0) {
+            on_map(st);
+            return false;
+        }
+        if e.behind.contains(&mirror.0) {
+            return true;
+        }
+        e.behind.push(mirror.0);
+        map.cluster.version = doc.version + 1;
+        match group.propose(doc.version, map.to_toml()).await {
+            Ok(v) => {
+                tracing::warn!("mirror {mirror} of server {} is behind (map version {v})", st.id);
+                return true;
+            }
+            Err(shoal_membership::ProposeError::Conflict { .. }) => continue,
+            Err(e) => {
+                tracing::warn!("cannot record mirror {mirror} of server {} as behind yet: {e}", st.id);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
