@@ -74,6 +74,9 @@ pub struct State {
     pub load: crate::load::Load,
     /// Its replication log and the mirrors it keeps (`replica/`).
     pub replica: crate::replica::Replication,
+    /// Files whose size is committed smaller while their objects are still to be cut
+    /// (`ops/truncate.rs`): nothing extends them until the cut is done.
+    pub cuts: crate::ops::truncate::PendingCuts,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -134,6 +137,7 @@ impl State {
             parts: Default::default(),
             load: crate::load::Load::new(id, None),
             replica: Default::default(),
+            cuts: Default::default(),
         }
     }
 
