@@ -7,7 +7,7 @@ use crate::perm::{self, W_OK};
 use crate::state::State;
 use crate::store::meta::{InodeRecord, Intent};
 use shoal_placement::resolve_layout;
-use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Op, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
+use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
 

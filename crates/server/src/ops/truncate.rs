@@ -70,15 +70,6 @@ impl PendingCuts {
             m.remove(&ino);
         }
     }
-
-    /// How many files wait for their cut.
-    pub fn len(&self) -> usize {
-        self.0.lock().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// Cut every object of a file to its share of `size`, on whichever server holds it.
