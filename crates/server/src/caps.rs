@@ -131,6 +131,10 @@ pub async fn open(
     if rights & !(RIGHT_READ | RIGHT_WRITE) != 0 {
         return fail(Errno::EINVAL, format!("capability rights {rights:#x} have unknown bits"));
     }
+    if rights & RIGHT_WRITE != 0 {
+        // A writer must not write beyond a committed truncate before its cut is done.
+        crate::ops::truncate::finish_pending(st, ino).await?;
+    }
     let renewal = renew.is_some_and(|c| renewable(st, &c, ino, rights));
     st.store(move |st| {
         let rec =

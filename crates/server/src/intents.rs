@@ -7,7 +7,7 @@
 //! which resumes it through the same code the live request ran — its remote steps sent
 //! again (each applied at most once), then its finish. Mkdirs are rolled back (recovery
 //! does not know the new directory's attributes), everything else is rolled forward
-//! (see each operation's `resume` in `ops/namespace/`).
+//! (see each operation's `resume` in `ops/namespace/`, and a truncate's in `ops/truncate.rs`).
 //!
 //! Pending object deletions (`g` records) are sent again. An unreachable peer leaves
 //! the record for the next round. Intents that a live request is still driving (see
@@ -34,9 +34,14 @@ pub const APPLIED_MAX_AGE_SECS: i64 = 24 * 3600;
 const GC_GRACE_SECS: i64 = 10;
 
 /// Pin the entries of intents found at start-up, and freeze the moving halves of splits, so
-/// that no request changes them before their replay resolves them.
+/// that no request changes them before their replay resolves them. Interrupted truncates
+/// get their new size now, before the server listens (`ops/truncate.rs`): from the first
+/// request on, the file reads as truncated, never as its old size over cut objects.
 pub fn pin_pending(st: &State, intents: &[(u64, IntentRecord)]) -> R<()> {
     for (op_id, rec) in intents {
+        if let crate::store::meta::Intent::Truncate { ino, size, .. } = rec.intent {
+            crate::ops::truncate::settle_now(st, *op_id, ino, size)?;
+        }
         if let Some((dir, name, kind)) = rec.intent.pinned_entry() {
             st.locks.pin(dir, name, *op_id, kind);
         }

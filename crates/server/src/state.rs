@@ -81,6 +81,9 @@ pub struct State {
     /// Set to a reason when this server must stop serving (its slot failed over while it
     /// was away, or its host process stops): the accept loop ends on it.
     pub stop: tokio::sync::watch::Sender<Option<String>>,
+    /// Files whose size is committed smaller while their objects are still to be cut
+    /// (`ops/truncate.rs`): nothing extends them until the cut is done.
+    pub cuts: crate::ops::truncate::PendingCuts,
 }
 
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
@@ -143,6 +146,7 @@ impl State {
             replica: Default::default(),
             failover: Default::default(),
             stop: tokio::sync::watch::channel(None).0,
+            cuts: Default::default(),
         }
     }
 

@@ -124,6 +124,7 @@ async fn store_objects(
         return Ok(Reply::Written { len });
     }
     st.require_home(ino)?;
+    super::truncate::finish_pending(st, ino).await?;
     let _g = st.locks.lock(&[ino]).await;
     st.blocking(move |st| {
         let mut txn = st.meta.txn();
@@ -169,6 +170,7 @@ const APPEND_PIECES_IN_FLIGHT: usize = 16;
 /// timeout, and the append fails with EIO.
 pub async fn append(st: &Arc<State>, ino: Ino, data: Bytes) -> R<Reply> {
     st.require_home(ino)?;
+    super::truncate::finish_pending(st, ino).await?;
     let _g = st.locks.lock(&[ino]).await;
     let (offset, layout) = st
         .store(move |st| {

@@ -6,9 +6,8 @@ use crate::error::{fail, Fail, R};
 use crate::perm::{self, W_OK};
 use crate::state::State;
 use crate::store::meta::{InodeRecord, Intent};
-use futures::future::join_all;
-use shoal_placement::{object_len, resolve_layout};
-use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Op, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
+use shoal_placement::resolve_layout;
+use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
 
@@ -18,7 +17,7 @@ const XATTRS_MAX: usize = 1024;
 const XATTR_NAME_MAX: usize = 255;
 
 /// The attribute holding file capabilities, dropped when a file's size is changed.
-const CAPS_XATTR: &str = "security.capability";
+pub(crate) const CAPS_XATTR: &str = "security.capability";
 
 fn no_inode(ino: Ino) -> Fail {
     Fail::new(Errno::ENOENT, format!("inode {ino} does not exist"))
@@ -104,26 +103,6 @@ pub fn apply_setattr(cred: &Cred, rec: &InodeRecord, set: &SetAttrs, now: Timest
     Ok(n)
 }
 
-/// Cut every object of a file to its share of `size`, on whichever server holds it.
-async fn cut_objects(st: &Arc<State>, ino: Ino, layout: &shoal_proto::msg::Layout, size: u64) -> R<()> {
-    let cuts = layout.servers.iter().enumerate().map(|(i, &server)| {
-        let index = i as u32;
-        let len = object_len(layout, index, size);
-        let copies = layout.replicas;
-        async move {
-            if server == st.id {
-                st.blocking(move |st| st.data.truncate(ino, index, len, copies)).await
-            } else {
-                st.peer(server, Op::PeerTruncateObject { ino, index, len, copies })
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| Fail::peer(server, e))
-            }
-        }
-    });
-    join_all(cuts).await.into_iter().collect::<R<Vec<()>>>().map(|_| ())
-}
-
 /// A size change drops file capabilities, whoever makes it (Linux's `file_remove_privs`),
 /// in the same batch as the size.
 fn drop_caps_on_size_change(txn: &mut crate::store::meta::Txn<'_>, ino: Ino, set: &SetAttrs) {
@@ -132,25 +111,32 @@ fn drop_caps_on_size_change(txn: &mut crate::store::meta::Txn<'_>, ino: Ino, set
     }
 }
 
-/// Times a shrinking `setattr` cuts the objects again because the inode changed meanwhile.
+/// Times a shrinking `setattr` cuts the objects again because the inode changed meanwhile,
+/// before it commits the size over those changes and finishes the cut as recovery would.
 const SETATTR_ATTEMPTS: u32 = 8;
 
-/// Change attributes. A shrinking truncate cuts the objects first (on other servers too), so
-/// the bytes beyond the new end are gone before the size says so, and a failure leaves the
-/// inode as it was. No lock is held while the objects are cut (`locks.rs`: never across a
-/// call to another server); instead the change commits only if the inode is still the one
-/// the cut was made for. If a write at the inode's home (which changes the record under the
-/// same lock), a size publication or another setattr came between, the attributes are
-/// computed again from the new record and the objects cut again, so that no byte written
-/// beyond the new end before the commit survives it.
+/// Change attributes. A shrinking truncate (`truncate.rs`) cuts the objects under an intent
+/// first (on other servers too) and commits the size after, so the bytes beyond the new end
+/// are gone before the size says so; if it is interrupted, the new size is committed and
+/// the cut finished by recovery, so the file never reads as its old size over cut objects.
+/// No lock is held while the objects are cut (`locks.rs`: never across a call to another
+/// server); instead the change commits only if the inode is still the one the cut was made
+/// for. If a write at the inode's home (which changes the record under the same lock), a
+/// size publication or another setattr came between, the attributes are computed again
+/// from the new record and the objects cut again, so that no byte written beyond the new
+/// end before the commit survives it. A file whose earlier truncate left a cut pending has
+/// it finished first (`truncate::finish_pending`): an extension must not show old bytes.
 pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<Reply> {
     st.require_home(ino)?;
+    super::truncate::finish_pending(st, ino).await?;
     // A split directory's partitions elsewhere check permissions against copies of its
     // attributes: an intent written with the change has them refreshed.
     let split = st.parts.is_split(ino);
     let op_id = st.new_op_id();
     let _active = st.activate(op_id);
-    for _ in 0..SETATTR_ATTEMPTS {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
         let (cred2, set2) = (cred.clone(), set.clone());
         let planned = {
             let _g = st.locks.lock(&[ino]).await;
@@ -167,6 +153,11 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                         let mut txn = st.meta.txn();
                         txn.put_inode(ino, new.clone());
                         drop_caps_on_size_change(&mut txn, ino, &set2);
+                        if attempt > 1 {
+                            // An earlier attempt's shrink intent: this change supersedes it
+                            // (left, recovery would cut what is written after this).
+                            txn.delete_intent(op_id);
+                        }
                         if split {
                             txn.put_intent(op_id, Intent::PartitionAttr { dir: ino }, now().secs);
                         }
@@ -186,26 +177,14 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
             }
             Err(shrink) => shrink,
         };
-        cut_objects(st, ino, &layout, size).await?;
-        let _g = st.locks.lock(&[ino]).await;
-        let set3 = set.clone();
-        let done = st
-            .store(move |st| {
-                if load(st, ino)? != old {
-                    return Ok(None);
-                }
-                let mut txn = st.meta.txn();
-                txn.put_inode(ino, new.clone());
-                drop_caps_on_size_change(&mut txn, ino, &set3);
-                txn.commit()?;
-                Ok(Some(Reply::Attr(st.attr_of(ino, &new, true))))
-            })
-            .await?;
-        if let Some(reply) = done {
+        if let Some(reply) = super::truncate::shrink(st, op_id, ino, old, new, layout).await? {
             return Ok(reply);
         }
+        if attempt == SETATTR_ATTEMPTS {
+            // The file kept changing: commit the size over the changes, then finish the cut.
+            return super::truncate::force(st, op_id, ino, size).await;
+        }
     }
-    fail(Errno::EBUSY, format!("{ino} kept changing while it was being truncated ({SETATTR_ATTEMPTS} attempts)"))
 }
 
 pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutSpec) -> R<Reply> {
@@ -284,6 +263,7 @@ pub async fn access(st: &Arc<State>, cred: Cred, ino: Ino, mask: u32) -> R<Reply
 /// writing, as `cp -p` of a read-only file does).
 pub async fn extend_size(st: &Arc<State>, cred: Cred, ino: Ino, size: u64) -> R<Reply> {
     st.require_home(ino)?;
+    super::truncate::finish_pending(st, ino).await?;
     let _g = st.locks.lock(&[ino]).await;
     st.store(move |st| {
         let mut txn = st.meta.txn();

@@ -8,6 +8,7 @@ pub mod fetch;
 pub mod inode;
 pub mod namespace;
 pub mod peer;
+pub mod truncate;
 
 use crate::error::{Fail, R};
 use crate::perm::Owner;

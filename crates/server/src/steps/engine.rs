@@ -91,6 +91,7 @@ pub async fn run(st: &Arc<State>, op_id: u64, intent: &Intent, ctx: Ctx) -> End 
         Intent::SetParent { ino, parent } => rename::resume_set_parent(st, op_id, *ino, *parent).await,
         Intent::Split { dir, index, depth } => split::resume(st, op_id, *dir, *index, *depth).await,
         Intent::PartitionAttr { dir } => split::resume_partition_attr(st, op_id, *dir).await,
+        Intent::Truncate { ino, size, sized } => crate::ops::truncate::resume(st, op_id, *ino, *size, *sized).await,
     };
     let unpin = || {
         if let Some((dir, name, _)) = intent.pinned_entry() {

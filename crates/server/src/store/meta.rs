@@ -322,6 +322,11 @@ pub enum Intent {
     /// Split directory `dir`'s attributes changed on its home: the copies on the servers of
     /// its other partitions are to be refreshed. Rolled forward.
     PartitionAttr { dir: Ino },
+    /// A shrinking truncate of file `ino` to `size` (`ops/truncate.rs`): its objects beyond
+    /// `size` are being cut. `sized`: the inode's size is already `size` (committed at
+    /// start-up after a crash, or when a cut failed), so nothing may extend the file until
+    /// the cut is done. Rolled forward.
+    Truncate { ino: Ino, size: u64, sized: bool },
 }
 
 impl Intent {
@@ -335,7 +340,8 @@ impl Intent {
             | Intent::SetParent { .. }
             | Intent::UnlinkKeep { .. }
             | Intent::Split { .. }
-            | Intent::PartitionAttr { .. } => None,
+            | Intent::PartitionAttr { .. }
+            | Intent::Truncate { .. } => None,
         }
     }
 }
@@ -1270,6 +1276,8 @@ mod tests {
         assert_eq!(decode::<InodeRecord>(&"r", &encode(&r)).unwrap(), r);
         let i = IntentRecord { created: 9, intent: Intent::Unlink { ino: Ino(7) } };
         assert_eq!(decode::<IntentRecord>(&"i", &encode(&i)).unwrap(), i);
+        let t = IntentRecord { created: 9, intent: Intent::Truncate { ino: Ino(7), size: 4097, sized: true } };
+        assert_eq!(decode::<IntentRecord>(&"i", &encode(&t)).unwrap(), t);
         let mut bad = encode(&r);
         bad[0] = 9;
         assert_eq!(decode::<InodeRecord>(&"r", &bad).unwrap_err().errno, Errno::EIO);

@@ -263,6 +263,16 @@ pub struct SplitIntent {
 }
 
 #[derive(Clone, PartialEq, Eq, Message)]
+pub struct TruncateIntent {
+    #[prost(uint64, tag = "1")]
+    pub ino: u64,
+    #[prost(uint64, tag = "2")]
+    pub size: u64,
+    #[prost(bool, tag = "3")]
+    pub sized: bool,
+}
+
+#[derive(Clone, PartialEq, Eq, Message)]
 pub struct DirIntent {
     #[prost(uint64, tag = "1")]
     pub dir: u64,
@@ -289,6 +299,8 @@ pub enum IntentOp {
     Split(SplitIntent),
     #[prost(message, tag = "10")]
     PartitionAttr(DirIntent),
+    #[prost(message, tag = "11")]
+    Truncate(TruncateIntent),
 }
 
 /// `t` op-id.
@@ -296,7 +308,7 @@ pub enum IntentOp {
 pub struct StoredIntent {
     #[prost(int64, tag = "1")]
     pub created: i64,
-    #[prost(oneof = "IntentOp", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10")]
+    #[prost(oneof = "IntentOp", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub op: Option<IntentOp>,
 }
 
@@ -533,6 +545,7 @@ impl Record for IntentRecord {
             Intent::UnlinkKeep { ino, session } => IntentOp::UnlinkKeep(UnlinkKeepIntent { ino: ino.0, session }),
             Intent::Split { dir, index, depth } => IntentOp::Split(SplitIntent { dir: dir.0, index, depth }),
             Intent::PartitionAttr { dir } => IntentOp::PartitionAttr(DirIntent { dir: dir.0 }),
+            Intent::Truncate { ino, size, sized } => IntentOp::Truncate(TruncateIntent { ino: ino.0, size, sized }),
         };
         StoredIntent { created: self.created, op: Some(op) }
     }
@@ -557,6 +570,7 @@ impl Record for IntentRecord {
             IntentOp::UnlinkKeep(i) => Intent::UnlinkKeep { ino: Ino(i.ino), session: i.session },
             IntentOp::Split(i) => Intent::Split { dir: Ino(i.dir), index: i.index, depth: i.depth },
             IntentOp::PartitionAttr(i) => Intent::PartitionAttr { dir: Ino(i.dir) },
+            IntentOp::Truncate(i) => Intent::Truncate { ino: Ino(i.ino), size: i.size, sized: i.sized },
         };
         Ok(IntentRecord { created: s.created, intent })
     }
