@@ -128,9 +128,15 @@ fn a_mirror_back_from_kill9_resyncs_only_what_it_missed() {
     let started = Instant::now();
     rt.block_on(async {
         let client = c.client();
-        let mut n = 0;
-        while n < 20 || started.elapsed() < Duration::from_secs(5) {
+        // Few new names: a directory with many more entries splits, and its partitions
+        // would move to other servers (the dead one among them).
+        for n in 0..6 {
             write_file(&client, &format!("new{n}"), &pattern(100 + n, 0, 5000), &mut want).await;
+        }
+        let mut n = 0;
+        while started.elapsed() < Duration::from_secs(5) {
+            patch(&client, &format!("big{}", 4 + n % 8), 4096 * (n % 16), &pattern(300 + n as u64, 0, 4096), &mut want)
+                .await;
             n += 1;
         }
         for i in 0..3 {
@@ -153,7 +159,9 @@ fn a_mirror_back_from_kill9_resyncs_only_what_it_missed() {
     );
     c.restart(mirror.0);
     let m = wait_in_sync(&c, &rt, primary, &[mirror]).remove(0);
-    // What it missed is a few blocks and small files, not the 16 MiB the slot holds.
+    // What it missed is a few blocks and small files, not the 16 MiB the slot holds (the
+    // patches of the loop above fall in the first megabyte of eight files, at most 16
+    // blocks each).
     assert!(m.resync_shipped_bytes > 0, "the resync shipped nothing: {m:?}");
     assert!(
         m.resync_shipped_bytes * 16 < m.resync_total_bytes && m.resync_total_bytes >= 14 << 20,

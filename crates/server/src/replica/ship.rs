@@ -61,20 +61,24 @@ async fn probe(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> bool {
 /// Resync `mirror` until it works; returns the position its stores hold (it is
 /// `Resyncing`, to be shipped the log after it).
 async fn resync(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> u64 {
-    let mut failures = 0u64;
+    let mut last_failure: Option<(crate::error::Fail, bool)> = None;
     loop {
         tokio::time::sleep(RESYNC_RETRY).await;
         match super::resync::run(st, log, mirror).await {
             Ok(before) => return before,
             Err(e) => {
                 log.mark_out_of_sync(mirror);
-                // A mirror that is down fails every second: said once, then quietly.
-                if failures == 0 || !crate::error::is_transport(e.errno) {
-                    tracing::warn!("resync of mirror {mirror} of server {} failed: {e}; retrying", st.id);
-                } else {
+                // A mirror that is down fails every second: each failure is said once,
+                // then quietly while it stays the same (any transport failure counts as
+                // the same: the message names the connection attempt).
+                let transport = crate::error::is_transport(e.errno);
+                let same = last_failure.as_ref().is_some_and(|(f, t)| (*t && transport) || *f == e);
+                if same {
                     tracing::debug!("resync of mirror {mirror}: {e}");
+                } else {
+                    tracing::warn!("resync of mirror {mirror} of server {} failed: {e}; retrying", st.id);
                 }
-                failures += 1;
+                last_failure = Some((e, transport));
             }
         }
     }
