@@ -17,6 +17,12 @@ use crate::store::meta::{key, MetaStore};
 use shoal_proto::Ino;
 use xxhash_rust::xxh3::xxh3_64;
 
+/// A page of keys with their values' hashes, and whether more follow.
+pub type KeyPage = (Vec<(Vec<u8>, u64)>, bool);
+
+/// Keys with their values, and whether the range was exhausted.
+pub type PairPage = (Vec<(Vec<u8>, Vec<u8>)>, bool);
+
 /// Metadata keys per page of a `ResyncQuery::Keys` answer.
 pub const KEYS_PER_PAGE: u32 = 4096;
 
@@ -27,7 +33,7 @@ pub fn value_hash(v: &[u8]) -> u64 {
 
 /// Up to `limit` keys after `after` (from the first without it) with their values' hashes,
 /// and whether more follow. Blocks.
-pub fn keys(meta: &MetaStore, after: Option<&[u8]>, limit: u32) -> R<(Vec<(Vec<u8>, u64)>, bool)> {
+pub fn keys(meta: &MetaStore, after: Option<&[u8]>, limit: u32) -> R<KeyPage> {
     let mut out = Vec::new();
     let mut more = false;
     meta.scan(&[], after, |k, v| {
@@ -47,12 +53,7 @@ pub fn keys(meta: &MetaStore, after: Option<&[u8]>, limit: u32) -> R<(Vec<(Vec<u
 /// Keys and values after `after` up to `upto` (inclusive; to the end without it), at most
 /// `max_bytes` of them (at least one pair), and whether the range was exhausted. The
 /// replication position is left out. Blocks.
-pub fn pairs(
-    meta: &MetaStore,
-    after: Option<&[u8]>,
-    upto: Option<&[u8]>,
-    max_bytes: usize,
-) -> R<(Vec<(Vec<u8>, Vec<u8>)>, bool)> {
+pub fn pairs(meta: &MetaStore, after: Option<&[u8]>, upto: Option<&[u8]>, max_bytes: usize) -> R<PairPage> {
     let mut out = Vec::new();
     let mut bytes = 0;
     let mut exhausted = true;
