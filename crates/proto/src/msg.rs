@@ -285,6 +285,40 @@ pub struct ServerStatus {
     pub data_objects: u64,
     pub pending_intents: u64,
     pub counters: Counters,
+    /// The mirrors of this server's slot and how far each has got (docs/resync.md); empty
+    /// without replication (and from servers before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<MirrorStatus>,
+}
+
+/// Whether a mirror follows its primary (`ServerStatus::mirrors`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MirrorSync {
+    /// Applies every change; replies wait for it.
+    InSync,
+    /// Being brought up to date (docs/resync.md); replies do not wait for it.
+    Resyncing,
+    /// Missed changes and is not being resynchronised right now (unreachable, or a
+    /// resync failed and is retried).
+    OutOfSync,
+}
+
+/// One mirror of a primary's slot, as the primary sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MirrorStatus {
+    /// The server keeping the copy.
+    pub server: ServerId,
+    pub state: MirrorSync,
+    /// Last position of the primary's replication log it applied.
+    pub applied: u64,
+    /// The running (or last) resync: bytes of the slot compared so far, of how many.
+    pub resync_done_bytes: u64,
+    pub resync_total_bytes: u64,
+    /// Bytes all resyncs of this mirror shipped since the primary started (what a resync
+    /// copied, as opposed to what it compared).
+    pub resync_shipped_bytes: u64,
+    /// Resyncs of this mirror finished since the primary started.
+    pub resyncs: u64,
 }
 
 /// Monotonic counters a server keeps since it started; `shoal bench` takes differences.
@@ -775,6 +809,54 @@ pub enum Op {
         first: u64,
         changes: Vec<ReplChange>,
     },
+    /// Primary to mirror, during a resync (docs/resync.md): what the mirror of `slot` holds,
+    /// as digests to compare with the primary's own. Answered `Reply::Resync`. Added in
+    /// protocol 8.
+    PeerResyncQuery {
+        slot: ServerId,
+        query: ResyncQuery,
+    },
+    /// Primary to mirror, during a resync: changes that bring the mirror of `slot` closer to
+    /// the primary's stores, outside the replication log's positions (the bytes in the
+    /// frame's data as for `PeerReplicate`). The mirror marks itself as resyncing first: it
+    /// follows no incarnation until `PeerResyncDone`. Answered `Ok`. Added in protocol 8.
+    PeerResyncApply {
+        slot: ServerId,
+        changes: Vec<ReplChange>,
+    },
+    /// Primary to mirror: the mirror of `slot` now holds everything up to position
+    /// `applied` of `incarnation` (and maybe later changes, which the primary ships again),
+    /// so it follows the stream from `applied + 1`. Answered `Replicated`. Added in
+    /// protocol 8.
+    PeerResyncDone {
+        slot: ServerId,
+        incarnation: u64,
+        applied: u64,
+    },
+}
+
+/// What a primary asks a mirror during a resync (`Op::PeerResyncQuery`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResyncQuery {
+    /// Metadata keys after `after` (from the first without it), in key order, at most
+    /// `limit` of them, each with the 64-bit XXH3 of its value.
+    Keys { after: Option<Vec<u8>>, limit: u32 },
+    /// Every data object of bucket `bucket` (the low byte of the file's inode number),
+    /// each with a digest of its size and block checksums.
+    Objects { bucket: u8 },
+    /// One object's size and the CRC32C of each of its blocks.
+    Blocks { ino: Ino, index: u32 },
+}
+
+/// A mirror's answer to a [`ResyncQuery`] (`Reply::Resync`), variant for variant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ResyncAnswer {
+    /// `more`: keys beyond the last one listed exist.
+    Keys { keys: Vec<(Vec<u8>, u64)>, more: bool },
+    /// (file, object index, digest), sorted.
+    Objects { objects: Vec<(Ino, u32, u64)> },
+    /// `None`: no such object.
+    Blocks { blocks: Option<(u64, Vec<u32>)> },
 }
 
 /// One change a primary made to its slot's stores, as shipped to its mirrors
@@ -884,6 +966,9 @@ impl Op {
             Op::PeerRaft { .. } => "peer_raft",
             Op::GetMap { .. } => "get_map",
             Op::ProposeMap { .. } => "propose_map",
+            Op::PeerResyncQuery { .. } => "peer_resync_query",
+            Op::PeerResyncApply { .. } => "peer_resync_apply",
+            Op::PeerResyncDone { .. } => "peer_resync_done",
         }
     }
 
@@ -1076,6 +1161,8 @@ pub enum Reply {
         leader: Option<u32>,
         voters: Vec<u32>,
     },
+    /// Answer to `PeerResyncQuery`.
+    Resync(ResyncAnswer),
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

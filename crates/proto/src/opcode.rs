@@ -69,6 +69,9 @@ impl Op {
             Op::PeerRaft { .. } => 52,
             Op::GetMap { .. } => 53,
             Op::ProposeMap { .. } => 54,
+            Op::PeerResyncQuery { .. } => 57,
+            Op::PeerResyncApply { .. } => 58,
+            Op::PeerResyncDone { .. } => 59,
         }
     }
 }
@@ -106,6 +109,7 @@ impl Reply {
             Reply::Replicated { .. } => 30,
             Reply::Raft { .. } => 27,
             Reply::Map { .. } => 28,
+            Reply::Resync(_) => 31,
         }
     }
 }

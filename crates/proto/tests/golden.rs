@@ -222,6 +222,18 @@ fn ops() -> Vec<Op> {
                 ReplChange::Reply { session: 7, request: 9, reply: Box::new(Reply::Written { len: 4096 }) },
             ],
         },
+        Op::PeerResyncQuery {
+            slot: ServerId(2),
+            query: ResyncQuery::Keys { after: Some(b"i\x01".to_vec()), limit: 4096 },
+        },
+        Op::PeerResyncApply {
+            slot: ServerId(2),
+            changes: vec![
+                ReplChange::Meta { len: 64 },
+                ReplChange::Write { ino: FILE, index: 1, offset: 65536, len: 65536 },
+            ],
+        },
+        Op::PeerResyncDone { slot: ServerId(2), incarnation: 0x0a0b_0c0d_0e0f_1011, applied: 40 },
     ]
 }
 
@@ -269,6 +281,7 @@ fn replies() -> Vec<Reply> {
         Reply::UrlInfo(UrlInfo { size: Some(1 << 30), ranges: true, etag: Some("\"v1\"".into()) }),
         Reply::Fetched { bytes: 1 << 20 },
         Reply::Replicated { incarnation: 0x0a0b_0c0d_0e0f_1011, applied: 21, in_sync: true },
+        Reply::Resync(ResyncAnswer::Keys { keys: vec![(b"i\x02".to_vec(), 0x1122_3344_5566_7788)], more: true }),
         Reply::Raft { payload: vec![0xc0] },
         Reply::Map { version: 4, toml: "[cluster]\nversion = 4\n".into(), leader: Some(1), voters: vec![0, 1, 2] },
         Reply::Written { len: 4096 },
@@ -296,6 +309,7 @@ fn replies() -> Vec<Reply> {
                 cpu_ns: 123_456,
                 ops: vec![("create".into(), 4), ("lookup".into(), 6)],
             },
+            mirrors: vec![],
         }),
         // The batch as committed before `BatchReply::Partitions` existed (its own vector
         // covers that variant), so that adding a variant does not change this vector.
@@ -471,6 +485,35 @@ fn samples() -> Vec<(String, Sample)> {
     let mut three = attr();
     three.layout.as_mut().unwrap().replicas = 3;
     v.push(("Reply.Attr+replicas".into(), Sample::Reply(Reply::Attr(three))));
+    // Resync (docs/resync.md): the other questions and answers, and a status with mirrors.
+    let query = |q: ResyncQuery| Sample::Request(request(Op::PeerResyncQuery { slot: ServerId(2), query: q }));
+    v.push(("Op.PeerResyncQuery+objects".into(), query(ResyncQuery::Objects { bucket: 0x2a })));
+    v.push(("Op.PeerResyncQuery+blocks".into(), query(ResyncQuery::Blocks { ino: FILE, index: 3 })));
+    v.push((
+        "Reply.Resync+objects".into(),
+        Sample::Reply(Reply::Resync(ResyncAnswer::Objects { objects: vec![(FILE, 0, 0x99)] })),
+    ));
+    v.push((
+        "Reply.Resync+blocks".into(),
+        Sample::Reply(Reply::Resync(ResyncAnswer::Blocks { blocks: Some((70_000, vec![0xdead_beef, 0x0102_0304])) })),
+    ));
+    v.push(("Reply.Resync+no_object".into(), Sample::Reply(Reply::Resync(ResyncAnswer::Blocks { blocks: None }))));
+    v.push((
+        "Reply.Status+mirrors".into(),
+        Sample::Reply(Reply::Status(ServerStatus {
+            id: Some(ServerId(0)),
+            mirrors: vec![MirrorStatus {
+                server: ServerId(1),
+                state: MirrorSync::Resyncing,
+                applied: 40,
+                resync_done_bytes: 1 << 20,
+                resync_total_bytes: 1 << 30,
+                resync_shipped_bytes: 65536,
+                resyncs: 1,
+            }],
+            ..Default::default()
+        })),
+    ));
     // Leases: the optional `lease` field of Lookup and ReadDir, and every kind of leased answer.
     let ask = Some(LeaseAsk { ms: 3000 });
     v.push(("Op.Lookup+lease".into(), Sample::Request(request(Op::Lookup { dir: DIR, name: "a".into(), lease: ask }))));

@@ -273,6 +273,14 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             Some(m) => m.apply(incarnation, first, changes, data).await?,
             None => return fail(Errno::EINVAL, format!("server {} keeps no mirror of server {slot}", st.id)),
         },
+        Op::PeerResyncQuery { slot, query } => crate::replica::mirror_of(st, slot)?.resync_query(query).await?,
+        Op::PeerResyncApply { slot, changes } => {
+            crate::replica::mirror_of(st, slot)?.resync_apply(changes, data).await?;
+            Reply::Ok
+        }
+        Op::PeerResyncDone { slot, incarnation, applied } => {
+            crate::replica::mirror_of(st, slot)?.resync_done(incarnation, applied).await?
+        }
         Op::PeerRaft { kind, payload } => crate::membership::handle(st, kind, &payload).await?,
         Op::GetMap { .. } => crate::membership::get_map(st),
         Op::ProposeMap { expect_version, toml } => crate::membership::propose(st, &cred, expect_version, toml).await?,

@@ -290,3 +290,34 @@ pub async fn consent_to_go_on_without(st: &Arc<State>, mirror: ServerId) -> bool
         }
     }
 }
+
+/// `mirror` is in sync again (replies wait for it): take it out of the slot's `behind`
+/// list, so that it may be promoted again. Retried while the group is out of reach.
+pub async fn caught_up(st: Arc<State>, mirror: ServerId) {
+    let Some(group) = st.membership.get().cloned() else { return };
+    let base = map_base(&st);
+    for _ in 0..PROPOSE_TRIES {
+        if st.stop.borrow().is_some() {
+            return;
+        }
+        let doc = group.current();
+        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { return };
+        let Some(e) = map.servers.iter_mut().find(|e| e.id == st.id.0) else { return };
+        if !e.behind.contains(&mirror.0) {
+            return;
+        }
+        e.behind.retain(|b| *b != mirror.0);
+        map.cluster.version = doc.version + 1;
+        match group.propose(doc.version, map.to_toml()).await {
+            Ok(v) => {
+                tracing::info!("mirror {mirror} of server {} is in sync again (map version {v})", st.id);
+                return;
+            }
+            Err(shoal_membership::ProposeError::Conflict { .. }) => continue,
+            Err(e) => {
+                tracing::debug!("cannot record mirror {mirror} of server {} as in sync yet: {e}", st.id);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}

@@ -309,6 +309,11 @@ pub fn changes_state(op: &Op) -> bool {
         // Hearing the same load twice changes nothing.
         | Op::PeerLoad { .. }
         | Op::PeerReplicate { .. }
+        // A resync's question reads; its changes are absolute (puts, deletes, bytes at an
+        // offset, cuts) and its end sets a position: each the same twice.
+        | Op::PeerResyncQuery { .. }
+        | Op::PeerResyncApply { .. }
+        | Op::PeerResyncDone { .. }
         // Raft tolerates repeated messages by design (terms and log indexes), and reading
         // the map changes nothing.
         | Op::PeerRaft { .. }

@@ -63,6 +63,9 @@ pub struct ServerView {
     pub rates: Rates,
     /// Every operation served so far with its rate, busiest first.
     pub ops: Vec<OpRate>,
+    /// The mirrors of its slot and how far each has got (docs/resync.md).
+    #[serde(default)]
+    pub mirrors: Vec<shoal_proto::msg::MirrorStatus>,
 }
 
 /// Per-second rates of one server between two samples (zero until two exist).
@@ -181,6 +184,7 @@ impl Sampler {
         s.bytes_received = c.bytes_received;
         s.bytes_sent = c.bytes_sent;
         s.errors = c.errors;
+        s.mirrors = st.mirrors.clone();
         let mut prev = self.prev.lock();
         let fresh = match prev.get(&s.id) {
             // A restarted server's counters start again from zero: no rate across that.

@@ -4,6 +4,7 @@ use super::Ctx;
 use crate::fmt::human_bytes;
 use anyhow::{bail, Result};
 use clap::Args;
+use shoal_proto::msg::{MirrorStatus, MirrorSync};
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -37,6 +38,7 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                         "client_requests": s.counters.client_requests, "peer_requests": s.counters.peer_requests,
                         "bytes_received": s.counters.bytes_received, "bytes_sent": s.counters.bytes_sent,
                         "errors": s.counters.errors,
+                        "mirrors": s.mirrors.iter().map(mirror_json).collect::<Vec<_>>(),
                         "ops": s.counters.ops.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
                     }),
                     Err(e) => serde_json::json!({"id": id.0, "addr": addr, "up": false, "error": e.to_string()}),
@@ -71,6 +73,12 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                 Err(e) => println!("{:<4} {:<21} {:<5} {}", id.to_string(), addr, "DOWN", e.errno),
             }
         }
+        // Where each server's stores are mirrored, and how far each mirror has got.
+        for (id, r) in &all {
+            for m in r.as_ref().map(|s| s.mirrors.as_slice()).unwrap_or_default() {
+                println!("mirror of {id} on {}: {}", m.server, mirror_state(m));
+            }
+        }
     }
     let down = all.iter().filter(|(_, r)| r.is_err()).count();
     if down > 0 {
@@ -100,4 +108,35 @@ pub async fn df(ctx: &Ctx, a: DfArgs) -> Result<()> {
         format!("{}/{}", s.servers_up, s.servers_total)
     );
     Ok(())
+}
+
+/// A mirror's state in words: "in sync", "resyncing 12.0 MiB of 1.0 GiB (5%)", "out of sync".
+fn mirror_state(m: &MirrorStatus) -> String {
+    let shipped = if m.resyncs > 0 || m.resync_shipped_bytes > 0 {
+        format!(" ({} resyncs shipped {})", m.resyncs, human_bytes(m.resync_shipped_bytes))
+    } else {
+        String::new()
+    };
+    match m.state {
+        MirrorSync::InSync => format!("in sync at position {}{shipped}", m.applied),
+        MirrorSync::OutOfSync => format!("OUT OF SYNC{shipped}"),
+        MirrorSync::Resyncing => format!(
+            "resyncing, {} of {} compared ({}%){shipped}",
+            human_bytes(m.resync_done_bytes),
+            human_bytes(m.resync_total_bytes),
+            (m.resync_done_bytes * 100).checked_div(m.resync_total_bytes).unwrap_or(0)
+        ),
+    }
+}
+
+fn mirror_json(m: &MirrorStatus) -> serde_json::Value {
+    serde_json::json!({
+        "server": m.server.0,
+        "state": match m.state { MirrorSync::InSync => "in_sync", MirrorSync::Resyncing => "resyncing", MirrorSync::OutOfSync => "out_of_sync" },
+        "applied": m.applied,
+        "resync_done_bytes": m.resync_done_bytes,
+        "resync_total_bytes": m.resync_total_bytes,
+        "resync_shipped_bytes": m.resync_shipped_bytes,
+        "resyncs": m.resyncs,
+    })
 }

@@ -322,5 +322,6 @@ pub async fn status(st: &Arc<State>) -> R<Reply> {
         data_objects: c.objects,
         pending_intents: c.intents,
         counters: st.counters.snapshot(),
+        mirrors: crate::replica::mirror_status(st),
     }))
 }

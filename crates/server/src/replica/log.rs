@@ -13,10 +13,16 @@
 //! the last position appended when the reply is ready ([`ReplLog::wait_acked`]): a reply
 //! never reveals a change that one server's death could undo. A mirror that makes no
 //! progress for [`OUT_OF_SYNC_AFTER`] is dropped from the set (the primary goes on alone,
-//! and says so in its log and status) until it has been resynchronised.
+//! and says so in its log and status) until it has been resynchronised (`resync.rs`).
+//!
+//! **Resync.** A mirror being resynchronised is `Resyncing` from position `p0` on: replies
+//! do not wait for it, but the log keeps every change from `p0` for it (at most
+//! [`RESYNC_LOG_MAX`] bytes; beyond, it is dropped again and the resync starts over later),
+//! so that once its stores have caught up with the primary's it is shipped the log from
+//! `p0` and, the moment it has applied the last position, is `InSync` again.
 //!
 //! Invariant: `entries` holds positions `base .. next` (exclusive), and every position below
-//! `base` has been applied by every mirror in sync.
+//! `base` has been applied by every mirror in sync or resyncing.
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -33,10 +39,18 @@ pub const OUT_OF_SYNC_AFTER: Duration = Duration::from_secs(3);
 /// alone).
 pub const SHIP_MAX_BYTES: usize = 8 << 20;
 
+/// Most bytes of changes the log keeps for mirrors being resynchronised: a resync that
+/// takes so long that more changes pile up than this is abandoned (and started over later)
+/// rather than let the primary's memory grow with it.
+pub const RESYNC_LOG_MAX: usize = 256 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MirrorState {
     /// Applies every change; replies wait for it.
     InSync,
+    /// Being brought up to date (`resync.rs`): not waited for, but the log keeps the
+    /// changes from the resync's start for it.
+    Resyncing,
     /// Missed changes: not waited for, shipped nothing until it is resynchronised.
     OutOfSync,
 }
@@ -44,8 +58,25 @@ pub enum MirrorState {
 #[derive(Clone, Copy, Debug)]
 pub struct Progress {
     pub state: MirrorState,
-    /// Last position it applied (while in sync).
+    /// Last position it applied (while in sync or resyncing).
     pub applied: u64,
+    /// The running (or last) resync's bytes compared, of how many.
+    pub resync_done: u64,
+    pub resync_total: u64,
+    /// Bytes every resync of it shipped so far, and the resyncs finished.
+    pub resync_shipped: u64,
+    pub resyncs: u64,
+}
+
+impl Progress {
+    fn new(state: MirrorState) -> Progress {
+        Progress { state, applied: 0, resync_done: 0, resync_total: 0, resync_shipped: 0, resyncs: 0 }
+    }
+
+    /// Whether the log keeps changes for it.
+    fn follows(&self) -> bool {
+        matches!(self.state, MirrorState::InSync | MirrorState::Resyncing)
+    }
 }
 
 struct Inner {
@@ -76,7 +107,7 @@ pub struct ReplLog {
 impl ReplLog {
     pub fn new(mirrors: &[ServerId]) -> ReplLog {
         let incarnation = rand::random::<u64>() | 1;
-        let mirrors = mirrors.iter().map(|&m| (m, Progress { state: MirrorState::InSync, applied: 0 })).collect();
+        let mirrors = mirrors.iter().map(|&m| (m, Progress::new(MirrorState::InSync))).collect();
         ReplLog {
             incarnation,
             inner: Mutex::new(Inner { base: 1, next: 1, entries: VecDeque::new(), bytes: 0, mirrors }),
@@ -93,9 +124,24 @@ impl ReplLog {
             let mut g = self.inner.lock();
             let pos = g.next;
             g.next += 1;
-            if g.mirrors.values().any(|m| m.state == MirrorState::InSync) {
+            if g.mirrors.values().any(Progress::follows) {
                 g.bytes += data.len();
                 g.entries.push_back((change, data));
+                if g.bytes > RESYNC_LOG_MAX && g.mirrors.values().any(|m| m.state == MirrorState::Resyncing) {
+                    for (id, m) in g.mirrors.iter_mut().filter(|(_, m)| m.state == MirrorState::Resyncing) {
+                        tracing::warn!(
+                            "mirror {id}: more than {} MiB of changes piled up during its resync: \
+                             abandoned, started over later",
+                            RESYNC_LOG_MAX >> 20
+                        );
+                        m.state = MirrorState::OutOfSync;
+                    }
+                    self.trim(&mut g);
+                }
+                if !g.mirrors.values().any(|m| m.state == MirrorState::InSync) {
+                    // Only mirrors being resynchronised: nobody to wait for.
+                    self.acked.send_replace(pos);
+                }
             } else {
                 // Nobody to ship to: the log stays empty and everything counts as applied.
                 g.base = g.next;
@@ -165,15 +211,53 @@ impl ReplLog {
         (first, changes, data)
     }
 
-    /// A mirror applied everything up to `applied`.
+    /// A mirror applied everything up to `applied`. A mirror being resynchronised that has
+    /// applied the last position appended is in sync from now on (under the lock that
+    /// orders appends: the next change is waited for).
     pub fn ack(&self, mirror: ServerId, applied: u64) {
         let mut g = self.inner.lock();
+        let last = g.next - 1;
         if let Some(p) = g.mirrors.get_mut(&mirror) {
-            if p.state == MirrorState::InSync {
+            if p.follows() {
                 p.applied = p.applied.max(applied);
+            }
+            if p.state == MirrorState::Resyncing && p.applied >= last {
+                p.state = MirrorState::InSync;
+                p.resyncs += 1;
+                tracing::info!("mirror {mirror} is in sync again (position {last})");
             }
         }
         self.trim(&mut g);
+    }
+
+    /// Start resynchronising `mirror`: from now on the log keeps every change for it.
+    /// Returns the position its stores must reach before it is shipped the log (`p0 - 1`:
+    /// the last position appended so far).
+    pub fn start_resync(&self, mirror: ServerId) -> u64 {
+        let mut g = self.inner.lock();
+        let last = g.next - 1;
+        // Everything up to `last` is in the stores the resync copies from, so nothing older
+        // is needed: entries before `p0` (held for mirrors in sync) stay as they are.
+        if let Some(p) = g.mirrors.get_mut(&mirror) {
+            p.state = MirrorState::Resyncing;
+            p.applied = last;
+            p.resync_done = 0;
+            p.resync_total = 0;
+        }
+        if g.entries.is_empty() {
+            g.base = g.next;
+        }
+        last
+    }
+
+    /// Progress of `mirror`'s resync: bytes compared (of `total`), and `shipped` more bytes
+    /// sent.
+    pub fn resync_progress(&self, mirror: ServerId, done: u64, total: u64, shipped: u64) {
+        if let Some(p) = self.inner.lock().mirrors.get_mut(&mirror) {
+            p.resync_done = done;
+            p.resync_total = total;
+            p.resync_shipped += shipped;
+        }
     }
 
     /// Drop `mirror` from the set waited for: it missed changes.
@@ -190,20 +274,21 @@ impl ReplLog {
         self.inner.lock().mirrors.clone()
     }
 
-    /// Forget what every mirror in sync has applied, and publish the new acknowledged
-    /// position.
+    /// Forget what every mirror in sync or resyncing has applied, and publish the new
+    /// acknowledged position (what the mirrors in sync applied).
     fn trim(&self, g: &mut Inner) {
         let last = g.next - 1;
         let acked =
             g.mirrors.values().filter(|m| m.state == MirrorState::InSync).map(|m| m.applied).min().unwrap_or(last);
-        while g.base <= acked {
+        let kept = g.mirrors.values().filter(|m| m.follows()).map(|m| m.applied).min().unwrap_or(last);
+        while g.base <= kept {
             match g.entries.pop_front() {
                 Some((_, d)) => {
                     g.bytes -= d.len();
                     g.base += 1;
                 }
                 None => {
-                    g.base = acked + 1;
+                    g.base = kept + 1;
                     break;
                 }
             }
@@ -253,6 +338,47 @@ mod tests {
         let pos = log.append(c, d);
         assert!(log.is_acked(pos), "alone, the primary's own changes count as applied");
         assert_eq!(log.take(0).1.len(), 0, "nothing kept for nobody");
+    }
+
+    #[test]
+    fn a_resyncing_mirror_is_not_waited_for_but_keeps_the_log_until_it_is_in_sync() {
+        let log = ReplLog::new(&[ServerId(1)]);
+        let (c, d) = write(4);
+        log.append(c, d);
+        log.mark_out_of_sync(ServerId(1));
+        let before = log.start_resync(ServerId(1));
+        assert_eq!(before, 1);
+        let positions: Vec<u64> = (0..3)
+            .map(|_| {
+                let (c, d) = write(4);
+                log.append(c, d)
+            })
+            .collect();
+        assert!(log.is_acked(positions[2]), "replies do not wait for a resyncing mirror");
+        let (first, changes, _) = log.take(before);
+        assert_eq!((first, changes.len()), (2, 3), "the log from p0 is kept for it");
+        log.ack(ServerId(1), 3);
+        assert_eq!(log.mirrors()[&ServerId(1)].state, MirrorState::Resyncing, "one position to go");
+        log.ack(ServerId(1), 4);
+        assert_eq!(log.mirrors()[&ServerId(1)].state, MirrorState::InSync);
+        assert_eq!(log.mirrors()[&ServerId(1)].resyncs, 1);
+        let (c, d) = write(4);
+        let pos = log.append(c, d);
+        assert!(!log.is_acked(pos), "in sync again: waited for");
+    }
+
+    #[test]
+    fn a_resync_is_abandoned_when_too_many_changes_pile_up() {
+        let log = ReplLog::new(&[ServerId(1)]);
+        log.mark_out_of_sync(ServerId(1));
+        log.start_resync(ServerId(1));
+        // One buffer shared by every change: the bound counts bytes held, not allocated.
+        let (c, d) = write((RESYNC_LOG_MAX / 8) as u32 + 1);
+        for _ in 0..8 {
+            log.append(c.clone(), d.clone());
+        }
+        assert_eq!(log.mirrors()[&ServerId(1)].state, MirrorState::OutOfSync);
+        assert_eq!(log.take(0).1.len(), 0, "its changes are dropped");
     }
 
     #[test]

@@ -8,14 +8,16 @@
 //! (`key::REPLICA`), so a mirror that restarts knows how far it got. A batch that does not
 //! follow the last one applied (a gap: this mirror missed changes, or the primary restarted
 //! under a new incarnation) is refused with `in_sync: false`; the primary then stops waiting
-//! for this mirror.
+//! for this mirror and resynchronises it (`resync.rs`): while that runs the mirror's
+//! position says [`RESYNCING`] (its stores are a mix of old and new, following no
+//! incarnation), until the primary names the position its stores have reached.
 
 use crate::error::{Fail, R};
 use crate::replies::Replies;
 use crate::store::data::DataStore;
 use crate::store::meta::{key, MetaStore};
 use bytes::Bytes;
-use shoal_proto::msg::{ReplChange, Reply};
+use shoal_proto::msg::{ReplChange, Reply, ResyncAnswer, ResyncQuery};
 use shoal_proto::{Errno, ServerId};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,6 +37,10 @@ pub struct Mirror {
 pub fn dir_of(data_dir: &Path, slot: ServerId) -> PathBuf {
     data_dir.join(format!("mirror-{}", slot.0))
 }
+
+/// The position of a mirror being resynchronised: incarnation 0, which no primary draws (they
+/// are odd), so no batch follows it; applied not 0, so it is not taken for a fresh mirror.
+pub const RESYNCING: (u64, u64) = (0, u64::MAX);
 
 fn encode_position(incarnation: u64, applied: u64) -> [u8; 16] {
     let mut b = [0u8; 16];
@@ -134,22 +140,102 @@ impl Mirror {
                 continue;
             }
             let position = first + k as u64;
-            let r = match change {
-                ReplChange::Meta { .. } => self.meta.apply_replicated(&bytes, &encode_position(incarnation, position)),
-                ReplChange::Write { ino, index, offset, .. } => self.data.write(ino, index, offset, &bytes, 1),
-                ReplChange::Truncate { ino, index, len } => self.data.truncate(ino, index, len, 1),
-                ReplChange::Delete { objects } => self.data.delete_objects(&objects),
-                ReplChange::Reply { session, request, reply } => {
-                    self.replies.keep(session, request, *reply);
-                    Ok(())
-                }
-            };
-            if let Err(f) = r {
+            if let Err(f) = self.apply_one(change, &bytes, &encode_position(incarnation, position)) {
                 return Err((upto, f));
             }
             upto = position;
         }
         // Applied changes survive this process's death too (one write of the log buffer).
         self.meta.flush_wal_to_os().map_err(|f| (upto, f))
+    }
+
+    /// Apply one change; a metadata batch is written together with `position`.
+    fn apply_one(&self, change: ReplChange, bytes: &[u8], position: &[u8]) -> R<()> {
+        match change {
+            ReplChange::Meta { .. } => self.meta.apply_replicated(bytes, position),
+            ReplChange::Write { ino, index, offset, .. } => self.data.write(ino, index, offset, bytes, 1),
+            ReplChange::Truncate { ino, index, len } => self.data.truncate(ino, index, len, 1),
+            ReplChange::Delete { objects } => self.data.delete_objects(&objects),
+            ReplChange::Reply { session, request, reply } => {
+                self.replies.keep(session, request, *reply);
+                Ok(())
+            }
+        }
+    }
+
+    /// Apply changes a resync sends (`Op::PeerResyncApply`), outside any incarnation: the
+    /// position says [`RESYNCING`] first (durably, before any store changes), so a mirror
+    /// that restarts half-way is known to hold a mix.
+    pub async fn resync_apply(self: &Arc<Self>, changes: Vec<ReplChange>, data: Bytes) -> R<()> {
+        let mut pos = self.position.lock().await;
+        let need: usize = changes.iter().map(ReplChange::data_len).sum();
+        if need != data.len() {
+            return Err(Fail::new(
+                Errno::EINVAL,
+                format!("resync batch carries {} bytes for changes of {need}", data.len()),
+            ));
+        }
+        let me = self.clone();
+        let mark = *pos != RESYNCING;
+        tokio::task::spawn_blocking(move || -> R<()> {
+            let resyncing = encode_position(RESYNCING.0, RESYNCING.1);
+            if mark {
+                me.meta.put_raw(key::REPLICA, &resyncing)?;
+                me.meta.flush_wal_to_os()?;
+            }
+            let mut at = 0usize;
+            for change in changes {
+                let n = change.data_len();
+                me.apply_one(change, &data[at..at + n], &resyncing)?;
+                at += n;
+            }
+            me.meta.flush_wal_to_os()
+        })
+        .await
+        .map_err(|e| Fail::new(Errno::EIO, format!("resync task failed: {e}")))??;
+        *pos = RESYNCING;
+        Ok(())
+    }
+
+    /// The resync is over: the stores hold everything up to `applied` of `incarnation`
+    /// (`Op::PeerResyncDone`); batches from `applied + 1` on follow.
+    pub async fn resync_done(self: &Arc<Self>, incarnation: u64, applied: u64) -> R<Reply> {
+        let mut pos = self.position.lock().await;
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || -> R<()> {
+            me.meta.put_raw(key::REPLICA, &encode_position(incarnation, applied))?;
+            me.meta.flush_wal_to_os()
+        })
+        .await
+        .map_err(|e| Fail::new(Errno::EIO, format!("resync task failed: {e}")))??;
+        *pos = (incarnation, applied);
+        tracing::info!(
+            "mirror of server {}: resynchronised up to position {applied} of incarnation {incarnation:x}",
+            self.slot
+        );
+        Ok(Reply::Replicated { incarnation, applied, in_sync: true })
+    }
+
+    /// Answer a primary's question about this copy (`Op::PeerResyncQuery`).
+    pub async fn resync_query(self: &Arc<Self>, query: ResyncQuery) -> R<Reply> {
+        let me = self.clone();
+        let answer = tokio::task::spawn_blocking(move || -> R<ResyncAnswer> {
+            Ok(match query {
+                ResyncQuery::Keys { after, limit } => {
+                    let (keys, more) = super::digest::keys(&me.meta, after.as_deref(), limit.clamp(1, 65536))?;
+                    ResyncAnswer::Keys { keys, more }
+                }
+                ResyncQuery::Objects { bucket } => ResyncAnswer::Objects {
+                    objects: super::digest::objects(&me.data, bucket)?
+                        .into_iter()
+                        .map(|(ino, index, digest, _)| (ino, index, digest))
+                        .collect(),
+                },
+                ResyncQuery::Blocks { ino, index } => ResyncAnswer::Blocks { blocks: me.data.block_sums(ino, index)? },
+            })
+        })
+        .await
+        .map_err(|e| Fail::new(Errno::EIO, format!("resync task failed: {e}")))??;
+        Ok(Reply::Resync(answer))
     }
 }

@@ -10,8 +10,10 @@
 //! mirror (`mirror.rs`) applies the changes to a copy with the same layout as a server's own
 //! data directory.
 
+pub mod digest;
 pub mod log;
 pub mod mirror;
+pub mod resync;
 pub mod ship;
 
 use log::ReplLog;
@@ -97,4 +99,37 @@ impl Replication {
             }
         }
     }
+}
+
+/// The mirror of `slot` this server keeps, or `EINVAL` naming both (a peer's request for a
+/// mirror kept elsewhere: its map is not this server's).
+pub fn mirror_of(st: &crate::state::State, slot: ServerId) -> crate::error::R<Arc<Mirror>> {
+    st.replica.mirror(slot).ok_or_else(|| {
+        crate::error::Fail::new(
+            shoal_proto::Errno::EINVAL,
+            format!("server {} keeps no mirror of server {slot}", st.id),
+        )
+    })
+}
+
+/// The mirrors of `st`'s slot and how far each has got, for `Status` (docs/resync.md).
+pub fn mirror_status(st: &crate::state::State) -> Vec<shoal_proto::msg::MirrorStatus> {
+    use shoal_proto::msg::{MirrorStatus, MirrorSync};
+    let Some(log) = &st.replica.log else { return Vec::new() };
+    log.mirrors()
+        .into_iter()
+        .map(|(server, p)| MirrorStatus {
+            server,
+            state: match p.state {
+                log::MirrorState::InSync => MirrorSync::InSync,
+                log::MirrorState::Resyncing => MirrorSync::Resyncing,
+                log::MirrorState::OutOfSync => MirrorSync::OutOfSync,
+            },
+            applied: p.applied,
+            resync_done_bytes: p.resync_done,
+            resync_total_bytes: p.resync_total,
+            resync_shipped_bytes: p.resync_shipped,
+            resyncs: p.resyncs,
+        })
+        .collect()
 }

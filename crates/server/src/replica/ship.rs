@@ -5,7 +5,9 @@
 //! size follows the load (a group commit over the network). A mirror that does not answer
 //! keeps getting the same batch; once it has made no progress for
 //! [`OUT_OF_SYNC_AFTER`](super::log::OUT_OF_SYNC_AFTER) while changes wait, or says it is
-//! not in sync (it missed changes), it is dropped from the set replies wait for.
+//! not in sync (it missed changes), it is dropped from the set replies wait for, and the
+//! shipper resynchronises it (`resync.rs`, retried every [`RESYNC_RETRY`] while it fails)
+//! and then ships it the log from where the resync started, until it is in sync again.
 
 use super::log::{MirrorState, ReplLog, OUT_OF_SYNC_AFTER};
 use crate::state::State;
@@ -18,12 +20,90 @@ use std::time::{Duration, Instant};
 /// Pause between attempts to reach a mirror that did not answer.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// Ship `log` to `mirror` until the mirror falls out of sync (or the server stops).
+/// Pause before a resync, and between attempts while they fail (the mirror is down, say).
+pub const RESYNC_RETRY: Duration = Duration::from_secs(1);
+
+/// Ship `log` to `mirror` for as long as the server runs: follow it while it is in sync,
+/// resync it when it falls out of sync, follow it again.
 pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
     let mut applied = 0u64;
-    let mut stalled_since: Option<Instant> = None;
+    if !probe(&st, &log, mirror).await {
+        applied = resync(&st, &log, mirror).await;
+    }
     loop {
-        if log.mirrors().get(&mirror).is_none_or(|p| p.state != MirrorState::InSync) {
+        follow(&st, &log, mirror, applied).await;
+        if st.stop.borrow().is_some() {
+            // This server is stepping down (its slot failed over): nothing more to ship.
+            return;
+        }
+        applied = resync(&st, &log, mirror).await;
+    }
+}
+
+/// Ask `mirror` at start whether it follows this incarnation (an empty batch at position 1:
+/// a mirror that holds another incarnation says no), so that a restarted primary resyncs
+/// its mirrors at once rather than at its first change. False if it said no (it is then
+/// out of sync); true if it follows or did not answer (it is then treated as a mirror still
+/// starting: waited for by the first replies, as before).
+async fn probe(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> bool {
+    let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
+    match tokio::time::timeout(OUT_OF_SYNC_AFTER, st.pool.request(mirror, &Cred::root(), op, Bytes::new())).await {
+        Ok(Ok((Reply::Replicated { in_sync: false, incarnation, applied }, _))) => {
+            tracing::info!(
+                "mirror {mirror} of server {} holds position {applied} of incarnation {incarnation:x}, this primary \
+                 is {:x}: resynchronising it",
+                st.id,
+                log.incarnation
+            );
+            // Replies stop waiting for it only once the group records it as behind.
+            go_on_without(st, log, mirror).await;
+            false
+        }
+        _ => true,
+    }
+}
+
+/// Resync `mirror` until it works; returns the position its stores hold (it is
+/// `Resyncing`, to be shipped the log after it).
+async fn resync(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> u64 {
+    let mut last_failure: Option<(crate::error::Fail, bool)> = None;
+    loop {
+        tokio::time::sleep(RESYNC_RETRY).await;
+        match super::resync::run(st, log, mirror).await {
+            Ok(before) => return before,
+            Err(e) => {
+                log.mark_out_of_sync(mirror);
+                // A mirror that is down fails every second: each failure is said once,
+                // then quietly while it stays the same (any transport failure counts as
+                // the same: the message names the connection attempt).
+                let transport = crate::error::is_transport(e.errno);
+                let same = last_failure.as_ref().is_some_and(|(f, t)| (*t && transport) || *f == e);
+                if same {
+                    tracing::debug!("resync of mirror {mirror}: {e}");
+                } else {
+                    tracing::warn!("resync of mirror {mirror} of server {} failed: {e}; retrying", st.id);
+                }
+                last_failure = Some((e, transport));
+            }
+        }
+    }
+}
+
+/// Ship `log` to `mirror` from `applied` on, while it is in sync or catching up after a
+/// resync; returns once it is out of sync.
+async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u64) {
+    let mut stalled_since: Option<Instant> = None;
+    // A mirror resynchronised while nothing changed is in sync at once.
+    log.ack(mirror, applied);
+    let mut promotable = false;
+    loop {
+        if !promotable && log.mirrors().get(&mirror).is_some_and(|p| p.state == MirrorState::InSync) {
+            // In sync again (replies wait for it): it may be promoted again.
+            promotable = true;
+            tokio::spawn(crate::failover::caught_up(st.clone(), mirror));
+        }
+        let Some(state) = log.mirrors().get(&mirror).map(|p| p.state) else { return };
+        if state == MirrorState::OutOfSync {
             return;
         }
         if stalled_since.is_none() && log.last() <= applied {
@@ -32,7 +112,7 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
         let (first, changes, data) = log.take(applied);
         if changes.is_empty() {
             // Trimmed past what this mirror applied: it can no longer follow.
-            go_on_without(&st, &log, mirror).await;
+            go_on_without(st, log, mirror).await;
             return;
         }
         let payload = concat(&data);
@@ -56,14 +136,16 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
                     st.id,
                     log.incarnation
                 );
-                go_on_without(&st, &log, mirror).await;
+                go_on_without(st, log, mirror).await;
                 return;
             }
             Ok((other, _)) => tracing::warn!("mirror {mirror} answered PeerReplicate with {other:?}"),
             Err(e) => tracing::debug!("mirror {mirror}: {e}"),
         }
-        if !log.has_waiters() {
+        if !log.has_waiters() && state == MirrorState::InSync {
             // Nobody waits (a mirror still starting, say): keep trying without giving up.
+            // (A mirror catching up after a resync is given up on all the same: the log
+            // holds changes for it meanwhile.)
             stalled_since = None;
             tokio::time::sleep(RETRY).await;
             continue;
@@ -75,7 +157,7 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
                 st.id,
                 since.elapsed()
             );
-            go_on_without(&st, &log, mirror).await;
+            go_on_without(st, log, mirror).await;
             return;
         }
         tokio::time::sleep(RETRY).await;

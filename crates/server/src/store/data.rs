@@ -617,16 +617,48 @@ impl DataStore {
 
     /// Every object held here (a walk of the 256 buckets; checksum files are not objects).
     pub fn list(&self) -> Vec<(Ino, u32)> {
-        let mut out = Vec::new();
-        for b in 0..256 {
-            let Ok(rd) = std::fs::read_dir(self.root.join(format!("{b:02x}"))) else { continue };
-            for e in rd.flatten() {
-                if let Some(o) = e.file_name().to_str().and_then(parse_object_name) {
-                    out.push(o);
+        (0..=255u8).flat_map(|b| self.list_bucket(b)).collect()
+    }
+
+    /// The objects of bucket `b` (files whose inode number's low byte is `b`), unsorted.
+    pub fn list_bucket(&self, b: u8) -> Vec<(Ino, u32)> {
+        let Ok(rd) = std::fs::read_dir(self.root.join(format!("{b:02x}"))) else { return Vec::new() };
+        rd.flatten().filter_map(|e| e.file_name().to_str().and_then(parse_object_name)).collect()
+    }
+
+    /// An object's size and the CRC32C of each of its blocks (as [`block_crc`] computes
+    /// them: a short last block padded with zeros), `None` if it does not exist: what a
+    /// resync compares (`replica/resync.rs`). Taken from the checksums kept with the object;
+    /// a block whose entry does not say (a write was under way when a server died, or the
+    /// entry is damaged) is read and computed.
+    pub fn block_sums(&self, ino: Ino, index: u32) -> R<Option<(u64, Vec<u32>)>> {
+        let _g = self.lock(ino, index).read();
+        let Some(obj) = self.open_object(ino, index, false)? else { return Ok(None) };
+        let mut mem = obj.mem.lock();
+        let size = mem.size;
+        let n = size.div_ceil(BLOCK);
+        if n == 0 {
+            return Ok(Some((0, Vec::new())));
+        }
+        let entries = mem
+            .entries(&obj.sums, 0, n)
+            .map_err(|e| Fail::io(format_args!("checksums {}", obj.sums.path().display()), &e))?;
+        drop(mem);
+        let mut buf = Vec::new();
+        let mut sums = Vec::with_capacity(n as usize);
+        for (k, e) in entries.into_iter().enumerate() {
+            match e.ok().and_then(Entry::known) {
+                Some(crc) => sums.push(crc),
+                None => {
+                    let from = k as u64 * BLOCK;
+                    buf.resize((size.min(from + BLOCK) - from) as usize, 0);
+                    let got = read_full_at(&obj.data, &mut buf, from)
+                        .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
+                    sums.push(block_crc(&buf[..got]));
                 }
             }
         }
-        out
+        Ok(Some((size, sums)))
     }
 
     /// Number of object files (an O(n) directory walk: for status reports).
