@@ -69,6 +69,7 @@ impl Op {
             Op::PeerRaft { .. } => 52,
             Op::GetMap { .. } => 53,
             Op::ProposeMap { .. } => 54,
+            Op::PeerScrubRead { .. } => 57,
         }
     }
 }
@@ -106,6 +107,7 @@ impl Reply {
             Reply::Replicated { .. } => 30,
             Reply::Raft { .. } => 27,
             Reply::Map { .. } => 28,
+            Reply::ScrubRead { .. } => 31,
         }
     }
 }
