@@ -173,6 +173,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Replicated { .. } => "Replicated",
         Reply::Raft { .. } => "Raft",
         Reply::Map { .. } => "Map",
+        Reply::ScrubRead { .. } => "ScrubRead",
     }
 }
 

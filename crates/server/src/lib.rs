@@ -46,6 +46,7 @@ mod perm;
 mod replica;
 mod replies;
 mod scrub;
+mod scrub_repair;
 mod state;
 pub mod status_view;
 mod steps;
