@@ -109,11 +109,10 @@ async fn damage_on_the_primary_is_repaired_from_the_mirror_and_reads_back_right(
     assert_eq!(counts(&rows, slot), (1, 1, 0), "{rows:?}");
     let row = rows.iter().find(|r| r["id"] == slot).unwrap();
     let e = &row["errors"][0];
-    assert_eq!((e["name"].as_str().unwrap(), e["offset"].as_u64(), e["repaired"].as_bool()), (
-        file.to_str().unwrap(),
-        Some(BLOCK),
-        Some(true)
-    ));
+    assert_eq!(
+        (e["name"].as_str().unwrap(), e["offset"].as_u64(), e["repaired"].as_bool()),
+        (file.to_str().unwrap(), Some(BLOCK), Some(true))
+    );
     assert!(e["message"].as_str().unwrap().contains("repaired from server"), "{e}");
     assert!(read_all(&fs, "/flipped", len).await.unwrap() == body);
 

@@ -197,7 +197,10 @@ fn run(st: &State, rt: tokio::runtime::Handle) {
             if c.slot == st.id && st.replica.log.is_some() {
                 match repairer.restore(c.store, c.slot, ino, index, false) {
                     Ok(None) => {}
-                    res => sc.finding(missing(c.store, ino, index, "its data file is shorter than its copies"), res.map(Option::unwrap)),
+                    res => sc.finding(
+                        missing(c.store, ino, index, "its data file is shorter than its copies"),
+                        res.map(Option::unwrap),
+                    ),
                 }
             }
             sc.update(|s| s.objects += 1);
@@ -262,7 +265,8 @@ fn scrub_records(st: &State) -> R<()> {
         let mut n = 0;
         st.meta.scan(&[], from.as_deref(), |k, v| {
             if let Err(message) = check_record(k, v) {
-                let e = ScrubError { kind: "record".into(), name: printable(k), offset: None, message, repaired: false };
+                let e =
+                    ScrubError { kind: "record".into(), name: printable(k), offset: None, message, repaired: false };
                 st.scrub.finding(e, Err("records are not repaired by the scrub".into()));
             }
             n += 1;
