@@ -170,6 +170,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Raft { .. } => "Raft",
         Reply::Map { .. } => "Map",
         Reply::Resync(_) => "Resync",
+        Reply::ScrubRead { .. } => "ScrubRead",
     }
 }
 

@@ -833,6 +833,19 @@ pub enum Op {
         incarnation: u64,
         applied: u64,
     },
+    /// Server to server (`shoal scrub` repair, `server/src/scrub_repair.rs`): up to `len`
+    /// bytes at `offset` of object `index` of `ino` in the copy of `slot` the receiver
+    /// holds (its own stores when `slot` is its own id, else its mirror of `slot`), verified
+    /// against their checksums first: a damaged block is refused with `EIO`, never served
+    /// as a repair. Answered `ScrubRead` with the object's size (the bytes in the data
+    /// section), or `exists: false`. Added in protocol 8.
+    PeerScrubRead {
+        slot: ServerId,
+        ino: Ino,
+        index: u32,
+        offset: u64,
+        len: u32,
+    },
 }
 
 /// What a primary asks a mirror during a resync (`Op::PeerResyncQuery`).
@@ -969,6 +982,7 @@ impl Op {
             Op::PeerResyncQuery { .. } => "peer_resync_query",
             Op::PeerResyncApply { .. } => "peer_resync_apply",
             Op::PeerResyncDone { .. } => "peer_resync_done",
+            Op::PeerScrubRead { .. } => "peer_scrub_read",
         }
     }
 
@@ -1163,6 +1177,12 @@ pub enum Reply {
     },
     /// Answer to `PeerResyncQuery`.
     Resync(ResyncAnswer),
+    /// Answer to `PeerScrubRead`: whether the object exists in that copy and its size;
+    /// the verified bytes asked for (those below `size`) are in the data section.
+    ScrubRead {
+        exists: bool,
+        size: u64,
+    },
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has
@@ -1195,6 +1215,19 @@ pub struct ScrubStatus {
     pub elapsed_ms: u64,
     /// Why the scrub stopped early, if it did (it could not list or read the store).
     pub failure: Option<String>,
+    /// Blocks of 64 KiB verified (in the server's own objects and in its mirrors' copies).
+    #[serde(default)]
+    pub blocks: u64,
+    /// Damage found: blocks that fail their checksum, object bytes missing (a data file
+    /// gone or cut short), records that do not decode.
+    #[serde(default)]
+    pub corrupt: u64,
+    /// Of `corrupt`, repaired from a good copy on another server (replicas >= 2).
+    #[serde(default)]
+    pub repaired: u64,
+    /// Of `corrupt`, left as found: no good copy to repair from.
+    #[serde(default)]
+    pub unrepairable: u64,
 }
 
 /// Most errors a scrub status lists.
@@ -1210,6 +1243,9 @@ pub struct ScrubError {
     /// Offset of the damaged block in the object file.
     pub offset: Option<u64>,
     pub message: String,
+    /// Repaired from a good copy (`message` names it); false: still damaged.
+    #[serde(default)]
+    pub repaired: bool,
 }
 
 impl Reply {

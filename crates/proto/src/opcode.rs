@@ -72,6 +72,7 @@ impl Op {
             Op::PeerResyncQuery { .. } => 57,
             Op::PeerResyncApply { .. } => 58,
             Op::PeerResyncDone { .. } => 59,
+            Op::PeerScrubRead { .. } => 60,
         }
     }
 }
@@ -110,6 +111,7 @@ impl Reply {
             Reply::Raft { .. } => 27,
             Reply::Map { .. } => 28,
             Reply::Resync(_) => 31,
+            Reply::ScrubRead { .. } => 32,
         }
     }
 }

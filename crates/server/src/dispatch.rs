@@ -286,6 +286,9 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::ProposeMap { expect_version, toml } => crate::membership::propose(st, &cred, expect_version, toml).await?,
         Op::ScrubStart => crate::scrub::start(st).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
+        Op::PeerScrubRead { slot, ino, index, offset, len } => {
+            return crate::scrub_repair::serve_read(st, slot, ino, index, offset, len).await
+        }
         // Never nested: `BatchOp` has no batch.
         Op::Batch { .. } => return fail(Errno::EINVAL, "a batch inside a batch"),
     };

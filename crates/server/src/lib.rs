@@ -47,6 +47,7 @@ mod perm;
 mod replica;
 mod replies;
 mod scrub;
+mod scrub_repair;
 mod state;
 pub mod status_view;
 mod steps;

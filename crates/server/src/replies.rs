@@ -324,7 +324,9 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::LeaseAck { .. }
         // Starting a scrub that runs already reports the running one: no harm in a repeat.
         | Op::ScrubStart
-        | Op::ScrubStatus => false,
+        | Op::ScrubStatus
+        // A read of a copy, for a scrub repair.
+        | Op::PeerScrubRead { .. } => false,
     }
 }
 

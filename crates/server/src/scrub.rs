@@ -1,6 +1,8 @@
 //! `shoal scrub` on a server: a background task that verifies every block of every data
-//! object held here against its checksum (`store::checksums`) and decodes every metadata
-//! record, while the server keeps serving.
+//! object held here against its checksum (`store::checksums`), in its own stores and in the
+//! mirror copies it keeps, and decodes every metadata record, while the server keeps
+//! serving. Damage found in an object is repaired from another copy when there is one
+//! (`scrub_repair.rs`); the status counts what was found, repaired and left unrepairable.
 //!
 //! The task runs on a thread of its own and is throttled by a duty cycle: after each step
 //! (1 MiB of object data, or 1,000 records) it sleeps as long as the step took, so it
@@ -10,11 +12,14 @@
 //! existed get them as the scrub opens them (as at any first access).
 
 use crate::error::R;
+use crate::scrub_repair::{Outcome, Repairer};
 use crate::state::State;
-use crate::store::data::BadBlock;
+use crate::store::checksums::BLOCK;
+use crate::store::data::{BadBlock, DataStore};
 use crate::store::meta::{self, key};
 use parking_lot::Mutex;
 use shoal_proto::msg::{Reply, ScrubError, ScrubStatus, SCRUB_ERRORS_MAX};
+use shoal_proto::{Ino, ServerId};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +46,30 @@ impl Scrub {
 
     fn update(&self, f: impl FnOnce(&mut ScrubStatus)) {
         f(&mut self.status.lock());
+    }
+
+    /// Count damage found and what its repair came to, and list it.
+    fn finding(&self, mut e: ScrubError, repair: Result<Outcome, String>) {
+        match repair {
+            Ok(Outcome::Repaired { from, bytes }) => {
+                e.message = format!("{}; repaired from server {from}'s copy ({bytes} bytes)", e.message);
+                e.repaired = true;
+            }
+            Ok(Outcome::Settled) => {
+                e.message = format!("{}; rewritten, cut or deleted meanwhile: nothing left to repair", e.message);
+                e.repaired = true;
+            }
+            Err(why) => e.message = format!("{}; not repaired: {why}", e.message),
+        }
+        self.update(|s| {
+            s.corrupt += 1;
+            if e.repaired {
+                s.repaired += 1;
+            } else {
+                s.unrepairable += 1;
+            }
+        });
+        self.error(e);
     }
 
     fn error(&self, e: ScrubError) {
@@ -75,7 +104,19 @@ pub async fn start(st: &Arc<State>) -> R<Reply> {
     };
     if starting {
         let st2 = st.clone();
-        let spawned = std::thread::Builder::new().name("scrub".into()).spawn(move || run(&st2));
+        // The repairs' peer calls run on the server's runtime, driven from the scrub thread.
+        let rt = tokio::runtime::Handle::current();
+        let spawned = std::thread::Builder::new().name("scrub".into()).spawn(move || {
+            // A bug in the scrub must end it with a failure, not leave `shoal scrub`
+            // polling a scrub that never finishes.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(&st2, rt)));
+            if ran.is_err() {
+                st2.scrub.update(|s| {
+                    s.done = true;
+                    s.failure = Some("the scrub stopped on an internal error (see the server's log)".into());
+                });
+            }
+        });
         if let Err(e) = spawned {
             st.scrub.update(|s| {
                 s.done = true;
@@ -97,40 +138,86 @@ fn pause(t: &mut Instant) {
     *t = Instant::now();
 }
 
-fn run(st: &State) {
+/// One copy of a slot's objects held here: this server's own, or a mirror it keeps.
+struct Copy<'a> {
+    slot: ServerId,
+    store: &'a DataStore,
+    objects: Vec<(Ino, u32)>,
+    /// Objects whose data file is gone (`DataStore::list_lost`).
+    lost: Vec<(Ino, u32)>,
+}
+
+fn run(st: &State, rt: tokio::runtime::Handle) {
     let sc = &st.scrub;
     tracing::info!("scrub started");
-    // What there is to do, for the progress bar.
-    let objects = st.data.list();
-    let bytes_total: u64 = objects
+    let repairer = Repairer::new(st, rt);
+    // What there is to do, for the progress bar: this server's objects and its mirrors'.
+    let mirrors: Vec<_> =
+        st.replica.mirror_slots().into_iter().filter_map(|s| st.replica.mirror(s).map(|m| (s, m))).collect();
+    let stores = std::iter::once((st.id, &st.data)).chain(mirrors.iter().map(|(s, m)| (*s, &m.data)));
+    let copies: Vec<Copy> =
+        stores.map(|(slot, store)| Copy { slot, store, objects: store.list(), lost: store.list_lost() }).collect();
+    let bytes_total: u64 = copies
         .iter()
-        .filter_map(|&(ino, index)| std::fs::metadata(st.data.path(ino, index)).ok())
+        .flat_map(|c| c.objects.iter().map(move |&(ino, index)| c.store.path(ino, index)))
+        .filter_map(|p| std::fs::metadata(p).ok())
         .map(|m| m.len())
         .sum();
     sc.update(|s| {
-        s.objects_total = objects.len() as u64;
+        s.objects_total = copies.iter().map(|c| (c.objects.len() + c.lost.len()) as u64).sum();
         s.bytes_total = bytes_total;
     });
     if let Err(e) = scrub_records(st) {
         sc.update(|s| s.failure = Some(format!("metadata store: {e}")));
     }
     let mut t = Instant::now();
-    for (ino, index) in objects {
-        let found = st.data.scrub_object(ino, index, STEP_BLOCKS, |n| sc.update(|s| s.bytes += n), || pause(&mut t));
-        match found {
-            Ok((_, bad)) => {
-                for b in bad {
-                    sc.error(object_error(b));
+    for c in &copies {
+        for &(ino, index) in &c.objects {
+            let found =
+                c.store.scrub_object(ino, index, STEP_BLOCKS, |n| sc.update(|s| s.bytes += n), || pause(&mut t));
+            match found {
+                Ok((size, bad)) => {
+                    sc.update(|s| s.blocks += size.div_ceil(BLOCK));
+                    for b in bad {
+                        let found = object_error(b.clone());
+                        sc.finding(found, repairer.repair_block(c.store, c.slot, ino, index, b.offset));
+                    }
+                }
+                Err(f) => sc.finding(
+                    ScrubError {
+                        kind: "object".into(),
+                        name: c.store.path(ino, index).display().to_string(),
+                        offset: None,
+                        message: f.to_string(),
+                        repaired: false,
+                    },
+                    Err("the object could not be read".into()),
+                ),
+            }
+            // A data file cut short is told by the other copy's size (only where that
+            // comparison is sound: on the slot's primary, `scrub_repair.rs`).
+            if c.slot == st.id && st.replica.log.is_some() {
+                match repairer.restore(c.store, c.slot, ino, index, false) {
+                    Ok(None) => {}
+                    res => sc.finding(
+                        missing(c.store, ino, index, "its data file is shorter than its copies"),
+                        res.map(Option::unwrap),
+                    ),
                 }
             }
-            Err(f) => sc.error(ScrubError {
-                kind: "object".into(),
-                name: st.data.path(ino, index).display().to_string(),
-                offset: None,
-                message: f.to_string(),
-            }),
+            sc.update(|s| s.objects += 1);
         }
-        sc.update(|s| s.objects += 1);
+        for &(ino, index) in &c.lost {
+            match repairer.restore(c.store, c.slot, ino, index, true) {
+                Ok(None) => {}
+                res => sc.finding(
+                    missing(c.store, ino, index, "its data file is gone (its checksum file is still there)"),
+                    res.map(Option::unwrap),
+                ),
+            }
+            sc.update(|s| s.objects += 1);
+            pause(&mut t);
+        }
     }
     let elapsed = sc.began.lock().map(|t| t.elapsed().as_millis() as u64).unwrap_or(0);
     sc.update(|s| {
@@ -139,16 +226,36 @@ fn run(st: &State) {
     });
     let s = sc.snapshot();
     tracing::info!(
-        "scrub done: {} objects, {} bytes, {} records, {} errors",
+        "scrub done: {} objects, {} blocks, {} bytes, {} records; {} damaged, {} repaired, {} unrepairable",
         s.objects,
+        s.blocks,
         s.bytes,
         s.records,
-        s.errors.len() as u64 + s.errors_unlisted
+        s.corrupt,
+        s.repaired,
+        s.unrepairable
     );
 }
 
+/// A finding for bytes missing from an object.
+fn missing(store: &DataStore, ino: Ino, index: u32, what: &str) -> ScrubError {
+    ScrubError {
+        kind: "object".into(),
+        name: store.path(ino, index).display().to_string(),
+        offset: None,
+        message: what.into(),
+        repaired: false,
+    }
+}
+
 fn object_error(b: BadBlock) -> ScrubError {
-    ScrubError { kind: "object".into(), name: b.path.display().to_string(), offset: Some(b.offset), message: b.reason }
+    ScrubError {
+        kind: "object".into(),
+        name: b.path.display().to_string(),
+        offset: Some(b.offset),
+        message: b.reason,
+        repaired: false,
+    }
 }
 
 /// Decode every record of the metadata store, [`STEP_RECORDS`] per iterator.
@@ -160,7 +267,9 @@ fn scrub_records(st: &State) -> R<()> {
         let mut n = 0;
         st.meta.scan(&[], from.as_deref(), |k, v| {
             if let Err(message) = check_record(k, v) {
-                st.scrub.error(ScrubError { kind: "record".into(), name: printable(k), offset: None, message });
+                let e =
+                    ScrubError { kind: "record".into(), name: printable(k), offset: None, message, repaired: false };
+                st.scrub.finding(e, Err("records are not repaired by the scrub".into()));
             }
             n += 1;
             last = Some(k.to_vec());

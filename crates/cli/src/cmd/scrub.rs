@@ -9,7 +9,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use shoal_client::{Client, ScrubStatus, ServerId};
 use std::time::Duration;
 
-/// Exit status when a server found damaged data or records.
+/// Exit status when a server found damaged data or records it could not repair.
 pub const EXIT_DAMAGED: u8 = 3;
 /// Exit status when no damage was found but a server could not be reached (or could not
 /// finish its scrub): the report is incomplete.
@@ -20,11 +20,13 @@ pub const EXIT_UNREACHABLE: u8 = 4;
     long_about = "Verify every block of every data object (against its CRC32C) and decode every \
 metadata record, on every server or on one. The servers do the work in the background, throttled \
 so that they keep serving; this command starts them, shows their progress and prints a report: \
-per server the objects, bytes and records verified and each damaged object file with the offset \
-of its bad block, or each damaged record with its key.\n\n\
-Exit status: 0 nothing damaged; 3 damage found (listed in the report); 4 nothing damaged found \
-but a server could not be reached or could not finish (the report is incomplete); 1 other \
-failures; 2 usage error.",
+per server the objects, blocks, bytes and records verified, the damage found, repaired and left \
+unrepairable, and each damaged object file with the offset of its bad block, or each damaged \
+record with its key. With replicas >= 2 a damaged block or a missing object file is rewritten \
+from a good copy on another server (a mirror, or the primary of a mirrored copy).\n\n\
+Exit status: 0 nothing left damaged (all damage found was repaired); 3 damage that could not be \
+repaired (listed in the report); 4 nothing damaged found but a server could not be reached or \
+could not finish (the report is incomplete); 1 other failures; 2 usage error.",
     after_help = "Examples:\n  shoal scrub\n  shoal scrub --server 2\n  shoal scrub --json | jq '.servers[].errors'"
 )]
 pub struct ScrubArgs {
@@ -71,7 +73,7 @@ pub async fn scrub(ctx: &Ctx, a: ScrubArgs) -> Result<()> {
     let damaged: u64 = results
         .iter()
         .map(|(_, o)| match o {
-            Outcome::Done(s) => s.errors.len() as u64 + s.errors_unlisted,
+            Outcome::Done(s) => still_damaged(s),
             Outcome::Unreachable(_) => 0,
         })
         .sum();
@@ -82,7 +84,11 @@ pub async fn scrub(ctx: &Ctx, a: ScrubArgs) -> Result<()> {
         print_table(&client, &results);
     }
     if damaged > 0 {
-        return Err(Exit::new(EXIT_DAMAGED, format!("scrub found {damaged} damaged blocks or records")).into());
+        return Err(Exit::new(
+            EXIT_DAMAGED,
+            format!("scrub found {damaged} damaged blocks, objects or records it could not repair"),
+        )
+        .into());
     }
     if incomplete > 0 {
         return Err(Exit::new(
@@ -92,6 +98,16 @@ pub async fn scrub(ctx: &Ctx, a: ScrubArgs) -> Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// Damage a server found and left as found (no good copy to repair it from). A server
+/// older than repairs counts no `corrupt`: everything it listed is still damaged.
+fn still_damaged(s: &ScrubStatus) -> u64 {
+    if s.corrupt == 0 {
+        s.errors.len() as u64 + s.errors_unlisted
+    } else {
+        s.unrepairable
+    }
 }
 
 /// Start the scrub on `server` and poll it until it is done, moving `bar`.
@@ -107,11 +123,8 @@ async fn follow(client: &Client, server: ServerId, bar: ProgressBar) -> Outcome 
         bar.set_length(status.bytes_total.max(status.bytes));
         bar.set_position(status.bytes);
         bar.set_message(format!(
-            "{}/{} objects, {} records, {} errors",
-            status.objects,
-            status.objects_total,
-            status.records,
-            status.errors.len() as u64 + status.errors_unlisted
+            "{}/{} objects, {} records, {} damaged, {} repaired",
+            status.objects, status.objects_total, status.records, status.corrupt, status.repaired
         ));
         if status.done {
             bar.finish();
@@ -130,30 +143,44 @@ async fn follow(client: &Client, server: ServerId, bar: ProgressBar) -> Outcome 
 
 fn print_table(client: &Client, results: &[(ServerId, Outcome)]) {
     println!(
-        "{:<4} {:<21} {:<11} {:>9} {:>10} {:>9} {:>7} {:>8}",
-        "id", "address", "result", "objects", "bytes", "records", "errors", "time"
+        "{:<4} {:<21} {:<11} {:>9} {:>10} {:>9} {:>9} {:>8} {:>9} {:>13} {:>8}",
+        "id",
+        "address",
+        "result",
+        "objects",
+        "bytes",
+        "blocks",
+        "records",
+        "corrupt",
+        "repaired",
+        "unrepairable",
+        "time"
     );
     for (id, o) in results {
         let addr = client.map().server(*id).map(|s| s.addr.as_str()).unwrap_or("?");
         match o {
             Outcome::Done(s) => {
-                let errors = s.errors.len() as u64 + s.errors_unlisted;
-                let result = if errors > 0 {
+                let result = if still_damaged(s) > 0 {
                     "DAMAGED"
                 } else if s.failure.is_some() {
                     "INCOMPLETE"
+                } else if s.repaired > 0 {
+                    "repaired"
                 } else {
                     "clean"
                 };
                 println!(
-                    "{:<4} {:<21} {:<11} {:>9} {:>10} {:>9} {:>7} {:>7.1}s",
+                    "{:<4} {:<21} {:<11} {:>9} {:>10} {:>9} {:>9} {:>8} {:>9} {:>13} {:>7.1}s",
                     id.to_string(),
                     addr,
                     result,
                     s.objects,
                     human_bytes(s.bytes),
+                    s.blocks,
                     s.records,
-                    errors,
+                    s.corrupt.max(s.errors.len() as u64 + s.errors_unlisted),
+                    s.repaired,
+                    still_damaged(s),
                     s.elapsed_ms as f64 / 1000.0
                 );
             }
@@ -164,6 +191,7 @@ fn print_table(client: &Client, results: &[(ServerId, Outcome)]) {
         match o {
             Outcome::Done(s) => {
                 for e in &s.errors {
+                    let id = if e.repaired { format!("{id} (repaired)") } else { id.to_string() };
                     match e.offset {
                         Some(off) => println!("server {id}: {} {} at offset {off}: {}", e.kind, e.name, e.message),
                         None => println!("server {id}: {} {}: {}", e.kind, e.name, e.message),
@@ -189,9 +217,11 @@ fn print_json(client: &Client, results: &[(ServerId, Outcome)], damaged: u64) ->
             match o {
                 Outcome::Done(s) => serde_json::json!({
                     "id": id.0, "addr": addr, "reachable": true, "complete": s.failure.is_none(),
-                    "objects": s.objects, "bytes": s.bytes, "records": s.records,
+                    "objects": s.objects, "bytes": s.bytes, "blocks": s.blocks, "records": s.records,
+                    "corrupt": s.corrupt, "repaired": s.repaired, "unrepairable": still_damaged(s),
                     "errors": s.errors.iter().map(|e| serde_json::json!({
                         "kind": e.kind, "name": e.name, "offset": e.offset, "message": e.message,
+                        "repaired": e.repaired,
                     })).collect::<Vec<_>>(),
                     "errors_unlisted": s.errors_unlisted, "elapsed_ms": s.elapsed_ms, "failure": s.failure,
                 }),

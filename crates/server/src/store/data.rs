@@ -243,6 +243,11 @@ impl DataStore {
     pub fn read(&self, ino: Ino, index: u32, offset: u64, len: usize) -> R<Bytes> {
         let _g = self.lock(ino, index).read();
         let Some(obj) = self.open_object(ino, index, false)? else { return Ok(Bytes::new()) };
+        self.read_open(&obj, offset, len)
+    }
+
+    /// [`DataStore::read`] of an object opened under its lock.
+    fn read_open(&self, obj: &Object, offset: u64, len: usize) -> R<Bytes> {
         let size = obj.mem.lock().size;
         if offset >= size || len == 0 {
             return Ok(Bytes::new());
@@ -264,7 +269,7 @@ impl DataStore {
             self.sums_cache.record(mem.holds(first, n));
             mem.entries(&obj.sums, first, n)
         };
-        self.verify(&obj, first, &buf, entries).map_err(|b| b.fail())?;
+        self.verify(obj, first, &buf, entries).map_err(|b| b.fail())?;
         let start = (offset - from) as usize;
         let stop = ((end - from) as usize).min(buf.len());
         Ok(Bytes::from(buf).slice(start.min(stop)..stop))
@@ -349,6 +354,13 @@ impl DataStore {
             }
         };
         let _g = self.lock(ino, index).write();
+        self.write_locked(ino, index, offset, data, piece_crcs)
+    }
+
+    /// The part of [`DataStore::write_with_crcs`] made under the object's exclusive lock
+    /// (held by the caller), with the CRC32C of the write's block pieces.
+    fn write_locked(&self, ino: Ino, index: u32, offset: u64, data: &[u8], piece_crcs: &[u32]) -> R<()> {
+        let end = offset + data.len() as u64;
         let obj = self
             .open_object(ino, index, true)?
             .ok_or_else(|| Fail::new(Errno::EIO, format!("object {ino}.{index} could not be created")))?;
@@ -708,6 +720,13 @@ impl DataStore {
                         bad.push(b);
                     }
                 }
+                // Blocks the data file no longer reaches (cut short from under the store):
+                // their bytes are gone, and a read of them would fail its checksum.
+                let reached = (got as u64).div_ceil(BLOCK);
+                for b in k + reached..k + n {
+                    let reason = format!("is missing (the data file ends at {})", from + got as u64);
+                    bad.push(BadBlock { path: obj.path.clone(), offset: b * BLOCK, reason });
+                }
                 k += n;
                 (size, got as u64)
             };
@@ -715,6 +734,51 @@ impl DataStore {
             progress(done);
             pause();
         }
+    }
+
+    /// Objects whose data file is gone while their checksum file is still there (for
+    /// `shoal scrub`): bytes lost from under the store, which read as nothing. A deletion
+    /// removes the data file first; one cut short by a crash leaves the same trace, and
+    /// the gc record left behind deletes the checksum file again.
+    pub fn list_lost(&self) -> Vec<(Ino, u32)> {
+        let mut out = Vec::new();
+        for b in 0..256 {
+            let Ok(rd) = std::fs::read_dir(self.root.join(format!("{b:02x}"))) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let Some(o) = name.to_str().and_then(|n| n.strip_suffix(".crc")).and_then(parse_object_name) else {
+                    continue;
+                };
+                if !self.path(o.0, o.1).exists() {
+                    out.push(o);
+                }
+            }
+        }
+        out
+    }
+
+    /// The object's size and up to `len` of its bytes at `offset`, verified (a damaged
+    /// block fails with `EIO`, naming it), under one lock so that both describe the same
+    /// state; `None` if the object does not exist. What `shoal scrub` repairs from.
+    /// `wait: false` answers `EAGAIN` instead of waiting for the object's lock (a mirror's
+    /// copy: see `scrub_repair.rs` on why waiting there could close a cycle of locks).
+    pub fn read_copy(&self, ino: Ino, index: u32, offset: u64, len: usize, wait: bool) -> R<Option<(u64, Bytes)>> {
+        let lock = self.lock(ino, index);
+        let _g = match lock.try_read() {
+            Some(g) => g,
+            None if wait => lock.read(),
+            None => return Err(Fail::new(Errno::EAGAIN, format!("object {ino}.{index} is busy"))),
+        };
+        let Some(obj) = self.open_object(ino, index, false)? else { return Ok(None) };
+        let size = obj.mem.lock().size;
+        Ok(Some((size, self.read_open(&obj, offset, len)?)))
+    }
+
+    /// Hold object `index` of `ino` for a repair (`scrub_repair.rs`): its exclusive lock,
+    /// so that what the repair checks (still damaged? still missing?) is what it writes
+    /// over, and no write of a client lands in between to be overwritten with older bytes.
+    pub fn lock_for_repair(&self, ino: Ino, index: u32) -> RepairLock<'_> {
+        RepairLock { store: self, ino, index, _g: self.lock(ino, index).write() }
     }
 
     /// Flush every dirty page of the file system holding the objects.
@@ -726,6 +790,71 @@ impl DataStore {
             return Err(std::io::Error::last_os_error());
         }
         Ok(())
+    }
+}
+
+/// An object held under its exclusive lock for a repair ([`DataStore::lock_for_repair`]).
+pub struct RepairLock<'a> {
+    store: &'a DataStore,
+    ino: Ino,
+    index: u32,
+    _g: parking_lot::RwLockWriteGuard<'a, ()>,
+}
+
+impl RepairLock<'_> {
+    /// The object's size; `None` when its data file does not exist.
+    pub fn size(&self) -> R<Option<u64>> {
+        if !self.store.path(self.ino, self.index).exists() {
+            // A descriptor cached before the file went would still read the old bytes,
+            // and a repair would write into a file nobody can open again.
+            self.store.uncache(self.ino, self.index);
+            return Ok(None);
+        }
+        Ok(self.store.open_object(self.ino, self.index, false)?.map(|o| o.mem.lock().size))
+    }
+
+    /// Whether the checksum file is there (an object whose data file alone is gone was
+    /// lost, not deleted: [`DataStore::list_lost`]).
+    pub fn has_sums(&self) -> bool {
+        self.store.sums_path(self.ino, self.index).exists()
+    }
+
+    /// Whether the block at `offset` (a multiple of 64 KiB) matches its checksum; `None`
+    /// when the object no longer holds it (deleted or cut meanwhile).
+    pub fn block_is_good(&self, offset: u64) -> R<Option<bool>> {
+        let Some(obj) = self.store.open_object(self.ino, self.index, false)? else { return Ok(None) };
+        let mut mem = obj.mem.lock();
+        if offset >= mem.size {
+            return Ok(None);
+        }
+        let k = offset / BLOCK;
+        let mut buf = vec![0u8; (mem.size.min(offset + BLOCK) - offset) as usize];
+        let got = read_full_at(&obj.data, &mut buf, offset)
+            .map_err(|e| Fail::io(format_args!("read {}", obj.path.display()), &e))?;
+        if got < buf.len() {
+            // The data file ends before the size the store knows: bytes are gone.
+            return Ok(Some(false));
+        }
+        let entries = mem.entries(&obj.sums, k, 1);
+        drop(mem);
+        Ok(Some(self.store.verify(&obj, k, &buf, entries).is_ok()))
+    }
+
+    /// The size the block at `offset` holds now (what a repair of it must cover).
+    pub fn block_len(&self, offset: u64) -> R<u64> {
+        let size = self.size()?.unwrap_or(0);
+        Ok(size.min(offset + BLOCK).saturating_sub(offset))
+    }
+
+    /// Write `data` at `offset` as [`DataStore::write`] does (creating the object, and a
+    /// fresh checksum file in place of a lone one; shipped to the mirrors on a primary).
+    /// A write covering all a damaged block holds replaces it without reading it.
+    pub fn write(&self, offset: u64, data: &[u8]) -> R<()> {
+        if !self.store.path(self.ino, self.index).exists() {
+            self.store.uncache(self.ino, self.index);
+        }
+        let crcs = PieceCrcs::compute(offset, data);
+        self.store.write_locked(self.ino, self.index, offset, data, crcs.pieces())
     }
 }
 
