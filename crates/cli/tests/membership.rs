@@ -51,7 +51,15 @@ fn the_map_is_changed_through_the_group_survives_its_leader_and_follows_failures
     let client = c.client();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     for s in 0..3 {
-        let (v, toml, _, _) = rt.block_on(client.get_map(shoal_proto::ServerId(s))).unwrap();
+        // A follower applies the change with the leader's next message after the commit.
+        let start = Instant::now();
+        let (v, toml) = loop {
+            let (v, toml, _, _) = rt.block_on(client.get_map(shoal_proto::ServerId(s))).unwrap();
+            if v >= v1 || start.elapsed() > Duration::from_secs(5) {
+                break (v, toml);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         assert_eq!(v, v1, "server {s} serves version {v}");
         assert!(toml.contains("weight = 2"), "server {s}: {toml}");
     }

@@ -158,10 +158,21 @@ pub async fn handle(st: &Arc<State>, kind: u8, payload: &[u8]) -> R<Reply> {
 /// Answer `GetMap`: the newest map this server has applied.
 pub fn get_map(st: &State) -> Reply {
     match st.membership.get() {
-        Some(g) => {
+        // The group's member may be behind the map this server routes by (learnt from the
+        // other servers: `catch_up`): answer the newer.
+        Some(g) if g.current().version >= st.map.version() => {
             let doc = g.current();
             let status = g.status();
             Reply::Map { version: doc.version, toml: doc.toml.clone(), leader: status.leader, voters: status.voters }
+        }
+        Some(g) => {
+            let status = g.status();
+            Reply::Map {
+                version: st.map.version(),
+                toml: st.map.to_toml(),
+                leader: status.leader,
+                voters: status.voters,
+            }
         }
         None => Reply::Map { version: st.map.version(), toml: st.map.to_toml(), leader: None, voters: st.map.voters() },
     }
