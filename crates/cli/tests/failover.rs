@@ -36,7 +36,7 @@ async fn worker(client: Client, k: u32, stop: Arc<std::sync::atomic::AtomicBool>
         let path = format!("{dir}/f{n}");
         let len = [100usize, 5000, 70_000, 300_000][(n % 4) as usize];
         let data = pattern(u64::from(k) * 1_000_000 + n, 0, len);
-        let layout = (n % 3 == 0).then(|| all.clone());
+        let layout = n.is_multiple_of(3).then(|| all.clone());
         let t = Instant::now();
         let r: Result<(), String> = async {
             let f = client.create(&path, 0o644, layout).await.map_err(|e| format!("create {path}: {e}"))?;
@@ -68,7 +68,7 @@ async fn worker(client: Client, k: u32, stop: Arc<std::sync::atomic::AtomicBool>
                             .await
                             .map_err(|e| format!("open {prev}: {e}"))?;
                         let got = f.read_at(0, want.len()).await.map_err(|e| format!("read {prev}: {e}"))?;
-                        if &got[..] != &want[..] {
+                        if got[..] != want[..] {
                             return Err(format!("{prev}: read back {} bytes that differ", got.len()));
                         }
                     }
@@ -176,7 +176,7 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
                 let f = client.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
                 let got = f.read_at(0, want.len() + 1).await.unwrap();
                 assert!(
-                    &got[..] == &want[..],
+                    got[..] == want[..],
                     "{path}: {} bytes read, {} acknowledged, or different",
                     got.len(),
                     want.len()
