@@ -189,3 +189,26 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
     assert!(c.wait_exit(victim, Duration::from_secs(30)), "server {victim} served its stale copy:\n{}", c.log(victim));
     assert!(c.log(victim).contains("out of date"), "it says why:\n{}", c.log(victim));
 }
+
+#[test]
+fn a_server_whose_disk_was_wiped_does_not_serve_an_empty_copy_over_its_mirror() {
+    // The detector is kept out of the way: the server comes back before it is marked down,
+    // which is when an empty store would be served (and its mirror resynchronised to it).
+    let mut c = Cluster::start_with(3, |m| {
+        m.cluster.replicas = 2;
+        m.membership.down_after_ms = 120_000;
+    });
+    let victim = c.map.home_of(shoal_proto::ROOT_INO).0;
+    let rt = runtime();
+    rt.block_on(async {
+        let client = c.client();
+        let f = client.create("/kept", 0o644, None).await.unwrap();
+        f.write_at(0, b"kept").await.unwrap();
+        f.close().await.unwrap();
+    });
+    c.kill9(victim);
+    std::fs::remove_dir_all(c.path().join(format!("s{victim}"))).unwrap();
+    c.spawn_with_env(victim, &[]);
+    assert!(c.wait_exit(victim, Duration::from_secs(30)), "server {victim} served an empty store:\n{}", c.log(victim));
+    assert!(c.log(victim).contains("not serving an empty copy"), "it says why:\n{}", c.log(victim));
+}

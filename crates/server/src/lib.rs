@@ -183,8 +183,8 @@ impl Server {
         let limits = conn_limits(opts, map.servers.len());
         let dd = data_dir.clone();
         let lease_max = opts.lease_max;
-        let (meta, data, space) =
-            tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore, Space)> {
+        let (meta, data, space, fresh) =
+            tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore, Space, bool)> {
                 std::fs::create_dir_all(&dd)
                     .with_context(|| format!("cannot create data directory {}", dd.display()))?;
                 // On a nearly full disk, opening the store needs the reserve's space.
@@ -192,6 +192,9 @@ impl Server {
                 space.prepare_for_open();
                 let meta = MetaStore::open(&dd.join("meta")).map_err(|e| anyhow!(e))?;
                 meta.set_leases(Arc::new(leases::Leases::new(lease_max)));
+                // A store without its format record was made just now (a new server, or one
+                // whose disk was wiped): see `replica::refuse_empty_over_mirrors`.
+                let fresh = meta.get_raw(store::meta::key::FORMAT).map_err(|e| anyhow!("{e}"))?.is_none();
                 store::upgrade::check_and_upgrade(&meta, id, &dd)?;
                 let data = DataStore::open(&dd.join("objects"))
                     .with_context(|| format!("cannot create object directories under {}", dd.display()))?;
@@ -201,7 +204,7 @@ impl Server {
                     tracing::warn!("syncfs {}: {e}", dd.display());
                 }
                 space.upkeep();
-                Ok((meta, data, space))
+                Ok((meta, data, space, fresh))
             })
             .await
             .map_err(|e| anyhow!("start-up task failed: {e}"))??;
@@ -219,6 +222,9 @@ impl Server {
         }
         let state = Arc::new(state);
         let _ = state_cell.set(Arc::downgrade(&state));
+        if fresh {
+            replica::refuse_empty_over_mirrors(&state).await?;
+        }
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
         membership::catch_up_at_start(&state, &opts.config).await;
 

@@ -101,6 +101,35 @@ impl Replication {
     }
 }
 
+/// Refuse to serve a store made just now when a mirror of this slot holds changes of it:
+/// the server's data directory was lost (a disk wiped and the server started again), and
+/// serving the empty store would show an empty slot and resynchronise the mirrors to it,
+/// erasing what they hold. The slot fails over to the mirror instead, once the map marks
+/// this server down (docs/failover.md). Mirrors that do not answer cannot tell: a new
+/// cluster starts its servers one after the other.
+pub async fn refuse_empty_over_mirrors(st: &crate::state::State) -> anyhow::Result<()> {
+    use shoal_proto::msg::{Cred, Op, Reply};
+    let Some(log) = &st.replica.log else { return Ok(()) };
+    let root = Cred::root();
+    for mirror in log.mirrors().into_keys() {
+        // The same empty batch a shipper probes with: the mirror says what it holds.
+        let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
+        let asked = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            st.pool.request(mirror, &root, op, bytes::Bytes::new()),
+        );
+        if let Ok(Ok((Reply::Replicated { applied, incarnation, .. }, _))) = asked.await {
+            if applied > 0 && incarnation != log.incarnation {
+                anyhow::bail!(
+                    "the data directory {} is new, but server {mirror} holds a mirror of this server's stores                      ({applied} changes): not serving an empty copy over it. The slot fails over to that mirror                      once the map marks this server down; to start afresh, remove this server from the map first",
+                    st.data_dir.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The mirror of `slot` this server keeps, or `EINVAL` naming both (a peer's request for a
 /// mirror kept elsewhere: its map is not this server's).
 pub fn mirror_of(st: &crate::state::State, slot: ServerId) -> crate::error::R<Arc<Mirror>> {
