@@ -208,7 +208,8 @@ pub async fn catch_up_at_start(st: &Arc<State>, config: &Path) {
 
 /// Ask one other server (a different one each `turn`) for its map, and follow it if it is
 /// newer. The group's messages may not reach this server: after a failover, its id's
-/// address is the promoted copy's, so a server coming back learns the map this way.
+/// address is the promoted copy's, so a server coming back learns the map this way (at
+/// start, and while its member knows no leader).
 async fn catch_up(st: &Arc<State>, base: &Path, turn: usize) {
     let map = st.map.get();
     let others: Vec<ServerId> = map.servers.iter().map(|s| s.server_id()).filter(|&s| s != st.id).collect();
@@ -240,7 +241,12 @@ async fn rejoin_loop(st: Weak<State>, base: PathBuf) {
         let Some(st) = st.upgrade() else { return };
         let Some(group) = st.membership.get() else { continue };
         turn += 1;
-        catch_up(&st, &base, turn).await;
+        // A member that knows no leader may be one the group no longer reaches (after a
+        // failover its id's address is the promoted copy's): ask the other servers. Not
+        // otherwise: the group's own messages bring every change, at no extra request.
+        if group.status().leader.is_none() {
+            catch_up(&st, &base, turn).await;
+        }
         let doc = group.current();
         let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { continue };
         let Some(me) = map.servers.iter_mut().find(|s| s.id == st.id.0) else { continue };
