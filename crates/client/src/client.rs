@@ -683,7 +683,11 @@ impl Client {
             let asked =
                 tokio::time::timeout(MAP_FETCH_TIMEOUT, pool.request(s.server_id(), &self.opts.cred, op, Bytes::new()));
             match asked.await.unwrap_or_else(|_| {
-                Err(shoal_rpc::CallError::Transport { errno: Errno::ETIMEDOUT, reason: "no answer".into() })
+                Err(shoal_rpc::CallError::Transport {
+                    errno: Errno::ETIMEDOUT,
+                    reason: "no answer".into(),
+                    refused: false,
+                })
             }) {
                 Ok((Reply::Map { toml, .. }, _)) => match ClusterMap::from_toml(&toml, base) {
                     Ok(m) => return Some(m),
@@ -1663,7 +1667,7 @@ fn group_batch(ops: &[BatchOp], pending: &[usize], server_of: impl Fn(&BatchOp) 
 fn server_error(pool: &Pool, server: ServerId, e: CallError) -> Error {
     match (pool.map().server(server), e) {
         (None, e) => Error::new(e.errno(), format!("server {server} is not in the cluster map")),
-        (Some(s), CallError::Transport { errno, reason }) => {
+        (Some(s), CallError::Transport { errno, reason, .. }) => {
             Error::new(errno, format!("server {server} ({}) unreachable", s.addr)).with_detail(reason)
         }
         // A message that only repeats the errno's text adds nothing.
@@ -1748,7 +1752,11 @@ mod tests {
     fn unreachable_servers_are_named() {
         let map = ClusterMap::local(2, 7400, Path::new("/tmp"));
         let pool = Pool::new(map, PoolOptions::default());
-        let lost = CallError::Transport { errno: Errno::ENOTCONN, reason: "connection closed by the server".into() };
+        let lost = CallError::Transport {
+            errno: Errno::ENOTCONN,
+            reason: "connection closed by the server".into(),
+            refused: false,
+        };
         let e = server_error(&pool, ServerId(1), lost).within("stat /a");
         assert_eq!(e.context, "stat /a: server s1 (127.0.0.1:7401) unreachable");
         assert_eq!(

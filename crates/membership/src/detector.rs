@@ -7,6 +7,13 @@
 //! [`crate::MapGroup::on_heard`] (replies on its peer connections), or a ping, which goes to
 //! every server not otherwise heard from for [`PING_EVERY`].
 //!
+//! Refused means: a ping or Raft message found nothing listening at the server's address
+//! (the connection was refused). A server unheard and refusing since
+//! `[membership] refused_down_after_ms` ago is marked down without waiting for the whole
+//! `down_after_ms`: a killed process is told apart from a slow or cut-off one, whose host
+//! does not refuse (Ceph's "fast fail on connection refused"). This is most of a
+//! failover's pause (docs/failover.md).
+//!
 //! Never marked `up` here: a server that comes back proposes that itself, once it has
 //! caught up. Never more than a minority marked `down`: see [`to_mark_down`].
 
@@ -25,16 +32,38 @@ pub const PING_EVERY: Duration = Duration::from_millis(500);
 #[derive(Default)]
 pub struct Heard {
     last: Mutex<HashMap<u32, Instant>>,
+    /// Servers whose host refused a connection since they were last heard (by a message or a
+    /// ping, not a [`Heard::reset`]), and when that first happened. Only servers in
+    /// `answered`: one never heard from may still be starting (a new cluster's servers come
+    /// up one after the other), and a refusal says nothing about its death.
+    refused: Mutex<HashMap<u32, Instant>>,
+    /// Servers this member has heard from at least once.
+    answered: Mutex<std::collections::HashSet<u32>>,
 }
 
 impl Heard {
     pub fn heard(&self, server: u32) {
         self.last.lock().insert(server, Instant::now());
+        self.refused.lock().remove(&server);
+        self.answered.lock().insert(server);
     }
 
-    /// Forget everything: as if every server had been heard just now. A member that has
+    /// `server`'s host refused a connection: nothing listens at its address now.
+    pub fn refused(&self, server: u32) {
+        if self.answered.lock().contains(&server) {
+            self.refused.lock().entry(server).or_insert_with(Instant::now);
+        }
+    }
+
+    /// How long `server` has been refusing connections, without a word from it since.
+    fn refusing_for(&self, server: u32, now: Instant) -> Option<Duration> {
+        self.refused.lock().get(&server).map(|t| now.saturating_duration_since(*t))
+    }
+
+    /// Forget the silences: as if every server had been heard just now. A member that has
     /// just become leader heard nothing as leader yet, and must give every server a full
-    /// `down_after` before judging it.
+    /// `down_after` (or `refused_down_after`) before judging it. Refusals are kept: they are
+    /// what this member saw (its votes to a dead leader were refused), not an absence.
     pub fn reset(&self, servers: impl Iterator<Item = u32>) {
         let now = Instant::now();
         let mut last = self.last.lock();
@@ -50,7 +79,8 @@ impl Heard {
     }
 }
 
-/// The servers to mark `down` now: `up`, not `me`, unheard for `down_after`. None at all when
+/// The servers to mark `down` now: `up`, not `me`, unheard for `down_after`, or unheard and
+/// refusing connections for `refused_down_after` (when that is not 0). None at all when
 /// that would leave a majority of the map's servers down: a leader cut off from most of the
 /// cluster sees all of them silent, and must not declare the majority dead. (Such a leader
 /// could not commit the change anyway, having no quorum of voters; refusing here keeps the
@@ -58,12 +88,16 @@ impl Heard {
 pub fn to_mark_down(doc: &MapDoc, me: u32, heard: &Heard, now: Instant) -> Vec<u32> {
     let Ok(map) = doc.map() else { return Vec::new() };
     let after = Duration::from_millis(map.membership.down_after_ms);
-    let silent: Vec<u32> = map
-        .servers
-        .iter()
-        .filter(|s| s.id != me && s.state == ServerState::Up && heard.silent_for(s.id, now) >= after)
-        .map(|s| s.id)
-        .collect();
+    let refused_after = Duration::from_millis(map.membership.refused_down_after_ms);
+    let dead = |id: u32| {
+        let silent = heard.silent_for(id, now);
+        silent >= after
+            || (!refused_after.is_zero()
+                && silent >= refused_after
+                && heard.refusing_for(id, now).is_some_and(|r| r >= refused_after))
+    };
+    let silent: Vec<u32> =
+        map.servers.iter().filter(|s| s.id != me && s.state == ServerState::Up && dead(s.id)).map(|s| s.id).collect();
     if silent.is_empty() {
         return silent;
     }
@@ -100,8 +134,10 @@ pub fn ping_silent(doc: &MapDoc, me: u32, heard: &Arc<Heard>, transport: &Arc<dy
         }
         let (heard, transport, id) = (heard.clone(), transport.clone(), s.id);
         tokio::spawn(async move {
-            if transport.call(id, KIND_PING, Vec::new(), PING_EVERY).await.is_ok() {
-                heard.heard(id);
+            match transport.call(id, KIND_PING, Vec::new(), PING_EVERY).await {
+                Ok(_) => heard.heard(id),
+                Err(u) if u.refused => heard.refused(id),
+                Err(_) => {}
             }
         });
     }
@@ -143,5 +179,36 @@ mod tests {
         let next = MapDoc::new(marked_down(&d, &[3]).unwrap()).unwrap();
         assert_eq!(next.version, 2);
         assert_eq!(next.map().unwrap().servers[3].state, ServerState::Down);
+    }
+
+    #[test]
+    fn a_server_refusing_connections_is_marked_down_before_a_silent_one() {
+        let d = doc(5); // down_after 3000 ms, refused_down_after 1000 ms
+        let heard = Heard::default();
+        heard.reset(0..5);
+        let t0 = Instant::now();
+        // 3 refuses from 0.5 s on (killed); 4 is silent (frozen, or cut off).
+        heard.refused.lock().insert(3, t0 + Duration::from_millis(500));
+        // A server never heard from (still starting) refusing is not taken for dead.
+        heard.refused(2);
+        assert_eq!(heard.refusing_for(2, t0), None);
+        assert_eq!(to_mark_down(&d, 0, &heard, t0 + Duration::from_millis(1400)), Vec::<u32>::new());
+        assert_eq!(to_mark_down(&d, 0, &heard, t0 + Duration::from_millis(1500)), vec![3]);
+        // 1 and 2 answer; 4 stays silent its full 3 s.
+        heard.last.lock().insert(1, t0 + Duration::from_millis(2000));
+        heard.last.lock().insert(2, t0 + Duration::from_millis(2000));
+        assert_eq!(to_mark_down(&d, 0, &heard, t0 + Duration::from_millis(3000)), vec![3, 4]);
+        // Heard again (restarted within the second): no longer refusing.
+        heard.refused(3);
+        heard.heard(3);
+        assert_eq!(heard.refusing_for(3, Instant::now()), None);
+        // Switched off: refusing counts like silence.
+        let mut m = d.map().unwrap();
+        m.membership.refused_down_after_ms = 0;
+        let off = MapDoc::new(m.to_toml()).unwrap();
+        let heard = Heard::default();
+        heard.reset(0..5);
+        heard.refused.lock().insert(3, t0);
+        assert_eq!(to_mark_down(&off, 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
     }
 }

@@ -9,7 +9,7 @@ use crate::TypeConfig;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{Config, EmptyNode, Raft, ServerState};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -328,11 +328,22 @@ async fn keep_learners(group: std::sync::Weak<Inner>) {
 /// On the leader: mark silent servers down (`detector.rs`).
 async fn detect_failures(group: std::sync::Weak<Inner>) {
     let mut was_leader = false;
+    // Each server's address in the last map seen: a server that moved (its slot failed over
+    // to a mirror's host) is another process, judged afresh from its move on.
+    let mut addrs: HashMap<u32, String> = HashMap::new();
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let Some(g) = group.upgrade() else { return };
         let leader = g.raft.metrics().borrow().state == ServerState::Leader;
         let doc = g.docs.borrow().clone();
+        if let Ok(map) = doc.map() {
+            for s in &map.servers {
+                if addrs.get(&s.id).is_some_and(|a| *a != s.addr) {
+                    g.heard.heard(s.id);
+                }
+                addrs.insert(s.id, s.addr.clone());
+            }
+        }
         if !leader {
             was_leader = false;
             continue;

@@ -22,7 +22,7 @@ mod store;
 
 pub use doc::{ApplyResult, Command, MapDoc};
 pub use group::{GroupStatus, MapGroup, ProposeError, HEARTBEAT_MS};
-pub use network::RaftTransport;
+pub use network::{RaftTransport, Undelivered};
 
 use std::io::Cursor;
 

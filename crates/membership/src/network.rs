@@ -28,6 +28,30 @@ pub const KIND_PROPOSE: u8 = 4;
 /// The failure detector's ping: answered by any member, started or not.
 pub const KIND_PING: u8 = 5;
 
+/// Why a message did not reach its target's group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undelivered {
+    /// What happened, for the log.
+    pub reason: String,
+    /// The target's host refused the connection: nothing listens at its address, so the
+    /// server is dead (or not started), not merely slow or cut off. The failure detector
+    /// marks such a server down sooner (`[membership] refused_down_after_ms`).
+    pub refused: bool,
+}
+
+impl Undelivered {
+    /// A failure that says nothing about whether the target is alive.
+    pub fn other(reason: impl Into<String>) -> Undelivered {
+        Undelivered { reason: reason.into(), refused: false }
+    }
+}
+
+impl std::fmt::Display for Undelivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
+
 /// What carries the group's messages to another server.
 pub trait RaftTransport: Send + Sync + 'static {
     /// Deliver `payload` of `kind` to server `target`'s group and return its answer (what
@@ -38,7 +62,7 @@ pub trait RaftTransport: Send + Sync + 'static {
         kind: u8,
         payload: Vec<u8>,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<Vec<u8>, String>>;
+    ) -> BoxFuture<'static, Result<Vec<u8>, Undelivered>>;
 }
 
 #[derive(Debug)]
@@ -89,11 +113,15 @@ impl Peer {
         E: std::error::Error + DeserializeOwned,
     {
         let payload = rmp_serde::to_vec_named(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let answer = self
-            .transport
-            .call(self.target, kind, payload, option.hard_ttl())
-            .await
-            .map_err(|m| RPCError::Unreachable(Unreachable::new(&Failed(m))))?;
+        let answer = match self.transport.call(self.target, kind, payload, option.hard_ttl()).await {
+            Ok(a) => a,
+            Err(u) => {
+                if u.refused {
+                    self.heard.refused(self.target);
+                }
+                return Err(RPCError::Unreachable(Unreachable::new(&Failed(u.reason))));
+            }
+        };
         self.heard.heard(self.target);
         let res: Result<Resp, RaftError<u64, E>> =
             rmp_serde::from_slice(&answer).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;

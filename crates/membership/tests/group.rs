@@ -3,7 +3,7 @@
 
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use shoal_membership::{MapDoc, MapGroup, ProposeError, RaftTransport};
+use shoal_membership::{MapDoc, MapGroup, ProposeError, RaftTransport, Undelivered};
 use shoal_placement::map::ServerState;
 use shoal_placement::ClusterMap;
 use std::collections::{HashMap, HashSet};
@@ -30,7 +30,7 @@ impl RaftTransport for Wire {
         kind: u8,
         payload: Vec<u8>,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<Vec<u8>, String>> {
+    ) -> BoxFuture<'static, Result<Vec<u8>, Undelivered>> {
         let cut = {
             let c = self.wires.cut.lock();
             c.contains(&target) || c.contains(&self.from)
@@ -40,10 +40,13 @@ impl RaftTransport for Wire {
             match group {
                 Some(g) if !cut => tokio::time::timeout(timeout, g.handle(kind, &payload))
                     .await
-                    .map_err(|_| "timed out".to_string())?,
+                    .map_err(|_| Undelivered::other("timed out"))?
+                    .map_err(Undelivered::other),
+                // A stopped member: as a dead process, whose host refuses connections.
+                None if !cut => Err(Undelivered { reason: format!("server {target} refused"), refused: true }),
                 _ => {
                     tokio::time::sleep(Duration::from_millis(5)).await;
-                    Err(format!("server {target} unreachable"))
+                    Err(Undelivered::other(format!("server {target} unreachable")))
                 }
             }
         })

@@ -26,6 +26,7 @@
 //! [membership]                       # optional (docs/membership.md)
 //! voters = [0, 1, 2]                 # the Raft group's voters; default: the first 3 ids (5 from 7 servers)
 //! down_after_ms = 3000               # unheard this long: marked down by the group's leader
+//! refused_down_after_ms = 1000       # unheard and refusing connections this long: down (0: off)
 //!
 //! [security]                         # optional; these are the defaults
 //! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
@@ -341,6 +342,10 @@ fn default_down_after_ms() -> u64 {
     3000
 }
 
+fn default_refused_down_after_ms() -> u64 {
+    1000
+}
+
 /// The `[membership]` table: who holds the replicated cluster map (docs/membership.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -353,11 +358,22 @@ pub struct Membership {
     /// `down` (a map change, version + 1).
     #[serde(default = "default_down_after_ms")]
     pub down_after_ms: u64,
+    /// A server that is `up`, unheard, and whose host has refused every connection for this
+    /// long is marked `down` sooner than `down_after_ms`: a refused connection means nothing
+    /// listens at its address (the process died), which silence does not prove. 0: only
+    /// silence counts. Keep it above the time a server takes to restart, or a restart is
+    /// taken for a death and its slot fails over.
+    #[serde(default = "default_refused_down_after_ms")]
+    pub refused_down_after_ms: u64,
 }
 
 impl Default for Membership {
     fn default() -> Self {
-        Membership { voters: None, down_after_ms: default_down_after_ms() }
+        Membership {
+            voters: None,
+            down_after_ms: default_down_after_ms(),
+            refused_down_after_ms: default_refused_down_after_ms(),
+        }
     }
 }
 
@@ -567,6 +583,13 @@ impl ClusterMap {
         if self.membership.down_after_ms < 500 {
             return Err(format!(
                 "membership.down_after_ms {} must be ≥ 500 (a server is pinged every 500 ms)",
+                self.membership.down_after_ms
+            ));
+        }
+        let refused = self.membership.refused_down_after_ms;
+        if refused != 0 && !(250..=self.membership.down_after_ms).contains(&refused) {
+            return Err(format!(
+                "membership.refused_down_after_ms {refused} must be 0 (off) or from 250 to down_after_ms ({})",
                 self.membership.down_after_ms
             ));
         }
@@ -792,6 +815,14 @@ mod tests {
         m.membership.voters = None;
         m.membership.down_after_ms = 10;
         assert!(m.validate().unwrap_err().starts_with("membership.down_after_ms 10"));
+        m.membership.down_after_ms = 3000;
+        m.membership.refused_down_after_ms = 100;
+        assert_eq!(
+            m.validate().unwrap_err(),
+            "membership.refused_down_after_ms 100 must be 0 (off) or from 250 to down_after_ms (3000)"
+        );
+        m.membership.refused_down_after_ms = 0;
+        m.validate().unwrap();
     }
 
     #[test]

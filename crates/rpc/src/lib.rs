@@ -139,7 +139,10 @@ pub enum CallError {
     /// The server could not be asked or did not answer: ENOTCONN (refused, connection
     /// closed), ETIMEDOUT (no answer in time), EPROTO (it sent what this side cannot
     /// decode), with what happened ("connection closed by the server").
-    Transport { errno: Errno, reason: String },
+    /// `refused`: the server's host refused the connection, so nothing listens at its
+    /// address (the process is dead or not started yet), which a silent or slow server never
+    /// causes; the failure detector takes it as evidence of death sooner than silence.
+    Transport { errno: Errno, reason: String, refused: bool },
 }
 
 impl CallError {
@@ -149,8 +152,13 @@ impl CallError {
         }
     }
 
+    /// See `refused` of [`CallError::Transport`].
+    pub fn is_refused(&self) -> bool {
+        matches!(self, CallError::Transport { refused: true, .. })
+    }
+
     fn transport(errno: Errno, reason: impl Into<String>) -> CallError {
-        CallError::Transport { errno, reason: reason.into() }
+        CallError::Transport { errno, reason: reason.into(), refused: false }
     }
 }
 
@@ -158,7 +166,7 @@ impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CallError::Server { errno, message } => write!(f, "{message} ({errno})"),
-            CallError::Transport { errno, reason } => write!(f, "{reason} ({errno})"),
+            CallError::Transport { errno, reason, .. } => write!(f, "{reason} ({errno})"),
         }
     }
 }
@@ -347,7 +355,11 @@ impl Conn {
         let claim = auth::Claim::new(map, opts.peer_keys.as_ref(), opts.host_keys.as_ref())?;
         let stream = TcpStream::connect(addr).await.map_err(|e| {
             tracing::debug!("connect {addr}: {e}");
-            CallError::transport(Errno::ENOTCONN, format!("cannot connect: {e}"))
+            CallError::Transport {
+                errno: Errno::ENOTCONN,
+                reason: format!("cannot connect: {e}"),
+                refused: e.kind() == std::io::ErrorKind::ConnectionRefused,
+            }
         })?;
         let _ = stream.set_nodelay(true);
         let Some(tls) = tls else {

@@ -7,7 +7,7 @@ use crate::error::{fail, R};
 use crate::state::State;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use shoal_membership::{MapDoc, MapGroup, RaftTransport};
+use shoal_membership::{MapDoc, MapGroup, RaftTransport, Undelivered};
 use shoal_placement::ClusterMap;
 use shoal_proto::hello::FEATURE_MEMBERSHIP;
 use shoal_proto::msg::{Cred, Op, Reply};
@@ -28,29 +28,33 @@ impl RaftTransport for PeerTransport {
         kind: u8,
         payload: Vec<u8>,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<Vec<u8>, String>> {
+    ) -> BoxFuture<'static, Result<Vec<u8>, Undelivered>> {
         let st = self.state.get().and_then(Weak::upgrade);
         Box::pin(async move {
-            let st = st.ok_or_else(|| "this server is stopping".to_string())?;
+            let st = st.ok_or_else(|| Undelivered::other("this server is stopping"))?;
             let server = ServerId(target);
+            let failed = |e: shoal_rpc::CallError| Undelivered { reason: e.to_string(), refused: e.is_refused() };
             let exchange = async {
                 // An older server would close the connection on a message it cannot decode.
-                let features = st.pool.features(server).await.map_err(|e| e.to_string())?;
+                let features = st.pool.features(server).await.map_err(failed)?;
                 if features & FEATURE_MEMBERSHIP == 0 {
-                    return Err(format!("server {target} does not know the replicated map (an older version)"));
+                    return Err(Undelivered::other(format!(
+                        "server {target} does not know the replicated map (an older version)"
+                    )));
                 }
                 let op = Op::PeerRaft { kind, payload };
                 match st.pool.request(server, &Cred::root(), op, Bytes::new()).await {
                     Ok((Reply::Raft { payload }, _)) => Ok(payload),
-                    Ok((other, _)) => {
-                        Err(format!("server {target} answered a Raft message with {}", reply_name(&other)))
-                    }
-                    Err(e) => Err(e.to_string()),
+                    Ok((other, _)) => Err(Undelivered::other(format!(
+                        "server {target} answered a Raft message with {}",
+                        reply_name(&other)
+                    ))),
+                    Err(e) => Err(failed(e)),
                 }
             };
             match tokio::time::timeout(timeout, exchange).await {
                 Ok(r) => r,
-                Err(_) => Err(format!("server {target}: no answer within {timeout:?}")),
+                Err(_) => Err(Undelivered::other(format!("server {target}: no answer within {timeout:?}"))),
             }
         })
     }

@@ -4,7 +4,9 @@
 //! One batch is in flight per mirror; while it travels, new changes gather, so the batch
 //! size follows the load (a group commit over the network). A mirror that does not answer
 //! keeps getting the same batch; once it has made no progress for
-//! [`OUT_OF_SYNC_AFTER`](super::log::OUT_OF_SYNC_AFTER) while changes wait, or says it is
+//! [`OUT_OF_SYNC_AFTER`](super::log::OUT_OF_SYNC_AFTER) while changes wait (sooner, after
+//! `[membership] refused_down_after_ms`, when its host refuses the connection: it is dead,
+//! not slow, and replies should not wait out the silence bound for it), or says it is
 //! not in sync (it missed changes), it is dropped from the set replies wait for, and the
 //! shipper resynchronises it (`resync.rs`, retried every [`RESYNC_RETRY`] while it fails)
 //! and then ships it the log from where the resync started, until it is in sync again.
@@ -93,6 +95,10 @@ async fn resync(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> u64 {
 /// resync; returns once it is out of sync.
 async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u64) {
     let mut stalled_since: Option<Instant> = None;
+    // Since when every attempt found nothing listening at the mirror's address; counted only
+    // once the mirror has answered here (one that has not may still be starting).
+    let mut refused_since: Option<Instant> = None;
+    let mut answered = false;
     // A mirror resynchronised while nothing changed is in sync at once.
     log.ack(mirror, applied);
     let mut promotable = false;
@@ -121,12 +127,18 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
         // stall the slot longer than a dead one.
         let answer = tokio::time::timeout(OUT_OF_SYNC_AFTER, st.pool.request(mirror, &Cred::root(), op, payload)).await;
         match answer.unwrap_or_else(|_| {
-            Err(shoal_rpc::CallError::Transport { errno: shoal_proto::Errno::ETIMEDOUT, reason: "no answer".into() })
+            Err(shoal_rpc::CallError::Transport {
+                errno: shoal_proto::Errno::ETIMEDOUT,
+                reason: "no answer".into(),
+                refused: false,
+            })
         }) {
             Ok((Reply::Replicated { applied: a, in_sync: true, incarnation }, _)) if incarnation == log.incarnation => {
                 applied = applied.max(a);
                 log.ack(mirror, applied);
                 stalled_since = None;
+                refused_since = None;
+                answered = true;
                 continue;
             }
             Ok((Reply::Replicated { incarnation, applied: a, .. }, _)) => {
@@ -140,7 +152,14 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
                 return;
             }
             Ok((other, _)) => tracing::warn!("mirror {mirror} answered PeerReplicate with {other:?}"),
-            Err(e) => tracing::debug!("mirror {mirror}: {e}"),
+            Err(e) => {
+                tracing::debug!("mirror {mirror}: {e}");
+                if e.is_refused() && answered {
+                    refused_since.get_or_insert_with(Instant::now);
+                } else {
+                    refused_since = None;
+                }
+            }
         }
         if !log.has_waiters() && state == MirrorState::InSync {
             // Nobody waits (a mirror still starting, say): keep trying without giving up.
@@ -151,9 +170,13 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
             continue;
         }
         let since = *stalled_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= OUT_OF_SYNC_AFTER {
+        let refused_for = Duration::from_millis(st.map.get().membership.refused_down_after_ms);
+        let dead = !refused_for.is_zero() && refused_since.is_some_and(|t| t.elapsed() >= refused_for);
+        if since.elapsed() >= OUT_OF_SYNC_AFTER || dead {
+            let why = if dead { " (its host refuses connections: it is not running)" } else { "" };
             tracing::warn!(
-                "mirror {mirror} of server {} applied nothing for {:?}: going on without it until it is resynchronised",
+                "mirror {mirror} of server {} applied nothing for {:?}{why}: going on without it until it is \
+                 resynchronised",
                 st.id,
                 since.elapsed()
             );
