@@ -276,8 +276,19 @@ impl MapGroup {
     pub async fn handle(&self, kind: u8, payload: &[u8]) -> Result<Vec<u8>, String> {
         let raft = &self.inner.raft;
         match kind {
-            network::KIND_APPEND => encode(&raft.append_entries(decode(payload)?).await),
-            network::KIND_VOTE => encode(&raft.vote(decode(payload)?).await),
+            // A message from the leader (appends) or a candidate (votes) is word from it: a
+            // member that becomes leader later knows it was alive (detector.rs: only then is
+            // a refused connection taken for its death).
+            network::KIND_APPEND => {
+                let req: openraft::raft::AppendEntriesRequest<TypeConfig> = decode(payload)?;
+                self.heard_from_sender(req.vote.leader_id().voted_for());
+                encode(&raft.append_entries(req).await)
+            }
+            network::KIND_VOTE => {
+                let req: openraft::raft::VoteRequest<u64> = decode(payload)?;
+                self.heard_from_sender(req.vote.leader_id().voted_for());
+                encode(&raft.vote(req).await)
+            }
             network::KIND_SNAPSHOT => encode(&raft.install_snapshot(decode(payload)?).await),
             network::KIND_PROPOSE => {
                 let (expect, toml): (u64, String) = decode(payload)?;
@@ -285,6 +296,12 @@ impl MapGroup {
             }
             network::KIND_PING => Ok(Vec::new()),
             other => Err(format!("unknown Raft message kind {other}")),
+        }
+    }
+
+    fn heard_from_sender(&self, sender: Option<u64>) {
+        if let Some(id) = sender.filter(|&id| id != u64::from(self.inner.node)) {
+            self.inner.heard.heard(id as u32);
         }
     }
 
