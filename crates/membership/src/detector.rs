@@ -88,7 +88,12 @@ impl Heard {
 pub fn to_mark_down(doc: &MapDoc, me: u32, heard: &Heard, now: Instant) -> Vec<u32> {
     let Ok(map) = doc.map() else { return Vec::new() };
     let after = Duration::from_millis(map.membership.down_after_ms);
-    let refused_after = Duration::from_millis(map.membership.refused_down_after_ms);
+    // With one copy nothing fails over, and a down mark changes nothing for clients: only
+    // silence counts (a crashed server restarted within `down_after` is not flagged).
+    let refused_after = match map.cluster.replicas {
+        1 => Duration::ZERO,
+        _ => Duration::from_millis(map.membership.refused_down_after_ms),
+    };
     let dead = |id: u32| {
         let silent = heard.silent_for(id, now);
         silent >= after
@@ -153,6 +158,12 @@ mod tests {
         MapDoc::new(ClusterMap::local(n, 7000, Path::new("/tmp")).to_toml()).unwrap()
     }
 
+    fn replicated(n: u32) -> MapDoc {
+        let mut m = ClusterMap::local(n, 7000, Path::new("/tmp"));
+        m.cluster.replicas = 2;
+        MapDoc::new(m.to_toml()).unwrap()
+    }
+
     #[test]
     fn a_silent_minority_is_marked_down_a_silent_majority_is_not() {
         let d = doc(5);
@@ -183,7 +194,7 @@ mod tests {
 
     #[test]
     fn a_server_refusing_connections_is_marked_down_before_a_silent_one() {
-        let d = doc(5); // down_after 3000 ms, refused_down_after 1000 ms
+        let d = replicated(5); // down_after 3000 ms, refused_down_after 1000 ms
         let heard = Heard::default();
         heard.reset(0..5);
         let t0 = Instant::now();
@@ -210,5 +221,7 @@ mod tests {
         heard.reset(0..5);
         heard.refused.lock().insert(3, t0);
         assert_eq!(to_mark_down(&off, 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
+        // And with one copy (nothing to fail over to).
+        assert_eq!(to_mark_down(&doc(5), 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
     }
 }
