@@ -576,7 +576,9 @@ impl Client {
         let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
         match (pool.request(server, &self.opts.cred, op, data).await, retry) {
             (Err(e), Some((op, data))) if e.errno() == Errno::ESTALE => {
-                if !self.reload_map(seen).await? {
+                // The server that refused holds the newer map: ask it first (another server
+                // may not have applied it yet).
+                if !self.reload_map(seen, Some(server)).await? {
                     return Err(Error::new(
                         Errno::ESTALE,
                         format!(
@@ -642,7 +644,7 @@ impl Client {
     /// Re-read the config file and ask the servers after a call routed by map version
     /// `seen` got a stale-map answer. True if a newer map is now in use (by this call or a
     /// concurrent one).
-    async fn reload_map(&self, seen: u64) -> Result<bool> {
+    async fn reload_map(&self, seen: u64, ask_first: Option<ServerId>) -> Result<bool> {
         let _one = self.shared.reload.lock().await;
         let failed = self.pool();
         if failed.map().version() > seen {
@@ -657,7 +659,7 @@ impl Client {
         }
         // The servers hold the replicated map (docs/membership.md): it may be newer than
         // the file.
-        if let Some(map) = self.fetch_map(&failed).await {
+        if let Some(map) = self.fetch_map(&failed, ask_first).await {
             if map.version() > newest.as_ref().map_or(failed.map().version(), |m| m.version()) {
                 newest = Some(map);
             }
@@ -672,16 +674,23 @@ impl Client {
         }
     }
 
-    /// Ask the servers of the current map for the newest map they hold (`GetMap`), first
-    /// to answer wins; `None` if none answers.
-    async fn fetch_map(&self, pool: &Arc<Pool>) -> Option<ClusterMap> {
+    /// Ask the servers of the current map for the newest map they hold (`GetMap`): `first`
+    /// (if given) before the others, then the first to answer wins; `None` if none answers.
+    async fn fetch_map(&self, pool: &Arc<Pool>, first: Option<ServerId>) -> Option<ClusterMap> {
         let map = pool.map();
         let base = self.shared.config.as_deref().and_then(|p| p.parent()).unwrap_or(std::path::Path::new("."));
-        for s in map.servers.iter().filter(|s| s.state != shoal_placement::map::ServerState::Out) {
+        let mut order: Vec<ServerId> = map
+            .servers
+            .iter()
+            .filter(|s| s.state != shoal_placement::map::ServerState::Out)
+            .map(|s| s.server_id())
+            .filter(|&s| Some(s) != first)
+            .collect();
+        order.splice(0..0, first);
+        for s in order {
             let op = Op::GetMap { known: map.version() };
             // Bounded: a frozen server must not hold up the search (a failover waits on it).
-            let asked =
-                tokio::time::timeout(MAP_FETCH_TIMEOUT, pool.request(s.server_id(), &self.opts.cred, op, Bytes::new()));
+            let asked = tokio::time::timeout(MAP_FETCH_TIMEOUT, pool.request(s, &self.opts.cred, op, Bytes::new()));
             match asked.await.unwrap_or_else(|_| {
                 Err(shoal_rpc::CallError::Transport {
                     errno: Errno::ETIMEDOUT,
@@ -691,7 +700,7 @@ impl Client {
             }) {
                 Ok((Reply::Map { toml, .. }, _)) => match ClusterMap::from_toml(&toml, base) {
                     Ok(m) => return Some(m),
-                    Err(e) => tracing::warn!("server {} sent a map this client cannot use: {e}", s.id),
+                    Err(e) => tracing::warn!("server {s} sent a map this client cannot use: {e}"),
                 },
                 Ok(_) | Err(_) => continue,
             }
@@ -745,7 +754,7 @@ impl Client {
                 return Ok(self.pool().map().version());
             }
         }
-        self.reload_map(version).await?;
+        self.reload_map(version, None).await?;
         Ok(self.pool().map().version())
     }
 

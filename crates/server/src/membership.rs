@@ -141,6 +141,11 @@ fn follow_map(st: &Arc<State>, map: ClusterMap) {
 
 /// Answer a `PeerRaft` message.
 pub async fn handle(st: &Arc<State>, kind: u8, payload: &[u8]) -> R<Reply> {
+    // A slot served from a copy is alive: the failure detector's ping says so (without it,
+    // the slot would be marked down again after its silence bound, although it serves).
+    if st.failover.host.is_some() && kind == shoal_membership::network::KIND_PING {
+        return Ok(Reply::Raft { payload: Vec::new() });
+    }
     if let Some(host) = st.failover.host {
         return fail(
             Errno::EINVAL,

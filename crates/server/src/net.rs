@@ -315,6 +315,13 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
     };
     let (mut reply, payload) = if conn.session != 0 && crate::replies::changes_state(&redo.req.op) {
         let (session, request) = (conn.session, redo.request_id);
+        // The request's changes reach the mirrors only with its reply (`replica::log`,
+        // "A change travels with its reply"); let go however the request ends.
+        let hold = st.replica.log.as_ref().map(|log| {
+            let hold = crate::replica::log::ReplLog::hold();
+            ticket.set_hold(hold);
+            ReleaseOnDrop { log: log.clone(), hold }
+        });
         let once = Box::pin(async move {
             let (reply, payload) = st.replies.once(session, request, handle).await;
             // The mirrors keep the reply too, after the changes it reports.
@@ -325,6 +332,7 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
                     log.append(change, bytes::Bytes::new());
                 }
             }
+            drop(hold);
             (reply, payload)
         });
         commits::scope(ticket.clone(), Box::pin(crate::leases::scope(caller.clone(), once))).await
@@ -335,6 +343,18 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
         leases.grant_attrs(&mut reply, read, &caller, |ino| st.is_home(ino));
     }
     (encode_reply(st, redo.request_id, &reply, payload, conn), ticket)
+}
+
+/// Lets a request's changes go to the mirrors when dropped (`ReplLog::hold`).
+struct ReleaseOnDrop {
+    log: Arc<crate::replica::log::ReplLog>,
+    hold: u64,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        self.log.release(self.hold);
+    }
 }
 
 /// Wait until what the reply depends on is held by every mirror in sync (`replica`). Not

@@ -21,6 +21,18 @@
 //! so that once its stores have caught up with the primary's it is shipped the log from
 //! `p0` and, the moment it has applied the last position, is `InSync` again.
 //!
+//! **A change travels with its reply** ([`ReplLog::hold`]). A client's request that changes
+//! something is answered once per request id: a retry gets the cached reply (`replies.rs`),
+//! which the mirrors keep too, appended right after the request's changes. A mirror that
+//! held the changes but not the reply, promoted after its primary died before answering,
+//! would apply the retry again (a rename that happened would fail with `ENOENT`). So the
+//! positions a request appends are *held*, not shipped, until its reply is appended (or it
+//! waits for the mirrors itself, before a step to another server: a request never waits
+//! for its own held positions), and the shipper never sends a batch that ends between a
+//! change and its reply. A hold older than [`HOLD_MAX`] is let go all the same: a request
+//! blocked between its change and its reply (on a lock held by another request that waits
+//! for the mirrors, say) must cost a short delay, never a deadlock.
+//!
 //! Invariant: `entries` holds positions `base .. next` (exclusive), and every position below
 //! `base` has been applied by every mirror in sync or resyncing.
 
@@ -28,8 +40,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shoal_proto::msg::ReplChange;
 use shoal_proto::ServerId;
-use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 /// A mirror that applies nothing for this long while changes wait is dropped from the set
 /// the primary waits for (the bound on how long a mirror's death stalls the slot).
@@ -38,6 +50,9 @@ pub const OUT_OF_SYNC_AFTER: Duration = Duration::from_secs(3);
 /// Most bytes one `PeerReplicate` carries (changes are never split: a larger write goes
 /// alone).
 pub const SHIP_MAX_BYTES: usize = 8 << 20;
+
+/// Longest a request's changes are held back waiting for its reply (see the module doc).
+pub const HOLD_MAX: Duration = Duration::from_millis(50);
 
 /// Most bytes of changes the log keeps for mirrors being resynchronised: a resync that
 /// takes so long that more changes pile up than this is abandoned (and started over later)
@@ -86,14 +101,45 @@ struct Inner {
     /// Bytes held in `entries` (data and batches).
     bytes: usize,
     mirrors: BTreeMap<ServerId, Progress>,
+    /// Positions not to be shipped yet: appended by a request whose reply is not appended
+    /// yet, with its hold and when the hold began. Only positions `>= base`.
+    held: BTreeMap<u64, (u64, Instant)>,
+    /// The positions of each hold in `held`.
+    holds: HashMap<u64, Vec<u64>>,
+}
+
+impl Inner {
+    /// The last position that may be shipped: the one before the first position still
+    /// held (holds past [`HOLD_MAX`] are let go here), or the last appended.
+    fn shippable(&mut self) -> u64 {
+        while let Some((&pos, &(hold, since))) = self.held.first_key_value() {
+            if since.elapsed() < HOLD_MAX {
+                return pos - 1;
+            }
+            self.release(hold);
+        }
+        self.next - 1
+    }
+
+    fn release(&mut self, hold: u64) {
+        for pos in self.holds.remove(&hold).unwrap_or_default() {
+            self.held.remove(&pos);
+        }
+    }
+
+    /// When the oldest hold runs out.
+    fn first_expiry(&self) -> Option<Instant> {
+        self.held.values().map(|(_, since)| *since + HOLD_MAX).min()
+    }
 }
 
 pub struct ReplLog {
     /// Drawn at each start of the primary: positions restart at 1 under a new one.
     pub incarnation: u64,
     inner: Mutex<Inner>,
-    /// The last position appended: wakes the shippers (a watch, not a `Notify`: a change
-    /// appended between a shipper's check and its wait must not be missed).
+    /// The last position appended, touched also when a hold is let go: wakes the shippers
+    /// (a watch, not a `Notify`: a change appended between a shipper's check and its wait
+    /// must not be missed).
     appended: tokio::sync::watch::Sender<u64>,
     /// The highest position every mirror in sync has applied (or the last appended, with
     /// none in sync).
@@ -110,7 +156,15 @@ impl ReplLog {
         let mirrors = mirrors.iter().map(|&m| (m, Progress::new(MirrorState::InSync))).collect();
         ReplLog {
             incarnation,
-            inner: Mutex::new(Inner { base: 1, next: 1, entries: VecDeque::new(), bytes: 0, mirrors }),
+            inner: Mutex::new(Inner {
+                base: 1,
+                next: 1,
+                entries: VecDeque::new(),
+                bytes: 0,
+                mirrors,
+                held: BTreeMap::new(),
+                holds: HashMap::new(),
+            }),
             appended: tokio::sync::watch::channel(0).0,
             acked: tokio::sync::watch::channel(0).0,
             waiting: Default::default(),
@@ -118,8 +172,11 @@ impl ReplLog {
     }
 
     /// Append a change made just now (the caller holds what orders it); returns its
-    /// position and records it for the current request's reply.
+    /// position and records it for the current request's reply. Held back from the
+    /// mirrors while the current request holds its changes for its reply
+    /// ([`ReplLog::hold`]).
     pub fn append(&self, change: ReplChange, data: Bytes) -> u64 {
+        let hold = crate::store::commits::current().map_or(0, |t| t.state().hold);
         let pos = {
             let mut g = self.inner.lock();
             let pos = g.next;
@@ -127,6 +184,10 @@ impl ReplLog {
             if g.mirrors.values().any(Progress::follows) {
                 g.bytes += data.len();
                 g.entries.push_back((change, data));
+                if hold != 0 {
+                    g.held.insert(pos, (hold, Instant::now()));
+                    g.holds.entry(hold).or_default().push(pos);
+                }
                 if g.bytes > RESYNC_LOG_MAX && g.mirrors.values().any(|m| m.state == MirrorState::Resyncing) {
                     for (id, m) in g.mirrors.iter_mut().filter(|(_, m)| m.state == MirrorState::Resyncing) {
                         tracing::warn!(
@@ -159,9 +220,34 @@ impl ReplLog {
         self.inner.lock().next - 1
     }
 
-    /// Wait until every mirror in sync has applied `pos`.
+    /// A new hold: the changes the current request appends from now on are not shipped
+    /// until [`ReplLog::release`] (or [`HOLD_MAX`]). The caller records it in the request's
+    /// ticket (`commits::set_hold`) and releases it once the reply is appended.
+    pub fn hold() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Let the changes of `hold` be shipped.
+    pub fn release(&self, hold: u64) {
+        let released = {
+            let mut g = self.inner.lock();
+            let had = g.holds.contains_key(&hold);
+            g.release(hold);
+            had
+        };
+        if released {
+            self.appended.send_modify(|_| {});
+        }
+    }
+
+    /// Wait until every mirror in sync has applied `pos`. The current request's own held
+    /// changes are let go first: it would wait for itself.
     pub async fn wait_acked(&self, pos: u64) {
         use std::sync::atomic::Ordering;
+        if let Some(hold) = crate::store::commits::current().map(|t| t.state().hold).filter(|&h| h != 0) {
+            self.release(hold);
+        }
         struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
         impl Drop for Waiting<'_> {
             fn drop(&mut self) {
@@ -184,22 +270,49 @@ impl ReplLog {
         *self.acked.borrow() >= pos
     }
 
-    /// Wait for a change after `pos` to be appended.
-    pub async fn appended_after(&self, pos: u64) {
+    /// The last position that may be shipped now (see [`ReplLog::hold`]).
+    pub fn shippable(&self) -> u64 {
+        self.inner.lock().shippable()
+    }
+
+    /// Wait until a change after `pos` may be shipped: appended, and not held (or held
+    /// for longer than [`HOLD_MAX`]).
+    pub async fn shippable_after(&self, pos: u64) {
         let mut rx = self.appended.subscribe();
-        let _ = rx.wait_for(|&last| last > pos).await;
+        loop {
+            rx.borrow_and_update();
+            let expiry = {
+                let mut g = self.inner.lock();
+                if g.shippable() > pos {
+                    return;
+                }
+                g.first_expiry()
+            };
+            match expiry {
+                Some(at) => {
+                    let _ = tokio::time::timeout_at(at.into(), rx.changed()).await;
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// The changes after `after` for one `PeerReplicate`: the position of the first, the
-    /// changes and their bytes (at most [`SHIP_MAX_BYTES`], at least one change).
+    /// changes and their bytes (at most [`SHIP_MAX_BYTES`], at least one change if one may
+    /// be shipped: see [`ReplLog::shippable`]).
     pub fn take(&self, after: u64) -> (u64, Vec<ReplChange>, Vec<Bytes>) {
-        let g = self.inner.lock();
+        let mut g = self.inner.lock();
+        let upto = g.shippable();
         let first = after + 1;
         let mut changes = Vec::new();
         let mut data = Vec::new();
         let mut bytes = 0;
         if first >= g.base {
-            for (c, d) in g.entries.iter().skip((first - g.base) as usize) {
+            for (c, d) in g.entries.iter().skip((first - g.base) as usize).take((upto + 1).saturating_sub(first) as usize) {
                 if !changes.is_empty() && bytes + d.len() > SHIP_MAX_BYTES {
                     break;
                 }
@@ -293,6 +406,13 @@ impl ReplLog {
                 }
             }
         }
+        // Holds of positions dropped unshipped (no mirror follows any more) are over.
+        while let Some((&pos, &(hold, _))) = g.held.first_key_value() {
+            if pos >= g.base {
+                break;
+            }
+            g.release(hold);
+        }
         self.acked.send_replace(acked);
     }
 }
@@ -379,6 +499,63 @@ mod tests {
         }
         assert_eq!(log.mirrors()[&ServerId(1)].state, MirrorState::OutOfSync);
         assert_eq!(log.take(0).1.len(), 0, "its changes are dropped");
+    }
+
+    /// Append a change as a request holding `hold` (`ticket`) would.
+    fn append_as(log: &ReplLog, ticket: &std::sync::Arc<crate::store::commits::Ticket>, n: u32) -> u64 {
+        crate::store::commits::on_thread(Some(ticket.clone()), || {
+            let (c, d) = write(n);
+            log.append(c, d)
+        })
+    }
+
+    #[test]
+    fn a_requests_changes_are_shipped_only_with_its_reply() {
+        let log = ReplLog::new(&[ServerId(1)]);
+        let (c, d) = write(1);
+        assert_eq!(log.append(c, d), 1);
+        let ticket = crate::store::commits::Ticket::new(0);
+        let hold = ReplLog::hold();
+        ticket.set_hold(hold);
+        assert_eq!(append_as(&log, &ticket, 2), 2);
+        // Another request's change, behind the held one, waits with it.
+        let (c, d) = write(3);
+        assert_eq!(log.append(c, d), 3);
+        assert_eq!(log.shippable(), 1);
+        let (first, changes, _) = log.take(0);
+        assert_eq!((first, changes.len()), (1, 1), "the batch ends before the held change");
+        // The reply is appended under the hold too, then all of it goes at once.
+        assert_eq!(append_as(&log, &ticket, 0), 4);
+        assert_eq!(log.shippable(), 1);
+        log.release(hold);
+        assert_eq!(log.shippable(), 4);
+        assert_eq!(log.take(1).1.len(), 3);
+    }
+
+    #[test]
+    fn a_hold_is_let_go_after_hold_max() {
+        let log = ReplLog::new(&[ServerId(1)]);
+        let ticket = crate::store::commits::Ticket::new(0);
+        ticket.set_hold(ReplLog::hold());
+        append_as(&log, &ticket, 1);
+        assert_eq!(log.shippable(), 0);
+        std::thread::sleep(HOLD_MAX + Duration::from_millis(10));
+        assert_eq!(log.shippable(), 1, "a request stuck before its reply must not stall the slot");
+    }
+
+    #[tokio::test]
+    async fn a_request_waiting_for_the_mirrors_lets_its_own_changes_go() {
+        let log = std::sync::Arc::new(ReplLog::new(&[ServerId(1)]));
+        let ticket = crate::store::commits::Ticket::new(0);
+        ticket.set_hold(ReplLog::hold());
+        let pos = append_as(&log, &ticket, 1);
+        let (l, t) = (log.clone(), ticket.clone());
+        // A shipper waiting for something to ship wakes when the request waits.
+        let shipper = tokio::spawn(async move { l.shippable_after(0).await });
+        let wait = crate::store::commits::scope(t, async { log.wait_acked(pos).await });
+        assert!(tokio::time::timeout(Duration::from_millis(20), wait).await.is_err(), "no mirror applied it");
+        assert_eq!(log.shippable(), pos);
+        tokio::time::timeout(Duration::from_secs(1), shipper).await.unwrap().unwrap();
     }
 
     #[test]

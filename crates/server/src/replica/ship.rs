@@ -112,8 +112,8 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
         if state == MirrorState::OutOfSync {
             return;
         }
-        if stalled_since.is_none() && log.last() <= applied {
-            log.appended_after(applied).await;
+        if stalled_since.is_none() && log.shippable() <= applied {
+            log.shippable_after(applied).await;
         }
         let (first, changes, data) = log.take(applied);
         if changes.is_empty() {

@@ -58,6 +58,9 @@ pub struct TicketState {
     /// The last position the request appended to the replication log (`replica::log`), 0
     /// if none.
     pub replicated: u64,
+    /// The hold its appended changes are held back under until its reply is appended
+    /// (`ReplLog::hold`), 0 if none.
+    pub hold: u64,
 }
 
 impl Ticket {
@@ -67,6 +70,11 @@ impl Ticket {
 
     pub fn state(&self) -> TicketState {
         *self.state.lock()
+    }
+
+    /// Hold the request's changes back from the mirrors under `hold` (`ReplLog::hold`).
+    pub fn set_hold(&self, hold: u64) {
+        self.state.lock().hold = hold;
     }
 }
 
