@@ -104,7 +104,10 @@ async fn worker(client: Client, k: u32, stop: Arc<std::sync::atomic::AtomicBool>
                         out.acked.insert(to, v);
                         Ok(())
                     }
-                    Err(e) if e.errno == shoal_proto::Errno::ENOENT && happened(&client, &path, Some((&to, &out.acked[&path]))).await => {
+                    Err(e)
+                        if e.errno == shoal_proto::Errno::ENOENT
+                            && happened(&client, &path, Some((&to, &out.acked[&path]))).await =>
+                    {
                         out.replies_lost.push(format!("rename {path}: {e}"));
                         let v = out.acked.remove(&path).unwrap();
                         out.acked.insert(to, v);

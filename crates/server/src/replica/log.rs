@@ -312,7 +312,9 @@ impl ReplLog {
         let mut data = Vec::new();
         let mut bytes = 0;
         if first >= g.base {
-            for (c, d) in g.entries.iter().skip((first - g.base) as usize).take((upto + 1).saturating_sub(first) as usize) {
+            for (c, d) in
+                g.entries.iter().skip((first - g.base) as usize).take((upto + 1).saturating_sub(first) as usize)
+            {
                 if !changes.is_empty() && bytes + d.len() > SHIP_MAX_BYTES {
                     break;
                 }
