@@ -265,3 +265,75 @@ fn a_server_whose_disk_was_wiped_does_not_serve_an_empty_copy_over_its_mirror() 
     assert!(c.wait_exit(victim, Duration::from_secs(30)), "server {victim} served an empty store:\n{}", c.log(victim));
     assert!(c.log(victim).contains("not serving an empty copy"), "it says why:\n{}", c.log(victim));
 }
+
+/// A directory under the root whose inode (and so its entries) lives on `server`: its name.
+async fn dir_on(c: &Cluster, client: &Client, server: u32, prefix: &str) -> String {
+    for i in 0..64 {
+        let path = format!("/{prefix}{i}");
+        let a = client.mkdir(&path, 0o755).await.unwrap();
+        if c.map.home_of(a.ino).0 == server {
+            return path;
+        }
+    }
+    panic!("no directory landed on server {server}");
+}
+
+/// A rename across servers whose coordinator dies after the step on the other server and
+/// before its own finish, its reply never sent: the slot fails over to the mirror, whose
+/// recovery finishes the rename and keeps its reply under the client's request id, so the
+/// client's retry is answered "done", not applied again (which would say `ENOENT`).
+#[test]
+fn a_rename_across_servers_whose_coordinator_dies_mid_way_is_answered_done_after_the_failover() {
+    // Detection by silence only: the coordinator is restarted once below, with the
+    // failpoint armed, and that restart must not be taken for a death.
+    let mut c = Cluster::start_with(3, |m| {
+        m.cluster.replicas = 2;
+        m.membership.refused_down_after_ms = 0;
+    });
+    let coord = (0..3).find(|&s| s != c.map.home_of(shoal_proto::ROOT_INO).0).unwrap();
+    let other = (0..3).find(|&s| s != coord).unwrap();
+    let rt = runtime();
+    let (src, dst) = rt.block_on(async {
+        let client = c.client();
+        let src = dir_on(&c, &client, coord, "s").await;
+        let dst = dir_on(&c, &client, other, "d").await;
+        let f = client.create(&format!("{src}/a"), 0o644, None).await.unwrap();
+        f.write_at(0, b"moved once").await.unwrap();
+        f.close().await.unwrap();
+        (src, dst)
+    });
+    // Armed on the coordinator only: the promoted copy's recovery, in another process,
+    // drives the same step and must not die there.
+    c.stop(coord);
+    c.restart_with_env(coord, &[("FAILPOINTS", "rename.target.after=return")]);
+    // Restarted, the coordinator is a new incarnation: its mirror is behind until
+    // resynchronised (and the map says so again), and a mirror behind is not promoted.
+    rt.block_on(async {
+        let client = c.client();
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            client.refresh_map().await.unwrap();
+            let status = client.server_status(shoal_proto::ServerId(coord)).await.unwrap();
+            let resynced = !status.mirrors.is_empty()
+                && status.mirrors.iter().all(|m| m.state == shoal_proto::msg::MirrorSync::InSync && m.resyncs >= 1);
+            if resynced && client.map().server(shoal_proto::ServerId(coord)).is_some_and(|e| e.behind.is_empty()) {
+                break;
+            }
+            assert!(Instant::now() < until, "the mirror of server {coord} was not in sync again within 30 s");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let (from, to) = (format!("{src}/a"), format!("{dst}/b"));
+    let answer = rt.block_on(async { c.client().rename(&from, &to).await });
+    assert!(c.wait_exit(coord, Duration::from_secs(30)), "server {coord} did not die at the failpoint");
+    assert!(answer.is_ok(), "the rename was answered {answer:?}\n{}", (0..3).map(|i| c.log(i)).collect::<String>());
+    rt.block_on(async {
+        let client = c.uncached_client();
+        let f = client.open(&to, OpenFlags::read_only()).await.unwrap();
+        assert_eq!(&f.read_at(0, 64).await.unwrap()[..], b"moved once");
+        let gone = client.stat(&from).await;
+        assert!(matches!(&gone, Err(e) if e.errno == shoal_proto::Errno::ENOENT), "{from}: {gone:?}");
+        let m = client.map();
+        assert!(m.server(shoal_proto::ServerId(coord)).and_then(|e| e.served_by).is_some(), "the slot failed over");
+    });
+}

@@ -17,7 +17,7 @@ use crate::error::{Fail, R};
 use crate::state::State;
 use crate::steps;
 use crate::store::meta::{GcRecord, IntentRecord};
-use shoal_proto::msg::Op;
+use shoal_proto::msg::{Op, Reply};
 use shoal_proto::{Ino, ServerId};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -191,8 +191,14 @@ pub async fn recover_once(st: &Arc<State>, all: bool) {
         let what = format!("{:?}", rec.intent);
         // Resume the intent from where it stands, through the same code the request that
         // wrote it ran (`steps::engine`).
-        match steps::drive(st, op_id, &rec.intent, steps::Ctx::default()).await.map(|_| ()) {
-            Ok(()) => tracing::info!("recovery: resolved intent {op_id:#x}: {what}"),
+        match steps::drive(st, op_id, &rec.intent, steps::Ctx::default()).await {
+            Ok(reply) => {
+                tracing::info!("recovery: resolved intent {op_id:#x}: {what}");
+                // The client's retry of the request that wrote it gets this outcome.
+                if let (Some((session, request)), Reply::Ok) = (rec.reply_to, &reply) {
+                    st.keep_reply(session, request, reply);
+                }
+            }
             // Said once loudly at start-up, then quietly every round.
             Err(e) if all => tracing::info!("recovery: intent {op_id:#x} ({what}) not resolved yet: {e}"),
             Err(e) => tracing::debug!("recovery: intent {op_id:#x} ({what}) not resolved yet: {e}"),

@@ -322,16 +322,15 @@ async fn run_request(st: &Arc<State>, redo: &Redo, conn: ConnInfo) -> (Encoded, 
             ticket.set_hold(hold);
             ReleaseOnDrop { log: log.clone(), hold }
         });
+        // Operations whose intents, finished by recovery, end in the request's own reply
+        // (`Reply::Ok`): that reply is kept for a retry (`intents::recover_once`).
+        if matches!(redo.req.op, Op::Rename { .. } | Op::Unlink { .. } | Op::Rmdir { .. }) {
+            ticket.set_reply_to(session, request);
+        }
         let once = Box::pin(async move {
             let (reply, payload) = st.replies.once(session, request, handle).await;
             // The mirrors keep the reply too, after the changes it reports.
-            if let Some(log) = &st.replica.log {
-                if !matches!(reply, Reply::StaleMap { .. }) {
-                    let change =
-                        shoal_proto::msg::ReplChange::Reply { session, request, reply: Box::new(reply.clone()) };
-                    log.append(change, bytes::Bytes::new());
-                }
-            }
+            st.ship_reply(session, request, &reply);
             drop(hold);
             (reply, payload)
         });

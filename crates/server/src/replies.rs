@@ -130,6 +130,10 @@ impl Drop for Applying<'_> {
     fn drop(&mut self) {
         if !self.done {
             let mut shard = self.replies.shard(self.key).lock();
+            // A reply kept meanwhile (`keep`) stays: it is the request's outcome.
+            if !matches!(shard.slots.get(&self.key), Some(Slot::Applying(_))) {
+                return;
+            }
             if let Some(Slot::Applying(notify)) = shard.slots.remove(&self.key) {
                 drop(shard);
                 if let Some(n) = notify {
@@ -197,6 +201,13 @@ impl Replies {
                     self.stats.miss();
                     let mut guard = Applying { replies: self, key, done: false };
                     let (reply, payload) = apply.await;
+                    // Recovery finished this very request meanwhile (it waited on the
+                    // entry its intent pinned) and kept the reply it ended with: that is
+                    // the request's outcome, whatever this late run found.
+                    if let Some(Slot::Done(kept, _)) = self.shard(key).lock().slots.get(&key) {
+                        guard.done = true;
+                        return ((**kept).clone(), Payload::none());
+                    }
                     if !matches!(reply, Reply::StaleMap { .. }) {
                         guard.done = true;
                         let w = weight(&reply);
@@ -227,11 +238,26 @@ impl Replies {
         let w = weight(&reply);
         let now = Instant::now();
         let mut shard = self.shard(key).lock();
-        if shard.slots.insert(key, Slot::Done(Box::new(reply), now)).is_none() {
-            shard.order.push_back((key, w));
-            shard.bytes += w as u64;
-        }
+        let waiting = match shard.slots.insert(key, Slot::Done(Box::new(reply), now)) {
+            Some(Slot::Done(..)) => None,
+            // A run of the same request in progress (it returns this reply when it ends, see
+            // `once`), and the duplicates waiting for it, which are woken now.
+            Some(Slot::Applying(n)) => {
+                shard.order.push_back((key, w));
+                shard.bytes += w as u64;
+                n
+            }
+            None => {
+                shard.order.push_back((key, w));
+                shard.bytes += w as u64;
+                None
+            }
+        };
         shard.evict(CAPACITY_BYTES / SHARDS as u64, now);
+        drop(shard);
+        if let Some(n) = waiting {
+            n.notify_waiters();
+        }
     }
 
     /// Drop the cached reply of (session, request id): its effect was lost (a failed metadata
@@ -389,6 +415,38 @@ mod tests {
         first.abort();
         let r = tokio::time::timeout(Duration::from_secs(10), second).await.expect("woken").unwrap();
         assert_eq!(r, Reply::Appended { offset: 9 });
+    }
+
+    /// A retry that waits on its own intent's pin while recovery finishes that intent: the
+    /// reply recovery keeps is the answer, not what the late run found (`ENOENT`), and a
+    /// duplicate waiting behind the retry gets it too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reply_kept_while_the_request_runs_again_is_its_answer() {
+        let replies = Arc::new(Replies::new());
+        let late = |replies: Arc<Replies>| {
+            tokio::spawn(async move {
+                replies
+                    .once(7, 1, async {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        (refused_reply(), Payload::none())
+                    })
+                    .await
+                    .0
+            })
+        };
+        let retry = late(replies.clone());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let duplicate = late(replies.clone());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        replies.keep(7, 1, Reply::Ok);
+        assert_eq!(duplicate.await.unwrap(), Reply::Ok);
+        assert_eq!(retry.await.unwrap(), Reply::Ok);
+        assert_eq!(replies.once(7, 1, async { (refused_reply(), Payload::none()) }).await.0, Reply::Ok);
+        assert_eq!(replies.len(), 1);
+    }
+
+    fn refused_reply() -> Reply {
+        crate::dispatch::refuse(shoal_proto::Errno::ENOENT, "no entry")
     }
 
     #[test]

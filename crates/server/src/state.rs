@@ -324,6 +324,25 @@ impl State {
         attr
     }
 
+    /// Hand the reply of client request (`session`, `request`) to the mirrors, which keep it
+    /// after the changes it reports (a retry after a failover is answered, not applied
+    /// again).
+    pub fn ship_reply(&self, session: u64, request: u64, reply: &shoal_proto::msg::Reply) {
+        if let Some(log) = &self.replica.log {
+            if !matches!(reply, shoal_proto::msg::Reply::StaleMap { .. }) {
+                let change = shoal_proto::msg::ReplChange::Reply { session, request, reply: Box::new(reply.clone()) };
+                log.append(change, Bytes::new());
+            }
+        }
+    }
+
+    /// Keep `reply` as the answer to client request (`session`, `request`), here and on the
+    /// mirrors: recovery finished what the request started (`intents.rs`).
+    pub fn keep_reply(&self, session: u64, request: u64, reply: shoal_proto::msg::Reply) {
+        self.ship_reply(session, request, &reply);
+        self.replies.keep(session, request, reply);
+    }
+
     /// Send a peer operation as root. A step addressed to this server itself runs in place.
     pub async fn peer(self: &Arc<Self>, server: ServerId, op: Op) -> Result<Reply, Errno> {
         self.peer_as(server, &Cred::root(), op).await

@@ -61,6 +61,17 @@ pub struct TicketState {
     /// The hold its appended changes are held back under until its reply is appended
     /// (`ReplLog::hold`), 0 if none.
     pub hold: u64,
+    /// The client request whose reply the intents it writes stand for (session, request
+    /// id; 0 for none): see `IntentRecord::reply_to`.
+    pub reply_session: u64,
+    pub reply_request: u64,
+}
+
+impl TicketState {
+    /// The request the intents written under this ticket answer, if any.
+    pub fn reply_to(&self) -> Option<(u64, u64)> {
+        (self.reply_session != 0).then_some((self.reply_session, self.reply_request))
+    }
 }
 
 impl Ticket {
@@ -75,6 +86,15 @@ impl Ticket {
     /// Hold the request's changes back from the mirrors under `hold` (`ReplLog::hold`).
     pub fn set_hold(&self, hold: u64) {
         self.state.lock().hold = hold;
+    }
+
+    /// The intents the request writes answer client request (`session`, `request`):
+    /// recovery keeps the reply it finishes one with under that name
+    /// (`IntentRecord::reply_to`).
+    pub fn set_reply_to(&self, session: u64, request: u64) {
+        let mut s = self.state.lock();
+        s.reply_session = session;
+        s.reply_request = request;
     }
 }
 

@@ -351,6 +351,11 @@ pub struct IntentRecord {
     /// Seconds since the epoch when written.
     pub created: i64,
     pub intent: Intent,
+    /// The client request (session, request id) whose reply this intent's outcome is, if
+    /// the request said so (`commits::Ticket::set_reply_to`): recovery keeps the reply it
+    /// finishes with under that name, so that the client's retry (its first reply lost with
+    /// a server that died, and the slot failed over) is answered, not applied again.
+    pub reply_to: Option<(u64, u64)>,
 }
 
 /// A peer step applied at most once: what it answered, for a resent request.
@@ -1116,7 +1121,8 @@ impl<'a> Txn<'a> {
     }
 
     pub fn put_intent(&mut self, op_id: u64, intent: Intent, now_secs: i64) {
-        self.batch.put(key::intent(op_id), encode(&IntentRecord { created: now_secs, intent }));
+        let reply_to = super::commits::current().and_then(|t| t.state().reply_to());
+        self.batch.put(key::intent(op_id), encode(&IntentRecord { created: now_secs, intent, reply_to }));
     }
 
     pub fn delete_intent(&mut self, op_id: u64) {
@@ -1274,9 +1280,13 @@ mod tests {
     fn records_round_trip() {
         let r = rec(FileKind::File);
         assert_eq!(decode::<InodeRecord>(&"r", &encode(&r)).unwrap(), r);
-        let i = IntentRecord { created: 9, intent: Intent::Unlink { ino: Ino(7) } };
+        let i = IntentRecord { created: 9, intent: Intent::Unlink { ino: Ino(7) }, reply_to: None };
         assert_eq!(decode::<IntentRecord>(&"i", &encode(&i)).unwrap(), i);
-        let t = IntentRecord { created: 9, intent: Intent::Truncate { ino: Ino(7), size: 4097, sized: true } };
+        let t = IntentRecord {
+            created: 9,
+            intent: Intent::Truncate { ino: Ino(7), size: 4097, sized: true },
+            reply_to: None,
+        };
         assert_eq!(decode::<IntentRecord>(&"i", &encode(&t)).unwrap(), t);
         let mut bad = encode(&r);
         bad[0] = 9;

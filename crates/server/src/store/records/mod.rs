@@ -310,6 +310,12 @@ pub struct StoredIntent {
     pub created: i64,
     #[prost(oneof = "IntentOp", tags = "2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
     pub op: Option<IntentOp>,
+    /// The client request it answers (`IntentRecord::reply_to`): session and request id, 0
+    /// and 0 for none (and in records written before the field existed).
+    #[prost(uint64, tag = "12")]
+    pub reply_session: u64,
+    #[prost(uint64, tag = "13")]
+    pub reply_request: u64,
 }
 
 #[derive(Clone, PartialEq, Eq, Message)]
@@ -547,7 +553,8 @@ impl Record for IntentRecord {
             Intent::PartitionAttr { dir } => IntentOp::PartitionAttr(DirIntent { dir: dir.0 }),
             Intent::Truncate { ino, size, sized } => IntentOp::Truncate(TruncateIntent { ino: ino.0, size, sized }),
         };
-        StoredIntent { created: self.created, op: Some(op) }
+        let (reply_session, reply_request) = self.reply_to.unwrap_or((0, 0));
+        StoredIntent { created: self.created, op: Some(op), reply_session, reply_request }
     }
     fn from_stored(s: StoredIntent) -> Result<IntentRecord, String> {
         let intent = match s.op.ok_or("no operation")? {
@@ -572,7 +579,8 @@ impl Record for IntentRecord {
             IntentOp::PartitionAttr(i) => Intent::PartitionAttr { dir: Ino(i.dir) },
             IntentOp::Truncate(i) => Intent::Truncate { ino: Ino(i.ino), size: i.size, sized: i.sized },
         };
-        Ok(IntentRecord { created: s.created, intent })
+        let reply_to = (s.reply_session != 0).then_some((s.reply_session, s.reply_request));
+        Ok(IntentRecord { created: s.created, intent, reply_to })
     }
 }
 
@@ -694,7 +702,7 @@ mod tests {
         assert_eq!(hex(&encode(&e)), "0308b4241001");
         let o = OrphanRecord { session: 7, since: 1_700_000_000 };
         assert_eq!(hex(&encode(&o)), "0308071080e2cfaa06");
-        let i = IntentRecord { created: 9, intent: Intent::Unlink { ino: Ino(5) } };
+        let i = IntentRecord { created: 9, intent: Intent::Unlink { ino: Ino(5) }, reply_to: None };
         // created 9; field 4 (Unlink, length-delimited, 2 bytes): field 1 = 5
         assert_eq!(hex(&encode(&i)), "03080922020805");
         let a = AppliedRecord { created: 1, reply: AppliedReply::NLink { nlink: 2 } };
@@ -867,7 +875,9 @@ mod tests {
             Intent::UnlinkKeep { ino: Ino(10), session: 11 },
         ];
         for intent in intents {
-            let r = IntentRecord { created: -1, intent };
+            let r = IntentRecord { created: -1, intent, reply_to: None };
+            assert_eq!(decode::<IntentRecord>(&"intent", &encode(&r)).unwrap(), r);
+            let r = IntentRecord { reply_to: Some((3, 1 << 40)), ..r };
             assert_eq!(decode::<IntentRecord>(&"intent", &encode(&r)).unwrap(), r);
         }
         let entry = DirEntry { name: "x".into(), ino: Ino(3), kind: FileKind::File };

@@ -162,7 +162,7 @@ pub fn intent(bytes: &[u8]) -> D<IntentRecord> {
             6 => Intent::UnlinkKeep { ino: r.ino()?, session: r.u64()? },
             v => return Err(format!("intent variant {v}")),
         };
-        Ok(IntentRecord { created, intent })
+        Ok(IntentRecord { created, intent, reply_to: None })
     })
 }
 

@@ -210,7 +210,7 @@ pub fn intent(bytes: &[u8]) -> D<IntentRecord> {
         IntentOp::SetParent { ino, parent } => Intent::SetParent { ino: Ino(ino), parent: Ino(parent) },
         IntentOp::UnlinkKeep { ino, session } => Intent::UnlinkKeep { ino: Ino(ino), session },
     };
-    Ok(IntentRecord { created: s.created, intent })
+    Ok(IntentRecord { created: s.created, intent, reply_to: None })
 }
 
 pub fn applied(bytes: &[u8]) -> D<AppliedRecord> {
