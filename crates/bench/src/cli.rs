@@ -376,6 +376,7 @@ pub fn targets_of(c: &CommonArgs, config: Option<&PathBuf>) -> Result<Vec<Target
             }
         }
     }
+    crate::spec::disambiguate(&mut targets);
     Ok(targets)
 }
 

@@ -20,6 +20,11 @@ pub struct TargetSpec {
     /// batch in flight. `None`: one operation per request.
     #[serde(default)]
     pub batch: Option<usize>,
+    /// Tells apart targets of one kind in one run (`native:r1` and `native:r2`, two
+    /// clusters compared): set by [`disambiguate`] when labels would collide, so that
+    /// tables and medians keep them apart.
+    #[serde(default)]
+    pub tag: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,7 +111,7 @@ impl TargetSpec {
         if batch.is_some() && !matches!(kind, TargetKind::Native { .. }) {
             bail!("target {s:?}: batches (#B) are a native client feature; POSIX targets make one call per operation");
         }
-        Ok(TargetSpec { kind, in_flight, batch })
+        Ok(TargetSpec { kind, in_flight, batch, tag: None })
     }
 
     /// Short name for tables: `native`, `native@16`, `fuse`, `preload`, `local`, `tmpfs`, `posix`.
@@ -120,6 +125,9 @@ impl TargetSpec {
             TargetKind::Posix { role: PosixRole::Other, .. } => "posix",
         };
         let mut label = base.to_string();
+        if let Some(t) = &self.tag {
+            label += &format!(":{t}");
+        }
         if let Some(b) = self.batch {
             label += &format!("#{b}");
         }
@@ -176,6 +184,36 @@ fn split_count<'a>(whole: &str, s: &'a str, sep: char, what: &str, max: usize) -
             Ok((b, Some(k)))
         }
         _ => Ok((s, None)),
+    }
+}
+
+/// Give targets whose labels collide a tag from where they are (the folder of a native
+/// target's configuration, a directory's last component; their position when those are
+/// alike too), so that each has a label of its own.
+pub fn disambiguate(targets: &mut [TargetSpec]) {
+    let labels: Vec<String> = targets.iter().map(TargetSpec::label).collect();
+    let collides = |i: usize| labels.iter().filter(|l| **l == labels[i]).count() > 1;
+    let colliding: Vec<usize> = (0..targets.len()).filter(|&i| collides(i)).collect();
+    for &i in &colliding {
+        let place = match &targets[i].kind {
+            TargetKind::Native { config, .. } => {
+                let stem = config.file_stem().map(|s| s.to_string_lossy().into_owned());
+                match stem.as_deref() {
+                    // The usual name: the cluster's folder says which one it is.
+                    Some("cluster") | None => config.parent().and_then(|p| p.file_name()),
+                    Some(_) => config.file_stem(),
+                }
+            }
+            TargetKind::Posix { dir, .. } => dir.file_name(),
+        };
+        targets[i].tag = place.map(|p| p.to_string_lossy().into_owned());
+    }
+    // Still alike (the same folder twice, or none to name): number them.
+    let labels: Vec<String> = targets.iter().map(TargetSpec::label).collect();
+    for &i in &colliding {
+        if labels.iter().filter(|l| **l == labels[i]).count() > 1 {
+            targets[i].tag = Some(format!("{}{}", targets[i].tag.clone().unwrap_or_default(), i + 1));
+        }
     }
 }
 
@@ -385,6 +423,16 @@ mod tests {
         let t = TargetSpec::parse("native", Some(&cfg), "/b").unwrap();
         assert_eq!(t.kind, TargetKind::Native { config: cfg.clone(), base: "/b".into() });
         assert_eq!(t.label(), "native");
+        let mut two = vec![
+            TargetSpec::parse("native:/c/r1/cluster.toml", None, "/b").unwrap(),
+            TargetSpec::parse("native:/c/r2/cluster.toml", None, "/b").unwrap(),
+            TargetSpec::parse("native:/c/big.toml", None, "/b").unwrap(),
+            TargetSpec::parse("native:/c/big.toml", None, "/b").unwrap(),
+            TargetSpec::parse("local", None, "/b").unwrap(),
+        ];
+        disambiguate(&mut two);
+        let labels: Vec<String> = two.iter().map(TargetSpec::label).collect();
+        assert_eq!(labels, ["native:r1", "native:r2", "native:big3", "native:big4", "local"]);
         let t = TargetSpec::parse("native@16", Some(&cfg), "/b").unwrap();
         assert_eq!(t.in_flight, Some(16));
         assert_eq!(t.label(), "native@16");

@@ -202,7 +202,12 @@ async fn unmount(mut m: Mount) {
 /// The targets on a Shoal mount's folder `dir`: `fuse`, and `preload` next to it (the same
 /// folder through the interception library) when the library is there.
 fn on_mount(targets: &mut Vec<TargetSpec>, notes: &mut Vec<String>, dir: PathBuf) {
-    let target = |role| TargetSpec { kind: TargetKind::Posix { dir: dir.clone(), role }, in_flight: None, batch: None };
+    let target = |role| TargetSpec {
+        kind: TargetKind::Posix { dir: dir.clone(), role },
+        in_flight: None,
+        batch: None,
+        tag: None,
+    };
     targets.push(target(PosixRole::Fuse));
     match crate::preload::library() {
         Ok(_) => targets.push(target(PosixRole::Preload)),
@@ -247,6 +252,7 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
             kind: TargetKind::Posix { dir: local, role: PosixRole::Local },
             in_flight: None,
             batch: None,
+            tag: None,
         });
         targets.push(TargetSpec::parse("tmpfs", None, &a.base)?);
     } else {
@@ -273,7 +279,7 @@ pub async fn run_suite(config: Option<PathBuf>, timeout: Duration, a: SuiteArgs)
                 (dir, _, _) => PathBuf::from(dir),
             };
             let dir = root.join(a.base.trim_start_matches('/'));
-            targets.push(TargetSpec { kind: TargetKind::Posix { dir, role }, in_flight: None, batch: None });
+            targets.push(TargetSpec { kind: TargetKind::Posix { dir, role }, in_flight: None, batch: None, tag: None });
         }
     }
     for n in &notes {

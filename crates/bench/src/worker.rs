@@ -940,6 +940,7 @@ mod tests {
                 kind: TargetKind::Posix { dir: dir.into(), role: PosixRole::Other },
                 in_flight: None,
                 batch: None,
+                tag: None,
             },
             in_flight,
             run_dir: dir.to_str().unwrap().to_string(),

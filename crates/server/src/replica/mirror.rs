@@ -60,6 +60,8 @@ impl Mirror {
             .map_err(|e| Fail::new(Errno::EIO, e.to_string()))?;
         let data = DataStore::open(&dir.join("objects"))
             .map_err(|e| Fail::io(format_args!("object directories under {}", dir.display()), &e))?;
+        // The copy's bytes are cold: written around the page cache (`store/direct.rs`).
+        data.set_direct_writes(true);
         let position = match meta.get_raw(key::REPLICA)? {
             Some(v) if v.len() == 16 => {
                 (u64::from_be_bytes(v[..8].try_into().unwrap()), u64::from_be_bytes(v[8..].try_into().unwrap()))
@@ -71,6 +73,8 @@ impl Mirror {
 
     /// The stores and the kept replies, to serve the slot from this copy (`failover.rs`).
     pub fn into_parts(self) -> (PathBuf, MetaStore, DataStore, Replies) {
+        // Served now: its writes are hot again.
+        self.data.set_direct_writes(false);
         (self.dir, self.meta, self.data, self.replies)
     }
 
@@ -80,7 +84,7 @@ impl Mirror {
     }
 
     /// Apply `changes` (positions `first ..`) of the primary's `incarnation`, their bytes in
-    /// `data` one after the other. Runs the store work on a blocking thread.
+    /// `data` one after the other. Object changes run on a blocking thread.
     pub async fn apply(
         self: &Arc<Self>,
         incarnation: u64,
@@ -105,11 +109,20 @@ impl Mirror {
         }
         // Changes already applied (a batch resent after a lost reply) are skipped.
         let skip = (applied + 1).saturating_sub(first) as usize;
-        let me = self.clone();
         let last = first + changes.len() as u64 - 1;
-        let done = tokio::task::spawn_blocking(move || me.apply_blocking(incarnation, first, skip, changes, data))
-            .await
-            .map_err(|e| Fail::new(Errno::EIO, format!("replication task failed: {e}")))?;
+        let done = if changes.iter().all(|c| matches!(c, ReplChange::Meta { .. } | ReplChange::Reply { .. })) {
+            // Metadata only: RocksDB writes to its log buffer and memtable, which the primary
+            // does on its async threads too (`State::store`); a hop to a blocking thread
+            // would cost more than the write (two thread switches per batch, most of the
+            // mirror's CPU per create: docs/benchmarks.md).
+            self.apply_blocking(incarnation, first, skip, changes, data)
+        } else {
+            // Object writes wait on files.
+            let me = self.clone();
+            tokio::task::spawn_blocking(move || me.apply_blocking(incarnation, first, skip, changes, data))
+                .await
+                .map_err(|e| Fail::new(Errno::EIO, format!("replication task failed: {e}")))?
+        };
         match done {
             Ok(()) => {
                 *pos = (incarnation, last.max(applied));

@@ -50,6 +50,9 @@ pub struct Object {
     pub sums: Sidecar,
     pub path: PathBuf,
     mem: Mutex<Sums>,
+    /// The same file opened for writes around the page cache (`direct.rs`), once a store
+    /// that writes so wrote to it; `None` inside if its file system refuses.
+    direct: std::sync::OnceLock<Option<File>>,
 }
 
 struct FdCache {
@@ -69,6 +72,9 @@ pub struct DataStore {
     /// The primary's replication log (`replica::log`): every write, cut and deletion is
     /// appended to it under the object's lock, so mirrors apply them in the same order.
     repl: std::sync::OnceLock<Arc<crate::replica::log::ReplLog>>,
+    /// Write around the page cache where aligned (`direct.rs`): set for a mirror's copy,
+    /// whose bytes are cold, and cleared when the copy is promoted to serve its slot.
+    direct: std::sync::atomic::AtomicBool,
 }
 
 /// A block whose bytes do not match its checksum.
@@ -99,7 +105,13 @@ impl DataStore {
             fd_cache: Default::default(),
             sums_cache: Default::default(),
             repl: std::sync::OnceLock::new(),
+            direct: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Write objects around the page cache where aligned (a mirror's copy), or through it.
+    pub fn set_direct_writes(&self, on: bool) {
+        self.direct.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Ship every change from now on to the mirrors through `log` (once, at start).
@@ -189,7 +201,13 @@ impl DataStore {
             let size = data.metadata().map_err(|e| Fail::io(format_args!("stat {}", path.display()), &e))?.len();
             (size, sums.blocks().map_err(sums_err)?)
         };
-        let obj = Arc::new(Object { data, sums, path, mem: Mutex::new(Sums::new(size, stored)) });
+        let obj = Arc::new(Object {
+            data,
+            sums,
+            path,
+            mem: Mutex::new(Sums::new(size, stored)),
+            direct: std::sync::OnceLock::new(),
+        });
         let victims = {
             let mut c = self.fds.lock();
             let tick = c.tick;
@@ -384,14 +402,26 @@ impl DataStore {
         }
         obj.sums.write(first, &pending).map_err(sums_err)?;
         mem.stored_up_to(last + 1);
-        if let Err(e) = obj.data.write_all_at(data, offset) {
-            // Part of the data may have landed: settle every pending entry to what its
-            // block holds now, so that none reads as damaged, and forget what memory says.
-            let _ = obj.sums.settle(&obj.data, &obj.path);
-            drop(mem);
-            self.uncache(ino, index);
-            return Err(Fail::io(format_args!("write {}", obj.path.display()), &e));
-        }
+        let direct = match self.direct.load(std::sync::atomic::Ordering::Relaxed) {
+            true => obj.direct.get_or_init(|| crate::store::direct::open(&obj.path)).as_ref(),
+            false => None,
+        };
+        // The aligned part around the page cache (a mirror's copy), the rest through it.
+        let wrote = direct.map_or(Ok(0), |f| crate::store::direct::write_aligned(f, data, offset)).and_then(|n| {
+            obj.data.write_all_at(&data[n..], offset + n as u64)?;
+            Ok(n)
+        });
+        let went_direct = match wrote {
+            Ok(n) => n > 0,
+            Err(e) => {
+                // Part of the data may have landed: settle every pending entry to what its
+                // block holds now, so that none reads as damaged, and forget what memory says.
+                let _ = obj.sums.settle(&obj.data, &obj.path);
+                drop(mem);
+                self.uncache(ino, index);
+                return Err(Fail::io(format_args!("write {}", obj.path.display()), &e));
+            }
+        };
         let mut recorded = Ok(());
         for (k, e) in (first..=last).zip(&pending) {
             let Entry::Pending { new, .. } = *e else { unreachable!("built pending above") };
@@ -410,7 +440,9 @@ impl DataStore {
             self.uncache(ino, index);
             return Err(sums_err(e));
         }
-        start_writeback(&obj.data, offset, end);
+        if !went_direct {
+            start_writeback(&obj.data, offset, end);
+        }
         let len = data.len() as u32;
         self.replicate(shoal_proto::msg::ReplChange::Write { ino, index, offset, len }, || {
             Bytes::copy_from_slice(data)

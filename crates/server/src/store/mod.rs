@@ -4,6 +4,7 @@
 pub mod checksums;
 pub mod commits;
 pub mod data;
+pub mod direct;
 pub mod meta;
 pub mod records;
 pub mod space;
