@@ -45,14 +45,14 @@ pub fn open(path: &Path) -> Option<File> {
 /// (`EINVAL`: the caller writes it all through the page cache).
 pub fn write_aligned(file: &File, data: &[u8], offset: u64) -> io::Result<usize> {
     let whole = data.len() / ALIGN * ALIGN;
-    if offset % ALIGN as u64 != 0 || whole == 0 {
+    if !offset.is_multiple_of(ALIGN as u64) || whole == 0 {
         return Ok(0);
     }
     let mut done = 0;
     while done < whole {
         let n = (whole - done).min(CHUNK);
         let piece = &data[done..done + n];
-        let wrote = if piece.as_ptr() as usize % ALIGN == 0 {
+        let wrote = if (piece.as_ptr() as usize).is_multiple_of(ALIGN) {
             file.write_all_at(piece, offset + done as u64)
         } else {
             // The bytes come from the network at any address: copy them into memory the
