@@ -306,8 +306,9 @@ fn a_rename_across_servers_whose_coordinator_dies_mid_way_is_answered_done_after
     // drives the same step and must not die there.
     c.stop(coord);
     c.restart_with_env(coord, &[("FAILPOINTS", "rename.target.after=return")]);
-    // Restarted, the coordinator is a new incarnation: its mirror is behind until
-    // resynchronised (and the map says so again), and a mirror behind is not promoted.
+    // Stopped cleanly, the coordinator goes on with its incarnation: once its shipper has
+    // heard from the mirror (its position known, not 0) the mirror is in sync; the map must
+    // not list it as behind, since a mirror behind is not promoted.
     rt.block_on(async {
         let client = c.client();
         let until = Instant::now() + Duration::from_secs(30);
@@ -315,7 +316,7 @@ fn a_rename_across_servers_whose_coordinator_dies_mid_way_is_answered_done_after
             client.refresh_map().await.unwrap();
             let status = client.server_status(shoal_proto::ServerId(coord)).await.unwrap();
             let resynced = !status.mirrors.is_empty()
-                && status.mirrors.iter().all(|m| m.state == shoal_proto::msg::MirrorSync::InSync && m.resyncs >= 1);
+                && status.mirrors.iter().all(|m| m.state == shoal_proto::msg::MirrorSync::InSync && m.applied > 0);
             if resynced && client.map().server(shoal_proto::ServerId(coord)).is_some_and(|e| e.behind.is_empty()) {
                 break;
             }

@@ -2,7 +2,7 @@
 //! back from `kill -9` and every mirror of a restarted primary catch up by shipping what
 //! differs, not the whole slot, are in sync again (status), and then hold every
 //! acknowledged name and byte (the slot served from the mirror's copy, as in
-//! `replication.rs`).
+//! `replication.rs`); a primary stopped cleanly needs no resync at all.
 
 mod common;
 
@@ -230,5 +230,67 @@ fn a_restarted_primary_resyncs_every_mirror() {
         let client = c.client();
         write_file(&client, "last", b"in sync again", &mut want).await;
     });
+    serve_from_mirror_and_check(&mut c, &rt, primary, mirrors[1], &want);
+}
+
+/// The statuses of `primary`'s mirrors once every one of `mirrors` is in sync.
+fn wait_following(
+    c: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    primary: ServerId,
+    mirrors: &[ServerId],
+) -> Vec<MirrorStatus> {
+    let client = rt.block_on(async { c.client() });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = rt.block_on(client.server_status(primary)).unwrap();
+        let in_sync = status.mirrors.iter().filter(|m| mirrors.contains(&m.server) && m.state == MirrorSync::InSync);
+        if in_sync.count() == mirrors.len() {
+            return status.mirrors;
+        }
+        assert!(Instant::now() < deadline, "mirrors of server {primary} not in sync: {:?}", status.mirrors);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_primary_stopped_cleanly_goes_on_with_its_incarnation_and_resyncs_nothing() {
+    let mut c = Cluster::start_with(3, |m| {
+        m.cluster.replicas = 3;
+        m.membership.refused_down_after_ms = 0;
+    });
+    let primary = c.map.home_of(ROOT_INO);
+    let mirrors = c.map.mirrors_of(primary);
+    let rt = runtime();
+    let mut want = Expected::new();
+    rt.block_on(async {
+        let client = c.client();
+        for i in 0..8 {
+            write_file(&client, &format!("f{i}"), &pattern(i, 0, 300 << 10), &mut want).await;
+        }
+    });
+    // SIGTERM: the mirrors take the last changes, the stop is recorded.
+    c.stop(primary.0);
+    assert!(c.log(primary.0).contains("stopped cleanly at position"), "{}", c.log(primary.0));
+    c.restart(primary.0);
+    assert!(c.log(primary.0).contains("going on from there"), "{}", c.log(primary.0));
+    rt.block_on(async {
+        let client = c.client();
+        write_file(&client, "later", &pattern(50, 0, 70_000), &mut want).await;
+        patch(&client, "f2", 1000, b"changed after the restart", &mut want).await;
+    });
+    // Followed on where they were: in sync, and never resynchronised.
+    for m in wait_following(&c, &rt, primary, &mirrors) {
+        assert_eq!((m.resyncs, m.resync_shipped_bytes), (0, 0), "mirror {} was resynchronised: {m:?}", m.server);
+    }
+    // A crash after that start is not continued: the record went with the start.
+    c.kill9(primary.0);
+    c.restart(primary.0);
+    rt.block_on(async {
+        let client = c.client();
+        write_file(&client, "last", b"after a crash", &mut want).await;
+    });
+    wait_in_sync(&c, &rt, primary, &mirrors);
+    // And the copies hold everything, before and after each restart.
     serve_from_mirror_and_check(&mut c, &rt, primary, mirrors[1], &want);
 }

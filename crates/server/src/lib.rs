@@ -425,6 +425,12 @@ impl Server {
         reclaim.abort();
         reload.abort();
         load_exchange.abort();
+        // A clean stop lets the mirrors take what is left first (bounded), so that the next
+        // start can go on with this incarnation (`Replication::record_clean_stop`).
+        let clean = stop_reason.is_none() && st.failover.host.is_none();
+        if let (true, Some(log)) = (clean, &st.replica.log) {
+            let _ = tokio::time::timeout(CLEAN_STOP_WAIT, log.wait_acked(log.last())).await;
+        }
         for s in &shippers {
             s.abort();
         }
@@ -444,6 +450,14 @@ impl Server {
         loop {
             match Arc::try_unwrap(st) {
                 Ok(state) => {
+                    // Nothing runs any more: nothing can append after the position recorded.
+                    if clean {
+                        if let Err(e) = state.replica.record_clean_stop(&state.meta) {
+                            tracing::warn!(
+                                "recording the clean stop: {e} (the mirrors are resynced at the next start)"
+                            );
+                        }
+                    }
                     drop(state);
                     break;
                 }
@@ -463,6 +477,9 @@ impl Server {
         }
     }
 }
+
+/// How long a clean stop waits for the mirrors to apply the last changes.
+const CLEAN_STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Timeout of a call to another server that cannot be reached, while its slot may fail over
 /// to a mirror (`failover.rs`): detection, election and promotion fit well inside.

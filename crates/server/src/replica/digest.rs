@@ -37,7 +37,7 @@ pub fn keys(meta: &MetaStore, after: Option<&[u8]>, limit: u32) -> R<KeyPage> {
     let mut out = Vec::new();
     let mut more = false;
     meta.scan(&[], after, |k, v| {
-        if Some(k) == after || k == key::REPLICA {
+        if Some(k) == after || k == key::REPLICA || k == key::CLEAN_STOP {
             return Ok(true);
         }
         if out.len() >= limit as usize {
@@ -58,7 +58,7 @@ pub fn pairs(meta: &MetaStore, after: Option<&[u8]>, upto: Option<&[u8]>, max_by
     let mut bytes = 0;
     let mut exhausted = true;
     meta.scan(&[], after, |k, v| {
-        if Some(k) == after || k == key::REPLICA {
+        if Some(k) == after || k == key::REPLICA || k == key::CLEAN_STOP {
             return Ok(true);
         }
         if upto.is_some_and(|u| k > u) {

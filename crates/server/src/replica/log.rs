@@ -151,24 +151,38 @@ pub struct ReplLog {
 }
 
 impl ReplLog {
+    /// A new incarnation (drawn at random, odd), positions from 1: every mirror holding
+    /// another incarnation is resynchronised.
     pub fn new(mirrors: &[ServerId]) -> ReplLog {
-        let incarnation = rand::random::<u64>() | 1;
+        Self::resume(mirrors, rand::random::<u64>() | 1, 0)
+    }
+
+    /// Go on with `incarnation` after position `last`, as a clean stop left it
+    /// (`key::CLEAN_STOP`): a mirror that applied `last` follows on without a resync; one
+    /// that applied less is told so by the first batch and resynchronised.
+    pub fn resume(mirrors: &[ServerId], incarnation: u64, last: u64) -> ReplLog {
         let mirrors = mirrors.iter().map(|&m| (m, Progress::new(MirrorState::InSync))).collect();
         ReplLog {
             incarnation,
             inner: Mutex::new(Inner {
-                base: 1,
-                next: 1,
+                base: last + 1,
+                next: last + 1,
                 entries: VecDeque::new(),
                 bytes: 0,
                 mirrors,
                 held: BTreeMap::new(),
                 holds: HashMap::new(),
             }),
-            appended: tokio::sync::watch::channel(0).0,
-            acked: tokio::sync::watch::channel(0).0,
+            appended: tokio::sync::watch::channel(last).0,
+            acked: tokio::sync::watch::channel(last).0,
             waiting: Default::default(),
         }
+    }
+
+    /// The oldest position the log still keeps: at start, 1, or the one after a clean
+    /// stop's last.
+    pub fn base(&self) -> u64 {
+        self.inner.lock().base
     }
 
     /// Append a change made just now (the caller holds what orders it); returns its
@@ -426,6 +440,20 @@ mod tests {
 
     fn write(n: u32) -> (ReplChange, Bytes) {
         (ReplChange::Write { ino: Ino(7), index: 0, offset: 0, len: n }, Bytes::from(vec![1u8; n as usize]))
+    }
+
+    #[test]
+    fn a_resumed_log_goes_on_after_the_clean_stop_position() {
+        let m = ServerId(1);
+        let log = ReplLog::resume(&[m], 0x77, 10);
+        assert_eq!((log.incarnation, log.last(), log.base()), (0x77, 10, 11));
+        assert!(log.is_acked(10) && !log.is_acked(11));
+        assert_eq!(log.append(ReplChange::Truncate { ino: shoal_proto::Ino(1), index: 0, len: 0 }, Bytes::new()), 11);
+        // A mirror that holds position 10 is shipped 11; one that holds less finds nothing
+        // (it is then resynchronised).
+        let (first, changes, _) = log.take(10);
+        assert_eq!((first, changes.len()), (11, 1));
+        assert!(log.take(5).1.is_empty());
     }
 
     #[test]

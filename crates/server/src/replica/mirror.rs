@@ -146,6 +146,15 @@ impl Mirror {
     ) -> Result<(), (u64, Fail)> {
         let mut at = 0usize;
         let mut upto = first.saturating_sub(1) + skip as u64;
+        let last = (first + changes.len() as u64).saturating_sub(1);
+        // The store must know the position it holds after a restart of this mirror (or of
+        // its primary after a clean stop), so that it follows on without a resync. Each
+        // metadata batch is written with a position: the batch's last one when only
+        // cached replies follow it (they live in memory and die with the process anyway);
+        // if object changes follow it, or there is none, the position is written after.
+        let last_meta = changes.iter().rposition(|c| matches!(c, ReplChange::Meta { .. })).filter(|&k| k >= skip);
+        let tail_from = last_meta.map_or(skip, |k| k + 1).min(changes.len());
+        let tail_objects = changes[tail_from..].iter().any(|c| !matches!(c, ReplChange::Reply { .. }));
         for (k, change) in changes.into_iter().enumerate() {
             let bytes = data.slice(at..at + change.data_len());
             at += change.data_len();
@@ -153,10 +162,15 @@ impl Mirror {
                 continue;
             }
             let position = first + k as u64;
-            if let Err(f) = self.apply_one(change, &bytes, &encode_position(incarnation, position)) {
+            let recorded = if Some(k) == last_meta && !tail_objects { last } else { position };
+            if let Err(f) = self.apply_one(change, &bytes, &encode_position(incarnation, recorded)) {
                 return Err((upto, f));
             }
             upto = position;
+        }
+        if (last_meta.is_none() || tail_objects) && upto >= first + skip as u64 {
+            // Object bytes written survive this process's death, as the store does.
+            self.meta.put_raw(key::REPLICA, &encode_position(incarnation, upto)).map_err(|f| (upto, f))?;
         }
         // Applied changes survive this process's death too (one write of the log buffer).
         self.meta.flush_wal_to_os().map_err(|f| (upto, f))
@@ -250,5 +264,59 @@ impl Mirror {
         .await
         .map_err(|e| Fail::new(Errno::EIO, format!("resync task failed: {e}")))??;
         Ok(Reply::Resync(answer))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shoal_proto::Ino;
+
+    fn meta_batch(key: &[u8]) -> Bytes {
+        let mut b = rocksdb::WriteBatch::default();
+        b.put(key, b"v");
+        Bytes::copy_from_slice(b.data())
+    }
+
+    /// The position a reopened mirror reports: the one its stores hold, whatever kind of
+    /// change ended the last batch (a restart of the mirror, or of its primary after a
+    /// clean stop, then follows on without a resync).
+    #[tokio::test]
+    async fn a_reopened_mirror_knows_the_position_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = ServerId(7);
+        let inc = 0x1234_5679;
+        let reopen = |m: Arc<Mirror>| {
+            drop(Arc::try_unwrap(m).ok().expect("no other holder"));
+            Arc::new(Mirror::open(dir.path(), slot).unwrap())
+        };
+        let m = Arc::new(Mirror::open(dir.path(), slot).unwrap());
+        // A batch ending with an object write (after its metadata).
+        let (meta, data) = (meta_batch(b"ka"), Bytes::from_static(b"0123456789"));
+        let changes = vec![
+            ReplChange::Meta { len: meta.len() as u32 },
+            ReplChange::Write { ino: Ino(9), index: 0, offset: 0, len: data.len() as u32 },
+        ];
+        let both = [meta.as_ref(), data.as_ref()].concat();
+        m.apply(inc, 1, changes, Bytes::from(both)).await.unwrap();
+        let m = reopen(m);
+        assert_eq!(m.position().await, (inc, 2));
+        // A batch ending with a cached reply after its metadata.
+        let meta = meta_batch(b"kb");
+        let changes = vec![
+            ReplChange::Meta { len: meta.len() as u32 },
+            ReplChange::Reply { session: 1, request: 2, reply: Box::new(Reply::Ok) },
+        ];
+        m.apply(inc, 3, changes, meta).await.unwrap();
+        let m = reopen(m);
+        assert_eq!(m.position().await, (inc, 4));
+        // A batch of object changes only.
+        let changes = vec![ReplChange::Truncate { ino: Ino(9), index: 0, len: 4 }];
+        m.apply(inc, 5, changes, Bytes::new()).await.unwrap();
+        let m = reopen(m);
+        assert_eq!(m.position().await, (inc, 5));
+        // The probe a primary sends at start changes nothing.
+        m.apply(inc, 1, Vec::new(), Bytes::new()).await.unwrap();
+        assert_eq!(reopen(m).position().await, (inc, 5));
     }
 }

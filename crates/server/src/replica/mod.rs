@@ -44,13 +44,44 @@ impl Replication {
         .await
         .map_err(|e| crate::error::Fail::new(shoal_proto::Errno::EIO, format!("opening mirrors: {e}")))??;
         let mirrors_of = st.map.mirrors_of(st.id);
-        let log = (!mirrors_of.is_empty()).then(|| Arc::new(ReplLog::new(&mirrors_of)));
+        // Taken whether or not there are mirrors now: it describes this start only.
+        let stopped = take_clean_stop(&st.meta)?;
+        let log = (!mirrors_of.is_empty()).then(|| match stopped {
+            Some((incarnation, last)) => {
+                tracing::info!(
+                    "stopped cleanly at position {last} of incarnation {incarnation:x}: going on from there (mirrors \
+                     that hold it need no resync)"
+                );
+                Arc::new(ReplLog::resume(&mirrors_of, incarnation, last))
+            }
+            None => Arc::new(ReplLog::new(&mirrors_of)),
+        });
         if let Some(l) = &log {
             st.meta.set_replication(l.clone());
             st.data.set_replication(l.clone());
             tracing::info!("mirrored on servers {mirrors_of:?} (incarnation {:x})", l.incarnation);
         }
         Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors) })
+    }
+
+    /// At a clean stop, once no request runs and nothing else will change the stores:
+    /// record where the log ends (`key::CLEAN_STOP`), if every mirror in sync has applied
+    /// all of it, so that the next start goes on with this incarnation and those mirrors
+    /// need no resync. Otherwise nothing is recorded (the next start draws a new
+    /// incarnation and resyncs them, as after a crash). Blocks.
+    pub fn record_clean_stop(&self, meta: &crate::store::meta::MetaStore) -> crate::error::R<bool> {
+        let Some(log) = &self.log else { return Ok(false) };
+        let last = log.last();
+        if !log.is_acked(last) {
+            return Ok(false);
+        }
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&log.incarnation.to_be_bytes());
+        v[8..].copy_from_slice(&last.to_be_bytes());
+        meta.put_local(crate::store::meta::key::CLEAN_STOP, Some(&v))?;
+        meta.sync_wal()?;
+        tracing::info!("stopped cleanly at position {last} of incarnation {:x}", log.incarnation);
+        Ok(true)
     }
 
     /// The replication of a slot served from a mirror copy after a failover: its log, for
@@ -161,4 +192,25 @@ pub fn mirror_status(st: &crate::state::State) -> Vec<shoal_proto::msg::MirrorSt
             resyncs: p.resyncs,
         })
         .collect()
+}
+
+/// The incarnation and last position a clean stop left, taken out of the store for good
+/// before anything changes: durably (synced), since a start that crashes must not be
+/// continued by the next (its changes after `last` may differ from what a mirror applied
+/// under the same positions). Blocks (once, at start).
+fn take_clean_stop(meta: &crate::store::meta::MetaStore) -> crate::error::R<Option<(u64, u64)>> {
+    use crate::store::meta::key::CLEAN_STOP;
+    let Some(v) = meta.get_raw(CLEAN_STOP)? else { return Ok(None) };
+    meta.put_local(CLEAN_STOP, None)?;
+    meta.sync_wal()?;
+    Ok(match <[u8; 16]>::try_from(v.as_slice()) {
+        Ok(b) => Some((
+            u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            u64::from_be_bytes(b[8..].try_into().expect("8 bytes")),
+        )),
+        Err(_) => {
+            tracing::warn!("a clean-stop record of {} bytes (16 expected): ignored", v.len());
+            None
+        }
+    })
 }

@@ -28,10 +28,13 @@ pub const RESYNC_RETRY: Duration = Duration::from_secs(1);
 /// Ship `log` to `mirror` for as long as the server runs: follow it while it is in sync,
 /// resync it when it falls out of sync, follow it again.
 pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
-    let mut applied = 0u64;
-    if !probe(&st, &log, mirror).await {
-        applied = resync(&st, &log, mirror).await;
-    }
+    let mut applied = match probe(&st, &log, mirror).await {
+        Probe::Follows(applied) => applied,
+        // Taken to hold what the log starts after (all of a clean stop's changes); if it
+        // does not, its answer to the first batch says so and it is resynchronised.
+        Probe::NoAnswer => log.base() - 1,
+        Probe::Behind => resync(&st, &log, mirror).await,
+    };
     loop {
         follow(&st, &log, mirror, applied).await;
         if st.stop.borrow().is_some() {
@@ -42,12 +45,22 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
     }
 }
 
+/// What a mirror said at start about this incarnation.
+enum Probe {
+    /// It follows it, and has applied up to this position.
+    Follows(u64),
+    /// It holds another incarnation, or missed changes: it is out of sync.
+    Behind,
+    /// No answer (a mirror still starting): treated as in sync, waited for by the first
+    /// replies, as before.
+    NoAnswer,
+}
+
 /// Ask `mirror` at start whether it follows this incarnation (an empty batch at position 1:
 /// a mirror that holds another incarnation says no), so that a restarted primary resyncs
-/// its mirrors at once rather than at its first change. False if it said no (it is then
-/// out of sync); true if it follows or did not answer (it is then treated as a mirror still
-/// starting: waited for by the first replies, as before).
-async fn probe(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> bool {
+/// its mirrors at once rather than at its first change, and one that continues its
+/// incarnation after a clean stop learns how far each mirror got.
+async fn probe(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> Probe {
     let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
     match tokio::time::timeout(OUT_OF_SYNC_AFTER, st.pool.request(mirror, &Cred::root(), op, Bytes::new())).await {
         Ok(Ok((Reply::Replicated { in_sync: false, incarnation, applied }, _))) => {
@@ -59,9 +72,10 @@ async fn probe(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> bool {
             );
             // Replies stop waiting for it only once the group records it as behind.
             go_on_without(st, log, mirror).await;
-            false
+            Probe::Behind
         }
-        _ => true,
+        Ok(Ok((Reply::Replicated { in_sync: true, applied, .. }, _))) => Probe::Follows(applied),
+        _ => Probe::NoAnswer,
     }
 }
 

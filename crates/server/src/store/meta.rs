@@ -76,6 +76,11 @@ pub mod key {
     /// In a mirror's store (`replica::mirror`): the primary incarnation and the last
     /// position of its replication log applied, written with each applied batch.
     pub const REPLICA: &[u8] = b"mreplica";
+    /// In a server's own store, only from a clean stop to the next start: the incarnation
+    /// of its replication log and the last position, which every mirror in sync had
+    /// applied (`replica::Replication::open` continues from there, so that those mirrors
+    /// need no resync). Written and deleted without replication (`MetaStore::write_local`).
+    pub const CLEAN_STOP: &[u8] = b"mstopped";
 
     fn tagged(tag: u8, n: u64) -> [u8; 9] {
         let mut k = [0u8; 9];
@@ -915,11 +920,26 @@ impl MetaStore {
     }
 
     pub fn write(&self, batch: WriteBatch) -> R<()> {
+        self.commit(batch, true)
+    }
+
+    /// Put or (`None`) delete `key` on this server only, never shipped to mirrors: records
+    /// about this copy itself (`key::CLEAN_STOP`).
+    pub fn put_local(&self, key: &[u8], value: Option<&[u8]>) -> R<()> {
+        let mut b = WriteBatch::default();
+        match value {
+            Some(v) => b.put(key, v),
+            None => b.delete(key),
+        }
+        self.commit(b, false)
+    }
+
+    fn commit(&self, batch: WriteBatch, replicate: bool) -> R<()> {
         let _w = self.wal_lock.lock();
         self.check_writable()?;
         let db = self.db()?;
         // The batch as committed, for the mirrors (a copy: RocksDB takes the batch).
-        let shipped = self.repl.get().map(|_| bytes::Bytes::copy_from_slice(batch.data()));
+        let shipped = self.repl.get().filter(|_| replicate).map(|_| bytes::Bytes::copy_from_slice(batch.data()));
         if let Err(e) = db.write_opt(batch, &self.wopts) {
             let f = Fail::from(e);
             self.note_failure(&f);
