@@ -66,6 +66,18 @@ fn wait_in_sync(
     primary: ServerId,
     mirrors: &[ServerId],
 ) -> Vec<MirrorStatus> {
+    wait_mirrors(c, rt, primary, mirrors, 1)
+}
+
+/// Wait until `primary` says every mirror in `mirrors` is in sync after at least
+/// `resyncs` resyncs; their statuses.
+fn wait_mirrors(
+    c: &Cluster,
+    rt: &tokio::runtime::Runtime,
+    primary: ServerId,
+    mirrors: &[ServerId],
+    resyncs: u64,
+) -> Vec<MirrorStatus> {
     let client = rt.block_on(async { c.client() });
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
@@ -73,7 +85,7 @@ fn wait_in_sync(
         let ready: Vec<MirrorStatus> = status
             .mirrors
             .iter()
-            .filter(|m| mirrors.contains(&m.server) && m.state == MirrorSync::InSync && m.resyncs >= 1)
+            .filter(|m| mirrors.contains(&m.server) && m.state == MirrorSync::InSync && m.resyncs >= resyncs)
             .cloned()
             .collect();
         if ready.len() == mirrors.len() {
@@ -233,26 +245,6 @@ fn a_restarted_primary_resyncs_every_mirror() {
     serve_from_mirror_and_check(&mut c, &rt, primary, mirrors[1], &want);
 }
 
-/// The statuses of `primary`'s mirrors once every one of `mirrors` is in sync.
-fn wait_following(
-    c: &Cluster,
-    rt: &tokio::runtime::Runtime,
-    primary: ServerId,
-    mirrors: &[ServerId],
-) -> Vec<MirrorStatus> {
-    let client = rt.block_on(async { c.client() });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let status = rt.block_on(client.server_status(primary)).unwrap();
-        let in_sync = status.mirrors.iter().filter(|m| mirrors.contains(&m.server) && m.state == MirrorSync::InSync);
-        if in_sync.count() == mirrors.len() {
-            return status.mirrors;
-        }
-        assert!(Instant::now() < deadline, "mirrors of server {primary} not in sync: {:?}", status.mirrors);
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn a_primary_stopped_cleanly_goes_on_with_its_incarnation_and_resyncs_nothing() {
     let mut c = Cluster::start_with(3, |m| {
@@ -280,7 +272,7 @@ fn a_primary_stopped_cleanly_goes_on_with_its_incarnation_and_resyncs_nothing() 
         patch(&client, "f2", 1000, b"changed after the restart", &mut want).await;
     });
     // Followed on where they were: in sync, and never resynchronised.
-    for m in wait_following(&c, &rt, primary, &mirrors) {
+    for m in wait_mirrors(&c, &rt, primary, &mirrors, 0) {
         assert_eq!((m.resyncs, m.resync_shipped_bytes), (0, 0), "mirror {} was resynchronised: {m:?}", m.server);
     }
     // A crash after that start is not continued: the record went with the start.
