@@ -2,7 +2,8 @@
 //! a server under a mixed workload; the map marks it down, its first mirror serves its slot
 //! from its copy, clients retry there; no client sees an error, nothing acknowledged is lost,
 //! and the longest pause of any operation is reported. The killed server, started again,
-//! does not serve its stale copy.
+//! stands by, is resynchronised from the copy and takes its slot back, still under load
+//! (docs/failover.md, "Rejoining").
 
 mod common;
 
@@ -169,6 +170,7 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
     assert!(!toml.contains("served_by"), "no failover yet:\n{toml}");
     let workers = 4u32;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let original = c.map.server(shoal_proto::ServerId(victim)).unwrap().addr.clone();
     let outcomes = rt.block_on(async {
         let client = c.client();
         for k in 0..workers {
@@ -179,25 +181,32 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
         c.kill9(victim);
         let killed = Instant::now();
         // Until the slot is served again, and a while after.
-        let mut moved = None;
-        while killed.elapsed() < Duration::from_secs(30) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            client.refresh_map().await.unwrap();
-            let m = client.map();
-            if let Some(h) = m.server(shoal_proto::ServerId(victim)).and_then(|e| e.served_by) {
-                moved = Some((h, killed.elapsed()));
-                break;
+        let moved =
+            wait_map(&client, victim, Duration::from_secs(30), |e| e.served_by).await.map(|h| (h, killed.elapsed()));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // The killed server comes back, under load: it stands by, is resynchronised from the
+        // copy, and takes its slot back.
+        let back = moved.map(|_| {
+            c.spawn_with_env(victim, &[]);
+            Instant::now()
+        });
+        let home = match back {
+            Some(_) => {
+                wait_map(&client, victim, Duration::from_secs(60), |e| e.served_by.is_none().then(|| e.addr.clone()))
+                    .await
             }
-        }
-        tokio::time::sleep(Duration::from_secs(4)).await;
+            None => None,
+        };
+        let handed_back = back.map(|t| t.elapsed());
+        tokio::time::sleep(Duration::from_secs(2)).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut outs = Vec::new();
         for t in tasks {
             outs.push(t.await.unwrap());
         }
-        (outs, moved)
+        (outs, moved, home, handed_back)
     });
-    let (outs, moved) = outcomes;
+    let (outs, moved, home, handed_back) = outcomes;
     let (host, took) = moved.unwrap_or_else(|| {
         panic!(
             "server {victim}'s slot was not failed over within 30 s:\n{}",
@@ -209,8 +218,9 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
     let ops: u64 = outs.iter().map(|o| o.ops).sum();
     let lost: Vec<&String> = outs.iter().flat_map(|o| &o.replies_lost).collect();
     eprintln!(
-        "server {victim} killed: its slot served by server {host} after {took:?}; {ops} operations, longest {longest:?}; \
-         {} done but answered ENOENT (docs/failover.md): {lost:?}",
+        "server {victim} killed: its slot served by server {host} after {took:?}; restarted, it took the slot back \
+         after {handed_back:?}; {ops} operations, longest {longest:?}; {} done but answered ENOENT \
+         (docs/failover.md): {lost:?}",
         lost.len()
     );
     if std::env::var_os("SHOAL_TEST_LOGS").is_some() {
@@ -218,28 +228,80 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
             eprintln!("---- server {i}\n{}", c.log(i));
         }
     }
-    assert!(errors.is_empty(), "clients saw errors: {errors:?}\n{}", c.log(host));
+    assert!(errors.is_empty(), "clients saw errors: {errors:?}\n{}\n{}", c.log(host), c.log(victim));
     assert!(longest < Duration::from_secs(15), "an operation paused {longest:?}");
+    assert_eq!(
+        home.as_deref(),
+        Some(original.as_str()),
+        "server {victim} did not take its slot back:\n{}\n{}",
+        c.log(victim),
+        c.log(host)
+    );
     // Every acknowledged file holds its bytes, read by a new client.
+    check_acked(&c, &rt, &outs, "after the handback");
+    // The slot has two copies again: the host's copy was resynchronised from the server's
+    // new incarnation, so losing the server once more fails over again with everything.
+    rt.block_on(async {
+        let client = c.client();
+        let synced = async {
+            loop {
+                let all = client.status_all().await;
+                let st = all.into_iter().find(|(s, _)| s.0 == victim).and_then(|(_, r)| r.ok());
+                if st.is_some_and(|s| {
+                    !s.mirrors.is_empty() && s.mirrors.iter().all(|m| m.state == shoal_proto::msg::MirrorSync::InSync)
+                }) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), synced).await.expect("the host's copy is in sync again");
+    });
+    c.kill9(victim);
+    let again = rt.block_on(async { wait_map(&c.client(), victim, Duration::from_secs(30), |e| e.served_by).await });
+    assert!(again.is_some(), "no second failover:\n{}", c.log(host));
+    check_acked(&c, &rt, &outs, "after the second failover");
+}
+
+/// Every file the workers' acknowledged operations left holds its bytes, read by a new client.
+fn check_acked(c: &Cluster, rt: &tokio::runtime::Runtime, outs: &[Outcome], what: &str) {
     rt.block_on(async {
         let client = c.uncached_client();
-        for o in &outs {
+        for o in outs {
             for (path, want) in &o.acked {
-                let f = client.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+                let f =
+                    client.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{what}: {path}: {e}"));
                 let got = f.read_at(0, want.len() + 1).await.unwrap();
                 assert!(
                     got[..] == want[..],
-                    "{path}: {} bytes read, {} acknowledged, or different",
+                    "{what}: {path}: {} bytes read, {} acknowledged, or different",
                     got.len(),
                     want.len()
                 );
             }
         }
-    });
-    // The killed server comes back: its slot is served elsewhere now, so it stops.
-    c.spawn_with_env(victim, &[]);
-    assert!(c.wait_exit(victim, Duration::from_secs(30)), "server {victim} served its stale copy:\n{}", c.log(victim));
-    assert!(c.log(victim).contains("out of date"), "it says why:\n{}", c.log(victim));
+    })
+}
+
+/// Refetch the map until `f` gives a value for `slot`'s entry: that value, or `None` after
+/// `within`.
+async fn wait_map<T>(
+    client: &Client,
+    slot: u32,
+    within: Duration,
+    f: impl Fn(&shoal_placement::map::ServerEntry) -> Option<T>,
+) -> Option<T> {
+    let until = Instant::now() + within;
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if client.refresh_map().await.is_err() {
+            continue;
+        }
+        if let Some(v) = client.map().server(shoal_proto::ServerId(slot)).and_then(&f) {
+            return Some(v);
+        }
+    }
+    None
 }
 
 #[test]

@@ -95,6 +95,12 @@ pub struct ServerEntry {
     /// group's consent): their copies are not to be promoted until resynchronised.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub behind: Vec<u32>,
+    /// While the slot is served from a copy (`served_by`): `host:port` where the slot's own
+    /// server, started again, stands by to take it back. The serving copy resynchronises
+    /// that server's stores as a mirror reached there, then hands the slot back
+    /// (docs/failover.md, "Rejoining").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub home: Option<String>,
 }
 
 impl ServerEntry {
@@ -489,6 +495,7 @@ impl ClusterMap {
                     http: None,
                     served_by: None,
                     behind: Vec::new(),
+                    home: None,
                 })
                 .collect(),
             security: Security::default(),
@@ -530,6 +537,17 @@ impl ClusterMap {
             if let Some(h) = s.served_by {
                 if h == s.id || !self.servers.iter().any(|o| o.id == h) {
                     return Err(format!("server {}: served_by {h} must be another server of the map", s.id));
+                }
+            }
+            if let Some(home) = &s.home {
+                if s.served_by.is_none() {
+                    return Err(format!("server {}: home is only for a slot served from a copy (served_by)", s.id));
+                }
+                if !is_host_port(home) {
+                    return Err(format!(
+                        "server {}: home {home:?} must be host:port with a port from 1 to 65535",
+                        s.id
+                    ));
                 }
             }
             if let Some(b) = s.behind.iter().find(|b| !self.servers.iter().any(|o| o.id == **b)) {
@@ -642,6 +660,18 @@ impl ClusterMap {
             !entry.behind.contains(&m.0)
                 && self.server(*m).is_some_and(|e| e.state == ServerState::Up && e.served_by.is_none())
         })
+    }
+
+    /// This map with every slot that has a `home` (its own server standing by to take it
+    /// back) routed there: what the serving copy and the map group reach that server by.
+    pub fn homes_routed(&self) -> ClusterMap {
+        let mut m = self.clone();
+        for e in &mut m.servers {
+            if let Some(h) = e.home.take() {
+                e.addr = h;
+            }
+        }
+        m
     }
 
     /// The slots whose stores `server` mirrors (the inverse of [`ClusterMap::mirrors_of`]).

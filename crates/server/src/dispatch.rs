@@ -65,6 +65,13 @@ pub async fn handle(
             return (Reply::StaleMap { current: st.map.version() }, Payload::none());
         }
     }
+    if st.rejoin.standby && !crate::rejoin::answers_in_standby(&req.op) {
+        let msg = format!(
+            "server {} stands by while its slot is served from a copy (a failover): its stores are out of date",
+            st.id
+        );
+        return (crate::dispatch::refuse(Errno::ESTALE, msg), Payload::none());
+    }
     let op_desc = if tracing::enabled!(tracing::Level::DEBUG) { format!("{:?}", req.op) } else { String::new() };
     match route(st, req, data, crcs).await {
         Ok(r) => r,

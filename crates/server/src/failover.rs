@@ -10,7 +10,8 @@
 //!   mirror in `behind` is never promoted. So a primary cut off from the group stalls
 //!   instead of acknowledging what a promoted mirror would never see.
 //! * A server whose slot has `served_by` set (it failed over while the server was away) stops
-//!   serving as soon as it sees that map (`on_map`).
+//!   serving as soon as it sees that map (`on_map`), and stands by to take the slot back
+//!   (`rejoin.rs`).
 
 use crate::state::State;
 use anyhow::{anyhow, Context};
@@ -59,7 +60,7 @@ const PROPOSE_TRIES: usize = 20;
 const MIRROR_QUIET_WAIT: Duration = Duration::from_secs(5);
 
 /// Where map files name relative paths from.
-fn map_base(st: &State) -> PathBuf {
+pub(crate) fn map_base(st: &State) -> PathBuf {
     st.failover
         .options
         .get()
@@ -71,17 +72,24 @@ fn map_base(st: &State) -> PathBuf {
 /// over while it was away, and promote the mirrors the map now wants served here.
 pub fn on_map(st: &Arc<State>) {
     if st.failover.host.is_some() {
+        crate::rejoin::on_map_promoted(st);
+        return;
+    }
+    if st.rejoin.standby {
+        crate::rejoin::on_map_standby(st);
         return;
     }
     let map = st.map.get();
     if let Some(h) = map.server(st.id).and_then(|e| e.served_by) {
-        st.stop_serving(format!(
-            "server {} has served this slot from its copy since a failover (map version {}): this server's \
-             data directory is out of date, so it does not serve (rejoining as a mirror is not built yet: see \
-             docs/failover.md)",
-            h,
-            map.version()
-        ));
+        crate::rejoin::reopen_as(
+            st,
+            crate::rejoin::Mode::Standby,
+            format!(
+                "server {h} has served this slot from its copy since a failover (map version {}): this server's \
+                 stores are out of date; standing by to be resynchronised and take the slot back",
+                map.version()
+            ),
+        );
         return;
     }
     let served = st.failover.served();
@@ -237,18 +245,52 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
         "server {slot} moves to {addr} in map version {version}; its copy was at position {pos} of incarnation {inc:x}"
     );
     crate::membership::follow_group(&promoted, &group, base);
+    // The slot's own server may stand by already (this host restarted meanwhile).
+    crate::rejoin::on_map_promoted(&promoted);
+    let handed_back = promoted.rejoin.handed_back.clone();
+    drop(promoted);
     let stop = host.stop.subscribe();
+    let host2 = host.clone();
     let handle = tokio::spawn(async move {
         let mut stop = stop;
         let shutdown = async move {
             let _ = stop.wait_for(|r| r.is_some()).await;
         };
-        if let Err(e) = server.serve(listener, shutdown).await {
-            tracing::error!("server {slot} (served from this server's copy) stopped: {e:#}");
+        let served = server.serve(listener, shutdown).await;
+        let handback = handed_back.load(std::sync::atomic::Ordering::SeqCst);
+        match served {
+            Err(_) if handback || host2.stop.borrow().is_none() => {
+                // Stopped to hand the slot back (or the handback did not drain): finish it.
+                host2.failover.served.lock().retain(|(s, _)| *s != slot);
+                crate::rejoin::after_handback(host2, slot, handback).await;
+            }
+            Err(e) => tracing::error!("server {slot} (served from this server's copy) stopped: {e:#}"),
+            Ok(()) => {}
         }
     });
     host.failover.served.lock().push((slot, handle));
     Ok(true)
+}
+
+/// Keep the copy of `slot` (no longer served here: it was handed back) as a mirror again,
+/// once its stores are closed.
+pub(crate) async fn keep_as_mirror_again(host: &Arc<State>, slot: ServerId) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + MIRROR_QUIET_WAIT;
+    loop {
+        let dd = host.data_dir.clone();
+        match tokio::task::spawn_blocking(move || crate::replica::mirror::Mirror::open(&dd, slot)).await? {
+            Ok(m) => {
+                host.replica.give_back(slot, Arc::new(m));
+                return Ok(());
+            }
+            // The copy's store closes when its last request is done.
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!("reopening the mirror of server {slot}: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(anyhow!("reopening the mirror of server {slot}: {e}")),
+        }
+    }
 }
 
 /// Before a primary goes on without `mirror` (replies stop waiting for it): have the group

@@ -44,6 +44,7 @@ mod ops;
 mod orphans;
 mod partitions;
 mod perm;
+mod rejoin;
 mod replica;
 mod replies;
 mod scrub;
@@ -163,6 +164,12 @@ impl Server {
     /// Load the map, open (creating if needed) the data directory, create the root
     /// directory if this server is its home, and prune old markers. Does not listen yet.
     pub async fn open(opts: &ServerOptions) -> anyhow::Result<Server> {
+        Self::open_as(opts, rejoin::Mode::Primary { replies: None }).await
+    }
+
+    /// [`Server::open`] as the slot's primary or standing by to take it back (`rejoin.rs`).
+    async fn open_as(opts: &ServerOptions, mode: rejoin::Mode) -> anyhow::Result<Server> {
+        let standby = matches!(mode, rejoin::Mode::Standby);
         let map = ClusterMap::load(&opts.config).map_err(|e| anyhow!("{e}"))?;
         let entry = map
             .server(ServerId(opts.id))
@@ -212,21 +219,44 @@ impl Server {
         let state_cell: Arc<std::sync::OnceLock<std::sync::Weak<State>>> = Arc::default();
         let pool = peer_pool(map.clone(), id, &state_cell);
         let parts = partitions::Partitions::load(meta.partitions().map_err(|e| anyhow!("{e}"))?);
-        let mut state = State::new(id, map, data_dir, meta, data, space, pool, keys);
+        let home = entry.addr.clone();
+        let mut state = State::new(id, map, data_dir, Arc::new(meta), Arc::new(data), space, pool, keys);
         state.parts = parts;
         state.load = load::Load::new(id, opts.throttle_mb_s);
-        state.replica = replica::Replication::open(&state).await.map_err(|e| anyhow!("{e}"))?;
+        state.rejoin = rejoin::Rejoin::new(standby, home, state_cell.clone());
+        if let rejoin::Mode::Primary { replies: Some(r) } = mode {
+            state.replies = r;
+        }
+        state.replica = if standby {
+            replica::Replication::open_standby(&state).await
+        } else {
+            replica::Replication::open(&state).await
+        }
+        .map_err(|e| anyhow!("{e}"))?;
         let _ = state.failover.options.set(opts.clone());
         if let Some(mb) = opts.throttle_mb_s {
             tracing::warn!("data reads and writes throttled to {mb} MB/s (--throttle)");
         }
         let state = Arc::new(state);
         let _ = state_cell.set(Arc::downgrade(&state));
-        if fresh {
+        if fresh && !standby {
             replica::refuse_empty_over_mirrors(&state).await?;
         }
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
         membership::catch_up_at_start(&state, &opts.config).await;
+        if standby || state.stop.borrow().is_some() {
+            // Its stores are out of date (or it is to stand by: the map says its slot is
+            // served from a copy): nothing is created, replayed or pruned on them.
+            return Ok(Server {
+                state,
+                listen,
+                http_listen,
+                config: opts.config.clone(),
+                limits,
+                orphan_grace: opts.orphan_grace,
+                tls,
+            });
+        }
 
         let st = state.clone();
         let pending = state
@@ -287,9 +317,9 @@ impl Server {
         opts: &ServerOptions,
         map: ClusterMap,
         data_dir: PathBuf,
-        meta: MetaStore,
-        data: DataStore,
-        replies: replies::Replies,
+        meta: Arc<MetaStore>,
+        data: Arc<DataStore>,
+        replies: Arc<replies::Replies>,
     ) -> anyhow::Result<Server> {
         let keys = load_cluster_key(&map, &opts.config)?;
         let tls = load_tls(&map, &opts.config)?;
@@ -303,6 +333,7 @@ impl Server {
         state.parts = parts;
         state.replies = replies;
         state.failover = failover::Failover::promoted_on(host.id);
+        state.rejoin = rejoin::Rejoin::new(false, String::new(), state_cell.clone());
         let _ = state.failover.options.set(opts.clone());
         state.replica = replica::Replication::open_promoted(&state);
         let state = Arc::new(state);
@@ -379,15 +410,20 @@ impl Server {
         }
 
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
-        let recovery = tokio::spawn(intents::recovery_loop(st.clone()));
-        let gc = tokio::spawn(intents::gc_loop(st.clone()));
-        let reclaim = tokio::spawn(orphans::reclaim_loop(st.clone(), self.orphan_grace));
+        // Standing by, the stores are out of date: nothing is recovered, collected or
+        // reclaimed on them (the copy serving the slot does it).
+        let active = !st.rejoin.standby;
+        let recovery = tokio::spawn(run_if(active, intents::recovery_loop(st.clone())));
+        let gc = tokio::spawn(run_if(active, intents::gc_loop(st.clone())));
+        let reclaim = tokio::spawn(run_if(active, orphans::reclaim_loop(st.clone(), self.orphan_grace)));
         let reload = tokio::spawn(reload_keys_on_sighup(st.clone()));
         let load_exchange = tokio::spawn(load::exchange_loop(st.clone()));
         let shippers: Vec<_> = match &st.replica.log {
+            // The slot's own server standing by is shipped by `ship::home_loop` (`rejoin.rs`).
             Some(log) => log
                 .mirrors()
                 .into_keys()
+                .filter(|&m| m != st.id)
                 .map(|m| tokio::spawn(replica::ship::ship_loop(st.clone(), log.clone(), m)))
                 .collect(),
             None => Vec::new(),
@@ -431,8 +467,20 @@ impl Server {
         if let (true, Some(log)) = (clean, &st.replica.log) {
             let _ = tokio::time::timeout(CLEAN_STOP_WAIT, log.wait_acked(log.last())).await;
         }
+        // A copy handing its slot back: the slot's own server must hold every change first.
+        if st.rejoin.handing_back.load(std::sync::atomic::Ordering::SeqCst) && rejoin::drain_for_handback(&st).await {
+            st.rejoin.handed_back.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         for s in &shippers {
             s.abort();
+        }
+        rejoin::stop_home_shipper(&st);
+        // This process's member of the map group stops with it (a promoted slot shares its
+        // host's), so that the server can open again in this process (`rejoin.rs`).
+        if st.failover.host.is_none() {
+            if let Some(group) = st.membership.get() {
+                group.shutdown().await;
+            }
         }
         let _ = load_exchange.await;
         let _ = reload.await;
@@ -487,7 +535,11 @@ const PEER_FAILOVER_WAIT: Duration = Duration::from_secs(15);
 
 /// The pool of connections to the other servers, as server `id`, proving the cluster key
 /// of the state `state_cell` will hold. Newer maps come through the group (`membership`).
-fn peer_pool(map: ClusterMap, id: ServerId, state_cell: &Arc<std::sync::OnceLock<std::sync::Weak<State>>>) -> Pool {
+pub(crate) fn peer_pool(
+    map: ClusterMap,
+    id: ServerId,
+    state_cell: &Arc<std::sync::OnceLock<std::sync::Weak<State>>>,
+) -> Pool {
     let state = state_cell.clone();
     Pool::new(
         map,
@@ -565,11 +617,16 @@ async fn wal_sync_loop(st: Arc<State>) {
     }
 }
 
+/// `work` unless `run` is false (then nothing).
+async fn run_if(run: bool, work: impl Future<Output = ()>) {
+    if run {
+        work.await
+    }
+}
+
 /// Open the stores, listen, and serve until `shutdown` completes.
 pub async fn serve(opts: ServerOptions, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-    let server = Server::open(&opts).await?;
-    let listener = server.bind().await?;
-    server.serve(listener, shutdown).await
+    serve_on(opts, None, shutdown).await
 }
 
 /// Like [`serve`], on a listener the caller bound (tests bind port 0 and put the address in
@@ -579,8 +636,38 @@ pub async fn serve_with_listener(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let server = Server::open(&opts).await?;
-    server.serve(listener, shutdown).await
+    serve_on(opts, Some(listener), shutdown).await
+}
+
+/// Serve until `shutdown` completes; open the stores again, at the same address, whenever
+/// the server is to stand by for its slot or to take it back (`rejoin.rs`).
+async fn serve_on(
+    opts: ServerOptions,
+    mut listener: Option<TcpListener>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    use futures::future::{FusedFuture, FutureExt};
+    let shutdown = shutdown.fuse();
+    tokio::pin!(shutdown);
+    let mut mode = rejoin::Mode::Primary { replies: None };
+    let mut at: Option<SocketAddr> = None;
+    loop {
+        let server = Server::open_as(&opts, mode).await?;
+        let l = match (listener.take(), at) {
+            (Some(l), _) => l,
+            (None, Some(a)) => TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a} again"))?,
+            (None, None) => server.bind().await?,
+        };
+        at = l.local_addr().ok();
+        // Not the state itself: its stores must close when it stops.
+        let next = server.state().rejoin.next.clone();
+        let served = server.serve(l, shutdown.as_mut()).await;
+        let next = next.lock().take();
+        match next {
+            Some(m) if !shutdown.is_terminated() => mode = m,
+            _ => return served,
+        }
+    }
 }
 
 /// Serve until SIGINT or SIGTERM.

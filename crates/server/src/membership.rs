@@ -74,6 +74,15 @@ pub async fn start(
     config: &Path,
     data_dir: &Path,
 ) -> anyhow::Result<()> {
+    if st.rejoin.standby {
+        // Standing by, this server's id routes to the copy serving its slot: the group's
+        // messages would not reach its member, which would only call elections that disturb
+        // the group once it is reachable again (its term ahead, its log behind). It follows
+        // the map by asking the other servers instead (`rejoin::standby_tick`).
+        let base: PathBuf = config.parent().unwrap_or(Path::new(".")).to_path_buf();
+        tokio::spawn(rejoin_loop(Arc::downgrade(st), base));
+        return Ok(());
+    }
     let text = std::fs::read_to_string(config)
         .map_err(|e| anyhow::anyhow!("cannot read cluster config {}: {e}", config.display()))?;
     let initial = MapDoc::new(text).map_err(|e| anyhow::anyhow!("cluster config {}: {e}", config.display()))?;
@@ -129,12 +138,13 @@ fn follow(st: &Arc<State>, doc: &MapDoc, base: &Path) {
 }
 
 /// Route by `map` (newer than the one in use), and act on what it says about failovers.
-fn follow_map(st: &Arc<State>, map: ClusterMap) {
+pub(crate) fn follow_map(st: &Arc<State>, map: ClusterMap) {
     if map.version() <= st.map.version() {
         return;
     }
     tracing::info!("cluster map version {} (was {})", map.version(), st.map.version());
     st.pool.set_map(map.clone());
+    crate::rejoin::follow_map(st, &map);
     st.map.set(map);
     crate::failover::on_map(st);
 }
@@ -236,6 +246,30 @@ async fn catch_up(st: &Arc<State>, base: &Path, turn: usize) {
     }
 }
 
+/// Ask the other servers, one after the other, for their map until one answers; follow it
+/// if it is newer (a server standing by learns every map this way: `rejoin.rs`).
+pub(crate) async fn catch_up_any(st: &Arc<State>, base: &Path) {
+    let map = st.map.get();
+    let root = Cred::root();
+    for peer in map.servers.iter().map(|s| s.server_id()).filter(|&s| s != st.id) {
+        let op = Op::GetMap { known: map.version() };
+        let asked = tokio::time::timeout(REJOIN_EVERY, st.pool.request(peer, &root, op, Bytes::new()));
+        if let Ok(Ok((Reply::Map { version, toml, .. }, _))) = asked.await {
+            if version > st.map.version() {
+                match ClusterMap::from_toml(&toml, base) {
+                    Ok(m) => follow_map(st, m),
+                    Err(e) => tracing::warn!("server {peer} sent a map this server cannot use: {e}"),
+                }
+            }
+            return;
+        }
+    }
+}
+
+/// How often a server standing by asks for the newest map (it takes its slot back as soon
+/// as the map says so: clients wait meanwhile).
+const STANDBY_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// How often a server checks whether the map has it down.
 const REJOIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -246,8 +280,13 @@ const REJOIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 async fn rejoin_loop(st: Weak<State>, base: PathBuf) {
     let mut turn = 0usize;
     loop {
-        tokio::time::sleep(REJOIN_EVERY).await;
+        let standby = st.upgrade().is_some_and(|s| s.rejoin.standby);
+        tokio::time::sleep(if standby { STANDBY_EVERY } else { REJOIN_EVERY }).await;
         let Some(st) = st.upgrade() else { return };
+        if standby {
+            crate::rejoin::standby_tick(&st, &base).await;
+            continue;
+        }
         let Some(group) = st.membership.get() else { continue };
         turn += 1;
         // A member that knows no leader may be one the group no longer reaches (after a

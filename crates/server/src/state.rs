@@ -35,8 +35,10 @@ pub struct State {
     /// This server's member of the replicated map's group (set once at start).
     pub membership: std::sync::OnceLock<shoal_membership::MapGroup>,
     pub data_dir: PathBuf,
-    pub meta: MetaStore,
-    pub data: DataStore,
+    /// Shared (`Arc`) with the mirror of this slot while the server stands by to take its
+    /// slot back after a failover (`rejoin.rs`): the mirror path writes into these stores.
+    pub meta: Arc<MetaStore>,
+    pub data: Arc<DataStore>,
     /// Free space on the data directory's disk: what is refused when it is nearly full.
     pub space: Space,
     pub locks: Locks,
@@ -65,7 +67,7 @@ pub struct State {
     /// Replaced whole by [`State::reload_keys`] (SIGHUP), so a rotation needs no restart.
     keys: parking_lot::RwLock<Option<Arc<shoal_auth::KeyRing>>>,
     /// Replies of state-changing requests by (session, request id): a retry is applied once.
-    pub replies: crate::replies::Replies,
+    pub replies: Arc<crate::replies::Replies>,
     /// The background verification of this server's objects and records (`scrub.rs`).
     pub scrub: crate::scrub::Scrub,
     /// The partitions of split directories held here (`partitions.rs`).
@@ -78,6 +80,9 @@ pub struct State {
     /// process serves it; the slots this process serves that way; how it was started (to
     /// start those the same way).
     pub failover: crate::failover::Failover,
+    /// Standing by to take this server's slot back after a failover, and handing a slot
+    /// served here back to its own server (`rejoin.rs`).
+    pub rejoin: crate::rejoin::Rejoin,
     /// Set to a reason when this server must stop serving (its slot failed over while it
     /// was away, or its host process stops): the accept loop ends on it.
     pub stop: tokio::sync::watch::Sender<Option<String>>,
@@ -112,8 +117,8 @@ impl State {
         id: ServerId,
         map: ClusterMap,
         data_dir: PathBuf,
-        meta: MetaStore,
-        data: DataStore,
+        meta: Arc<MetaStore>,
+        data: Arc<DataStore>,
         space: Space,
         pool: Pool,
         keys: Option<shoal_auth::KeyRing>,
@@ -139,12 +144,13 @@ impl State {
             dir_turn: AtomicU64::new(0),
             sessions: crate::orphans::Sessions::new(),
             keys: parking_lot::RwLock::new(keys.map(Arc::new)),
-            replies: crate::replies::Replies::new(),
+            replies: Arc::new(crate::replies::Replies::new()),
             scrub: Default::default(),
             parts: Default::default(),
             load: crate::load::Load::new(id, None),
             replica: Default::default(),
             failover: Default::default(),
+            rejoin: Default::default(),
             stop: tokio::sync::watch::channel(None).0,
             cuts: Default::default(),
         }

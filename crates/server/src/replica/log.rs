@@ -389,6 +389,17 @@ impl ReplLog {
         }
     }
 
+    /// Ship to `mirror` too (the slot's own server standing by, `rejoin.rs`): out of sync,
+    /// to be resynchronised first. False if it is a mirror already.
+    pub fn add_mirror(&self, mirror: ServerId) -> bool {
+        let mut g = self.inner.lock();
+        if g.mirrors.contains_key(&mirror) {
+            return false;
+        }
+        g.mirrors.insert(mirror, Progress::new(MirrorState::OutOfSync));
+        true
+    }
+
     /// Drop `mirror` from the set waited for: it missed changes.
     pub fn mark_out_of_sync(&self, mirror: ServerId) {
         let mut g = self.inner.lock();

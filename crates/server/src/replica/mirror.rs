@@ -25,10 +25,10 @@ use std::sync::Arc;
 pub struct Mirror {
     pub slot: ServerId,
     pub dir: PathBuf,
-    pub meta: MetaStore,
-    pub data: DataStore,
+    pub meta: Arc<MetaStore>,
+    pub data: Arc<DataStore>,
     /// The primary's replies, kept for retries after a failover.
-    pub replies: Replies,
+    pub replies: Arc<Replies>,
     /// (incarnation, last position applied); one batch applies at a time.
     position: tokio::sync::Mutex<(u64, u64)>,
 }
@@ -62,17 +62,29 @@ impl Mirror {
             .map_err(|e| Fail::io(format_args!("object directories under {}", dir.display()), &e))?;
         // The copy's bytes are cold: written around the page cache (`store/direct.rs`).
         data.set_direct_writes(true);
+        Mirror::over(slot, dir, Arc::new(meta), Arc::new(data), Arc::new(Replies::new()))
+    }
+
+    /// A mirror of `slot` over stores already open (a server's own, while it stands by to
+    /// take its slot back: `rejoin.rs`), at the position they record. Blocks.
+    pub fn over(
+        slot: ServerId,
+        dir: PathBuf,
+        meta: Arc<MetaStore>,
+        data: Arc<DataStore>,
+        replies: Arc<Replies>,
+    ) -> R<Mirror> {
         let position = match meta.get_raw(key::REPLICA)? {
             Some(v) if v.len() == 16 => {
                 (u64::from_be_bytes(v[..8].try_into().unwrap()), u64::from_be_bytes(v[8..].try_into().unwrap()))
             }
             _ => (0, 0),
         };
-        Ok(Mirror { slot, dir, meta, data, replies: Replies::new(), position: tokio::sync::Mutex::new(position) })
+        Ok(Mirror { slot, dir, meta, data, replies, position: tokio::sync::Mutex::new(position) })
     }
 
     /// The stores and the kept replies, to serve the slot from this copy (`failover.rs`).
-    pub fn into_parts(self) -> (PathBuf, MetaStore, DataStore, Replies) {
+    pub fn into_parts(self) -> (PathBuf, Arc<MetaStore>, Arc<DataStore>, Arc<Replies>) {
         // Served now: its writes are hot again.
         self.data.set_direct_writes(false);
         (self.dir, self.meta, self.data, self.replies)

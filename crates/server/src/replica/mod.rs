@@ -36,13 +36,7 @@ impl Replication {
     /// The replication of `st`'s slot as its map says: the log when it has mirrors (hung
     /// on its stores), and the mirrors it keeps, opened (created if new).
     pub async fn open(st: &crate::state::State) -> crate::error::R<Replication> {
-        let slots = st.map.mirrored_by(st.id);
-        let dir = st.data_dir.clone();
-        let mirrors = tokio::task::spawn_blocking(move || -> crate::error::R<HashMap<ServerId, Arc<Mirror>>> {
-            slots.into_iter().map(|s| Mirror::open(&dir, s).map(|m| (s, Arc::new(m)))).collect()
-        })
-        .await
-        .map_err(|e| crate::error::Fail::new(shoal_proto::Errno::EIO, format!("opening mirrors: {e}")))??;
+        let mirrors = open_mirrors(st).await?;
         let mirrors_of = st.map.mirrors_of(st.id);
         // Taken whether or not there are mirrors now: it describes this start only.
         let stopped = take_clean_stop(&st.meta)?;
@@ -62,6 +56,16 @@ impl Replication {
             tracing::info!("mirrored on servers {mirrors_of:?} (incarnation {:x})", l.incarnation);
         }
         Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors) })
+    }
+
+    /// The replication of a server standing by to take its slot back (`rejoin.rs`): no log
+    /// (it serves nothing), the mirrors it keeps of other slots, and its own stores as the
+    /// mirror of its slot, which the copy serving the slot resynchronises.
+    pub async fn open_standby(st: &crate::state::State) -> crate::error::R<Replication> {
+        let mut mirrors = open_mirrors(st).await?;
+        let own = Mirror::over(st.id, st.data_dir.clone(), st.meta.clone(), st.data.clone(), st.replies.clone())?;
+        mirrors.insert(st.id, Arc::new(own));
+        Ok(Replication { log: None, mirrors: parking_lot::RwLock::new(mirrors) })
     }
 
     /// At a clean stop, once no request runs and nothing else will change the stores:
@@ -85,16 +89,14 @@ impl Replication {
     }
 
     /// The replication of a slot served from a mirror copy after a failover: its log, for
-    /// the mirrors the map gives it now, and no mirrors of other slots (those stayed with
-    /// the dead server's process).
+    /// the mirrors the map gives it now (and, later, the slot's own server standing by:
+    /// `rejoin.rs`, so there is a log even with no mirror now), and no mirrors of other
+    /// slots (those stayed with the dead server's process).
     pub fn open_promoted(st: &crate::state::State) -> Replication {
-        let mirrors_of = st.map.mirrors_of(st.id);
-        let log = (!mirrors_of.is_empty()).then(|| Arc::new(ReplLog::new(&mirrors_of)));
-        if let Some(l) = &log {
-            st.meta.set_replication(l.clone());
-            st.data.set_replication(l.clone());
-        }
-        Replication { log, mirrors: Default::default() }
+        let log = Arc::new(ReplLog::new(&st.map.mirrors_of(st.id)));
+        st.meta.set_replication(log.clone());
+        st.data.set_replication(log.clone());
+        Replication { log: Some(log), mirrors: Default::default() }
     }
 
     /// The mirror of `slot` this server keeps, if any.
@@ -132,6 +134,17 @@ impl Replication {
     }
 }
 
+/// The mirrors `st` keeps of other slots as its map says, opened (created if new).
+async fn open_mirrors(st: &crate::state::State) -> crate::error::R<HashMap<ServerId, Arc<Mirror>>> {
+    let slots = st.map.mirrored_by(st.id);
+    let dir = st.data_dir.clone();
+    tokio::task::spawn_blocking(move || -> crate::error::R<HashMap<ServerId, Arc<Mirror>>> {
+        slots.into_iter().map(|s| Mirror::open(&dir, s).map(|m| (s, Arc::new(m)))).collect()
+    })
+    .await
+    .map_err(|e| crate::error::Fail::new(shoal_proto::Errno::EIO, format!("opening mirrors: {e}")))?
+}
+
 /// Refuse to serve a store made just now when a mirror of this slot holds changes of it:
 /// the server's data directory was lost (a disk wiped and the server started again), and
 /// serving the empty store would show an empty slot and resynchronise the mirrors to it,
@@ -147,7 +160,7 @@ pub async fn refuse_empty_over_mirrors(st: &crate::state::State) -> anyhow::Resu
         let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
         let asked = tokio::time::timeout(
             std::time::Duration::from_secs(2),
-            st.pool.request(mirror, &root, op, bytes::Bytes::new()),
+            crate::rejoin::pool_to(st, mirror).request(mirror, &root, op, bytes::Bytes::new()),
         );
         if let Ok(Ok((Reply::Replicated { applied, incarnation, .. }, _))) = asked.await {
             if applied > 0 && incarnation != log.incarnation {

@@ -145,7 +145,7 @@ impl<'a> Resync<'a> {
     /// Ask the mirror (bounded by [`ANSWER_WITHIN`]).
     async fn call_with(&self, op: Op, payload: Bytes) -> R<Reply> {
         let root = Cred::root();
-        let asked = self.st.pool.request(self.mirror, &root, op, payload);
+        let asked = crate::rejoin::pool_to(self.st, self.mirror).request(self.mirror, &root, op, payload);
         match tokio::time::timeout(ANSWER_WITHIN, asked).await {
             Ok(Ok((reply, _))) => Ok(reply),
             Ok(Err(e)) => Err(Fail::new(e.errno(), format!("mirror {}: {e}", self.mirror))),

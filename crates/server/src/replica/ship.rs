@@ -45,6 +45,17 @@ pub async fn ship_loop(st: Arc<State>, log: Arc<ReplLog>, mirror: ServerId) {
     }
 }
 
+/// Ship `log` to the slot's own server standing by at its home (`rejoin.rs`), for a copy
+/// serving the slot: resync it (its stores are as it left them), follow it, and hand the
+/// slot back once it is in sync (`follow`); again after each time it falls out of sync.
+pub async fn home_loop(st: Arc<State>, log: Arc<ReplLog>) {
+    let home = st.id;
+    while st.stop.borrow().is_none() {
+        let applied = resync(&st, &log, home).await;
+        follow(&st, &log, home, applied).await;
+    }
+}
+
 /// What a mirror said at start about this incarnation.
 enum Probe {
     /// It follows it, and has applied up to this position.
@@ -62,7 +73,12 @@ enum Probe {
 /// incarnation after a clean stop learns how far each mirror got.
 async fn probe(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> Probe {
     let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
-    match tokio::time::timeout(OUT_OF_SYNC_AFTER, st.pool.request(mirror, &Cred::root(), op, Bytes::new())).await {
+    match tokio::time::timeout(
+        OUT_OF_SYNC_AFTER,
+        crate::rejoin::pool_to(st, mirror).request(mirror, &Cred::root(), op, Bytes::new()),
+    )
+    .await
+    {
         Ok(Ok((Reply::Replicated { in_sync: false, incarnation, applied }, _))) => {
             tracing::info!(
                 "mirror {mirror} of server {} holds position {applied} of incarnation {incarnation:x}, this primary \
@@ -118,9 +134,14 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
     let mut promotable = false;
     loop {
         if !promotable && log.mirrors().get(&mirror).is_some_and(|p| p.state == MirrorState::InSync) {
-            // In sync again (replies wait for it): it may be promoted again.
             promotable = true;
-            tokio::spawn(crate::failover::caught_up(st.clone(), mirror));
+            if mirror == st.id {
+                // The slot's own server holds everything: hand the slot back to it.
+                crate::rejoin::hand_back(st.clone());
+            } else {
+                // In sync again (replies wait for it): it may be promoted again.
+                tokio::spawn(crate::failover::caught_up(st.clone(), mirror));
+            }
         }
         let Some(state) = log.mirrors().get(&mirror).map(|p| p.state) else { return };
         if state == MirrorState::OutOfSync {
@@ -139,7 +160,11 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
         let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first, changes };
         // Bounded by the out-of-sync delay, not the peer timeout: a frozen mirror must not
         // stall the slot longer than a dead one.
-        let answer = tokio::time::timeout(OUT_OF_SYNC_AFTER, st.pool.request(mirror, &Cred::root(), op, payload)).await;
+        let answer = tokio::time::timeout(
+            OUT_OF_SYNC_AFTER,
+            crate::rejoin::pool_to(st, mirror).request(mirror, &Cred::root(), op, payload),
+        )
+        .await;
         match answer.unwrap_or_else(|_| {
             Err(shoal_rpc::CallError::Transport {
                 errno: shoal_proto::Errno::ETIMEDOUT,
@@ -204,7 +229,9 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
 /// Stop waiting for `mirror`, once the map group has recorded it as behind (so that it is
 /// never promoted over changes it lacks: `failover.rs`). Until then replies keep waiting.
 async fn go_on_without(st: &Arc<State>, log: &ReplLog, mirror: ServerId) {
-    if crate::failover::consent_to_go_on_without(st, mirror).await {
+    // The slot's own server standing by is never promoted (it takes the slot back only
+    // once in sync, `rejoin.rs`): no consent needed.
+    if mirror == st.id || crate::failover::consent_to_go_on_without(st, mirror).await {
         log.mark_out_of_sync(mirror);
     }
 }

@@ -1,0 +1,352 @@
+//! Rejoining (docs/failover.md, "Rejoining"): a server whose slot failed over while it was
+//! away stands by, is resynchronised as a mirror of its own slot by the copy that serves
+//! the slot, and takes the slot back.
+//!
+//! 1. **Standby.** A server that sees its slot `served_by` another server (at start, or
+//!    while running: a primary cut off by a partition) stops serving and opens again in
+//!    standby ([`Mode::Standby`]): its own stores become the mirror of its slot
+//!    (`Replication::open_standby`), it answers only replication and map messages, and
+//!    nothing else runs on its stale stores (no recovery of intents, no gc, no reclaim).
+//! 2. **Home.** It records the address it was started at as the slot's `home` in the map,
+//!    through the other servers (the group's messages to its id go to the serving copy).
+//! 3. **Resync.** The serving copy adds the home as a mirror of the slot, reached at `home`
+//!    ([`pool_to`]), resynchronises it by digest (only what changed since it was away
+//!    travels: docs/resync.md) and ships it the log.
+//! 4. **Handback.** Once that mirror is in sync, the copy stops taking requests, waits until
+//!    none runs and the home has applied every change ([`drain_for_handback`]), closes its
+//!    stores (its host keeps them as a mirror again) and moves the slot back by
+//!    compare-and-set ([`after_handback`]): `addr` = home, no `served_by`, the host and the
+//!    slot's other mirrors `behind` (they are resynced by the server's next incarnation).
+//! 5. **Serving again.** The standing-by server sees that map and opens again as the slot's
+//!    primary, with the copy's cached replies (a retry of a request the copy applied is
+//!    answered, not applied twice).
+//!
+//! Clients see the handback as a short failover: calls to the copy are refused, and sent
+//! again (same request id) to the server once the map names it.
+
+use crate::replica::log::MirrorState;
+use crate::replies::Replies;
+use crate::state::State;
+use shoal_placement::map::ServerState;
+use shoal_placement::ClusterMap;
+use shoal_proto::msg::{Cred, Op, Reply};
+use shoal_proto::ServerId;
+use shoal_rpc::Pool;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// How a server process opens its stores.
+#[derive(Clone)]
+pub enum Mode {
+    /// Serving its slot; `replies`: the cached replies to start with (those of the copy that
+    /// served the slot while this server stood by).
+    Primary { replies: Option<Arc<Replies>> },
+    /// Standing by while its slot is served from a copy elsewhere.
+    Standby,
+}
+
+/// A server's part in rejoining.
+#[derive(Default)]
+pub struct Rejoin {
+    /// This process stands by (its stores are the mirror of its slot).
+    pub standby: bool,
+    /// The address this server was started at (its map file's entry): its home.
+    pub home: String,
+    /// How the pool to homes proves the cluster key (the state, once it exists).
+    cell: Arc<OnceLock<Weak<State>>>,
+    /// Connections to servers standing by at their homes, made at first need.
+    home_pool: OnceLock<Pool>,
+    /// The mode to open again in, once serving stops (`State::stop_serving`); shared with
+    /// the loop that opens the server again (`serve_on`).
+    pub next: Arc<parking_lot::Mutex<Option<Mode>>>,
+    /// A copy serving a slot: the task shipping to the slot's own server (`home_loop`).
+    home_shipper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Standby: taking the slot back is under way.
+    taking_back: AtomicBool,
+    /// A copy serving a slot: it stopped to hand the slot back.
+    pub handing_back: AtomicBool,
+    /// A copy serving a slot: its home applied everything when it stopped (shared with the
+    /// host, which finishes the handback once the copy's stores are closed).
+    pub handed_back: Arc<AtomicBool>,
+}
+
+impl Rejoin {
+    pub fn new(standby: bool, home: String, cell: Arc<OnceLock<Weak<State>>>) -> Rejoin {
+        Rejoin { standby, home, cell, ..Default::default() }
+    }
+}
+
+/// Stop serving and open again in `mode`, for `why` (said in the log).
+pub fn reopen_as(st: &State, mode: Mode, why: String) {
+    if st.stop.borrow().is_some() {
+        return;
+    }
+    *st.rejoin.next.lock() = Some(mode);
+    st.stop_serving(why);
+}
+
+/// The connections that reach `server`'s own process: at its home while it stands by (its
+/// slot served from a copy), else where the map says. Replication (shipping, resync) goes
+/// this way, so a server standing by keeps the mirrors it holds of other slots, and the
+/// copy serving its slot reaches it.
+pub fn pool_to(st: &State, server: ServerId) -> &Pool {
+    let map = st.map.get();
+    if map.server(server).and_then(|e| e.home.as_ref()).is_none() {
+        return &st.pool;
+    }
+    st.rejoin.home_pool.get_or_init(|| crate::peer_pool(map.homes_routed(), st.id, &st.rejoin.cell))
+}
+
+/// Follow a newer map in the pool to homes (a home that moved is reached at its new address).
+pub fn follow_map(st: &State, map: &ClusterMap) {
+    if let Some(p) = st.rejoin.home_pool.get() {
+        p.set_map(map.homes_routed());
+    }
+}
+
+/// Whether a server standing by answers `op`: replication and resync (of its own slot and
+/// of the mirrors it keeps), the map group's messages and map changes, the load exchange
+/// and status. Everything else is refused: its stores are out of date.
+pub fn answers_in_standby(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::PeerReplicate { .. }
+            | Op::PeerResyncQuery { .. }
+            | Op::PeerResyncApply { .. }
+            | Op::PeerResyncDone { .. }
+            | Op::PeerScrubRead { .. }
+            | Op::PeerRaft { .. }
+            | Op::GetMap { .. }
+            | Op::ProposeMap { .. }
+            | Op::PeerLoad { .. }
+            | Op::Status
+            | Op::ScrubStatus
+    )
+}
+
+/// A newer map, seen by a server standing by: once its slot is no longer served from a
+/// copy (the copy handed it back), open again as its primary.
+pub fn on_map_standby(st: &Arc<State>) {
+    let map = st.map.get();
+    if map.server(st.id).is_some_and(|e| e.served_by.is_none()) && !st.rejoin.taking_back.swap(true, Ordering::SeqCst) {
+        tokio::spawn(take_back(st.clone()));
+    }
+}
+
+/// Open again as the slot's primary, if this server's copy of its slot follows the copy that
+/// served it (it was resynchronised and in sync when the slot was handed back). A map that
+/// clears `served_by` over a copy that never caught up (edited by hand) is refused: serving
+/// it would show an old state of the slot.
+async fn take_back(st: Arc<State>) {
+    let Some(own) = st.replica.mirror(st.id) else { return };
+    let (incarnation, applied) = own.position().await;
+    if incarnation == 0 {
+        tracing::error!(
+            "server {}: the map gives this server its slot back, but its stores were never brought up to date \
+             (position {applied:x}): still standing by",
+            st.id
+        );
+        st.rejoin.taking_back.store(false, Ordering::SeqCst);
+        return;
+    }
+    reopen_as(
+        &st,
+        Mode::Primary { replies: Some(own.replies.clone()) },
+        format!(
+            "server {}: the slot is handed back (its stores hold position {applied} of incarnation {incarnation:x}): \
+             serving it again",
+            st.id
+        ),
+    );
+}
+
+/// Every period while standing by: learn the newest map from the other servers (this
+/// server's member of the group is not reached while its id's address is the copy's), and
+/// record this server's home in it while the slot is served from a copy.
+pub async fn standby_tick(st: &Arc<State>, base: &Path) {
+    crate::membership::catch_up_any(st, base).await;
+    let map = st.map.get();
+    let Some(e) = map.server(st.id) else { return };
+    if e.served_by.is_none() || e.home.as_deref() == Some(st.rejoin.home.as_str()) {
+        return;
+    }
+    let home = st.rejoin.home.clone();
+    let id = st.id;
+    let changed = propose_through_peers(st, base, |m| {
+        let Some(e) = m.servers.iter_mut().find(|e| e.id == id.0) else { return false };
+        if e.served_by.is_none() || e.home.as_deref() == Some(home.as_str()) {
+            return false;
+        }
+        e.home = Some(home.clone());
+        true
+    })
+    .await;
+    if let Some(v) = changed {
+        tracing::warn!("server {id}: standing by at {} to take the slot back (map version {v})", st.rejoin.home);
+    }
+}
+
+/// Change the map through any other server that reaches the group (compare-and-set,
+/// retried on conflicts): `change` edits the newest map and says whether there is anything
+/// to change. The new version, or `None` if nothing was changed.
+async fn propose_through_peers(st: &Arc<State>, base: &Path, change: impl Fn(&mut ClusterMap) -> bool) -> Option<u64> {
+    let root = Cred::root();
+    for _ in 0..5 {
+        let mut map = (*st.map.get()).clone();
+        if !change(&mut map) {
+            return None;
+        }
+        let expect = map.version();
+        map.cluster.version = expect + 1;
+        let toml = map.to_toml();
+        let others: Vec<ServerId> = map.servers.iter().map(|e| e.server_id()).filter(|&s| s != st.id).collect();
+        let mut conflict = false;
+        for peer in others {
+            let op = Op::ProposeMap { expect_version: expect, toml: toml.clone() };
+            let asked =
+                tokio::time::timeout(Duration::from_secs(2), st.pool.request(peer, &root, op, Default::default()));
+            match asked.await {
+                Ok(Ok((Reply::Map { version, toml, .. }, _))) => {
+                    if let Ok(m) = ClusterMap::from_toml(&toml, base) {
+                        crate::membership::follow_map(st, m);
+                    }
+                    return Some(version);
+                }
+                Ok(Err(e)) if e.errno() == shoal_proto::Errno::EAGAIN => {
+                    conflict = true;
+                    break;
+                }
+                other => tracing::debug!("proposing the map through server {peer}: {other:?}"),
+            }
+        }
+        if !conflict {
+            return None;
+        }
+        crate::membership::catch_up_any(st, base).await;
+    }
+    None
+}
+
+/// A newer map, seen by a copy serving a slot (`failover.rs`): when the slot's own server
+/// stands by at its home, resynchronise it as a mirror and ship it the log (then hand the
+/// slot back, [`hand_back`]). Also called once when the copy starts serving.
+pub fn on_map_promoted(st: &Arc<State>) {
+    let map = st.map.get();
+    let Some(e) = map.server(st.id) else { return };
+    if e.home.is_none() || e.served_by != st.failover.host.map(|h| h.0) {
+        return;
+    }
+    let Some(log) = &st.replica.log else { return };
+    if log.add_mirror(st.id) {
+        tracing::info!("server {}: its own process stands by at {:?}: resynchronising it", st.id, e.home);
+        let task = tokio::spawn(crate::replica::ship::home_loop(st.clone(), log.clone()));
+        *st.rejoin.home_shipper.lock() = Some(task);
+    }
+}
+
+/// Stop shipping to the slot's own server (the copy stops serving).
+pub fn stop_home_shipper(st: &State) {
+    if let Some(t) = st.rejoin.home_shipper.lock().take() {
+        t.abort();
+    }
+}
+
+/// The slot's own server holds everything (its mirror is in sync): stop serving the slot
+/// here, to hand it back once nothing runs (`Server::serve` drains, the host finishes).
+pub fn hand_back(st: Arc<State>) {
+    if st.rejoin.handing_back.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    let home = st.map.get().server(st.id).and_then(|e| e.home.clone()).unwrap_or_default();
+    st.stop_serving(format!("server {}: handing the slot back to its own process at {home}", st.id));
+}
+
+/// Longest wait, once a copy stopped taking requests, for the last ones to finish and the
+/// home to apply everything.
+const DRAIN_WITHIN: Duration = Duration::from_secs(10);
+/// How long the log must stay still before the copy counts as drained (work a cancelled
+/// request left on a blocking thread may still append).
+const DRAIN_QUIET: Duration = Duration::from_millis(50);
+
+/// After a copy stopped taking requests to hand its slot back: wait until no request runs
+/// and the home mirror has applied the whole log. True when it has (the handback goes on).
+pub async fn drain_for_handback(st: &State) -> bool {
+    let Some(log) = &st.replica.log else { return false };
+    let deadline = Instant::now() + DRAIN_WITHIN;
+    let mut still_since: Option<(u64, Instant)> = None;
+    while Instant::now() < deadline {
+        let last = log.last();
+        let home = log.mirrors().get(&st.id).copied();
+        let idle = st.load.report().queue_depth == 0;
+        if home.is_some_and(|p| p.state != MirrorState::InSync) {
+            tracing::warn!("server {}: its own process fell out of sync during the handback", st.id);
+            return false;
+        }
+        let applied = home.is_some_and(|p| p.applied >= last);
+        match still_since {
+            Some((l, since)) if l == last && idle && applied && since.elapsed() >= DRAIN_QUIET => return true,
+            Some((l, _)) if l == last => {}
+            _ => still_since = Some((last, Instant::now())),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tracing::warn!("server {}: the handback did not drain within {DRAIN_WITHIN:?}", st.id);
+    false
+}
+
+/// On the host, once the copy serving `slot` stopped: keep the copy as a mirror again, and
+/// (if its home applied everything: `handed_back`) move the slot back to its home through
+/// the group. If the handback cannot be finished, the slot is served from the copy again
+/// (`failover::on_map` promotes it anew).
+pub async fn after_handback(host: Arc<State>, slot: ServerId, handed_back: bool) {
+    if let Err(e) = crate::failover::keep_as_mirror_again(&host, slot).await {
+        tracing::error!("server {slot}: the copy handed back cannot be kept as a mirror: {e:#}");
+    }
+    if handed_back && move_home(&host, slot).await {
+        return;
+    }
+    tracing::warn!("server {slot}: not handed back: serving it from this server's copy again");
+    crate::failover::on_map(&host);
+}
+
+/// Tries of the handback's map change (it keeps losing compare-and-set races, or the group
+/// is out of reach).
+const HANDBACK_TRIES: usize = 50;
+
+/// Move `slot` back to its home (the copy on `host` stopped, its home holds everything).
+async fn move_home(host: &Arc<State>, slot: ServerId) -> bool {
+    let Some(group) = host.membership.get().cloned() else { return false };
+    let base = crate::failover::map_base(host);
+    for _ in 0..HANDBACK_TRIES {
+        let doc = group.current();
+        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { return false };
+        let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) else { return false };
+        let (Some(home), true) = (e.home.clone(), e.served_by == Some(host.id.0)) else { return false };
+        e.addr = home;
+        e.home = None;
+        e.served_by = None;
+        e.state = ServerState::Up;
+        e.behind.clear();
+        // Every mirror holds positions of the copy's incarnation (or older): the server's
+        // next one resynchronises them.
+        let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
+        if let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) {
+            e.behind = behind;
+        }
+        map.cluster.version = doc.version + 1;
+        match group.propose(doc.version, map.to_toml()).await {
+            Ok(v) => {
+                tracing::warn!("server {slot} is handed back to its own process (map version {v})");
+                return true;
+            }
+            Err(shoal_membership::ProposeError::Conflict { .. }) => continue,
+            Err(e) => {
+                tracing::warn!("handing server {slot} back: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    false
+}
