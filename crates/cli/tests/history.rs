@@ -19,6 +19,19 @@ fn history_with_kills_and_pauses() {
     run_history(&mut cluster, None, &cfg, secs, &CheckOptions::default());
 }
 
+/// With two copies of everything (`replicas = 2`), the same faults must cost clients
+/// nothing: no operation may fail or stay unanswered. A server killed for more than a second
+/// (or paused past the silence bound) fails over to its mirror; started again (resumed) it
+/// stands by and takes its slot back (docs/failover.md, "Rejoining"), so the next fault finds
+/// two copies again. 45 s in CI; `SHOAL_HISTORY_SECS=600` for the long run (docs/testing.md).
+#[test]
+fn history_with_replicas_kills_and_pauses_has_no_client_error() {
+    let mut cluster = Cluster::start_with(4, |m| m.cluster.replicas = 2);
+    let cfg = FaultConfig { kill: true, pause: true, ..FaultConfig::default() };
+    let secs = history::duration_from_env(45);
+    run_history(&mut cluster, None, &cfg, secs, &CheckOptions { expect_no_errors: true });
+}
+
 // ---------------------------------------------------------------- the checker itself
 
 const A: Loc = Loc { dir: 0, renamed: false };

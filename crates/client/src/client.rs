@@ -287,6 +287,9 @@ fn notice_sink(shared: std::sync::Weak<Shared>) -> shoal_rpc::NoticeSink {
 /// How long one server may take to answer `GetMap` before the next one is asked.
 const MAP_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Times a request answered "stale map" is sent again after reloading the map.
+const STALE_TRIES: u32 = 4;
+
 /// How the pool fetches the newest map while it waits for a failover: the client's own
 /// [`Client::refresh_map`] (one fetch shared by every waiting call). Holds the client
 /// weakly (the pool it is in is the client's).
@@ -570,29 +573,38 @@ impl Client {
     }
 
     async fn call_routed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
-        let pool = self.pool();
-        let seen = pool.map().version();
-        let server = self.target(&pool, to);
-        let retry = self.shared.config.as_ref().map(|_| (op.clone(), data.clone()));
-        match (pool.request(server, &self.opts.cred, op, data).await, retry) {
-            (Err(e), Some((op, data))) if e.errno() == Errno::ESTALE => {
-                // The server that refused holds the newer map: ask it first (another server
-                // may not have applied it yet).
-                if !self.reload_map(seen, Some(server)).await? {
-                    return Err(Error::new(
-                        Errno::ESTALE,
-                        format!(
-                            "server {server} routes with a newer cluster map than version {} (the config file has no newer one)",
-                            pool.map().version()
-                        ),
-                    ));
+        let mut stale = 0;
+        let mut op = Some(op);
+        loop {
+            let pool = self.pool();
+            let seen = pool.map().version();
+            let server = self.target(&pool, to);
+            let this = op.take().expect("kept for every attempt");
+            // Kept for a retry when the map can be reloaded (from the config file or the servers).
+            let again = (self.shared.config.is_some() && stale < STALE_TRIES).then(|| this.clone());
+            match pool.request(server, &self.opts.cred, this, data.clone()).await {
+                Err(e) if e.errno() == Errno::ESTALE && again.is_some() => {
+                    stale += 1;
+                    // The server that refused holds the newer map: ask it first (another
+                    // server may not have applied it yet). Maps change in bursts (a failover,
+                    // then a handback): a few rounds may be needed.
+                    if !self.reload_map(seen, Some(server)).await? && stale == STALE_TRIES {
+                        return Err(Error::new(
+                            Errno::ESTALE,
+                            format!(
+                                "server {server} routes with a newer cluster map than version {} (no server gave a \
+                                 newer one)",
+                                pool.map().version()
+                            ),
+                        ));
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(stale))).await;
+                    op = again;
                 }
-                let pool = self.pool();
-                let server = self.target(&pool, to);
-                let r = pool.request(server, &self.opts.cred, op, data).await;
-                r.map(|(reply, data)| (reply, data, server)).map_err(|e| server_error(&pool, server, e))
+                r => {
+                    return r.map(|(reply, data)| (reply, data, server)).map_err(|e| server_error(&pool, server, e));
+                }
             }
-            (r, _) => r.map(|(reply, data)| (reply, data, server)).map_err(|e| server_error(&pool, server, e)),
         }
     }
 

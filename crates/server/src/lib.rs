@@ -475,6 +475,11 @@ impl Server {
             s.abort();
         }
         rejoin::stop_home_shipper(&st);
+        // Nothing is shipped any more: requests waiting for the mirrors give up (their
+        // replies are not sent), and let the state go.
+        if let Some(log) = &st.replica.log {
+            log.stop();
+        }
         // This process's member of the map group stops with it (a promoted slot shares its
         // host's), so that the server can open again in this process (`rejoin.rs`).
         if st.failover.host.is_none() {
@@ -661,14 +666,30 @@ async fn serve_on(
         at = l.local_addr().ok();
         // Not the state itself: its stores must close when it stops.
         let next = server.state().rejoin.next.clone();
+        let state = Arc::downgrade(&server.state());
         let served = server.serve(l, shutdown.as_mut()).await;
         let next = next.lock().take();
         match next {
             Some(m) if !shutdown.is_terminated() => mode = m,
             _ => return served,
         }
+        // The stores close when the last task holding the state ends (a request waiting on
+        // another server, say): only then can they be opened again.
+        let since = Instant::now();
+        while state.strong_count() > 0 {
+            if since.elapsed() > REOPEN_WAIT {
+                anyhow::bail!(
+                    "the stores stayed in use for {REOPEN_WAIT:?} after serving stopped: cannot open them again"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
+
+/// Longest wait for the stores to close before they are opened again (`serve_on`): a
+/// request may wait out a peer's failover (15 s) first.
+const REOPEN_WAIT: Duration = Duration::from_secs(60);
 
 /// Serve until SIGINT or SIGTERM.
 pub async fn run(opts: ServerOptions) -> anyhow::Result<()> {

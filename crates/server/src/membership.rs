@@ -35,15 +35,23 @@ impl RaftTransport for PeerTransport {
             let server = ServerId(target);
             let failed = |e: shoal_rpc::CallError| Undelivered { reason: e.to_string(), refused: e.is_refused() };
             let exchange = async {
+                // The member of a server standing by is at its home (`rejoin.rs`); the
+                // failure detector's ping goes where the slot is served (a slot served from a
+                // copy is alive).
+                let pool = if kind == shoal_membership::network::KIND_PING {
+                    &st.pool
+                } else {
+                    crate::rejoin::pool_to(&st, server)
+                };
                 // An older server would close the connection on a message it cannot decode.
-                let features = st.pool.features(server).await.map_err(failed)?;
+                let features = pool.features(server).await.map_err(failed)?;
                 if features & FEATURE_MEMBERSHIP == 0 {
                     return Err(Undelivered::other(format!(
                         "server {target} does not know the replicated map (an older version)"
                     )));
                 }
                 let op = Op::PeerRaft { kind, payload };
-                match st.pool.request(server, &Cred::root(), op, Bytes::new()).await {
+                match pool.request(server, &Cred::root(), op, Bytes::new()).await {
                     Ok((Reply::Raft { payload }, _)) => Ok(payload),
                     Ok((other, _)) => Err(Undelivered::other(format!(
                         "server {target} answered a Raft message with {}",
@@ -74,15 +82,6 @@ pub async fn start(
     config: &Path,
     data_dir: &Path,
 ) -> anyhow::Result<()> {
-    if st.rejoin.standby {
-        // Standing by, this server's id routes to the copy serving its slot: the group's
-        // messages would not reach its member, which would only call elections that disturb
-        // the group once it is reachable again (its term ahead, its log behind). It follows
-        // the map by asking the other servers instead (`rejoin::standby_tick`).
-        let base: PathBuf = config.parent().unwrap_or(Path::new(".")).to_path_buf();
-        tokio::spawn(rejoin_loop(Arc::downgrade(st), base));
-        return Ok(());
-    }
     let text = std::fs::read_to_string(config)
         .map_err(|e| anyhow::anyhow!("cannot read cluster config {}: {e}", config.display()))?;
     let initial = MapDoc::new(text).map_err(|e| anyhow::anyhow!("cluster config {}: {e}", config.display()))?;

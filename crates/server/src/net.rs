@@ -360,10 +360,10 @@ impl Drop for ReleaseOnDrop {
 /// for a mirror's answer to its primary: it depends on nothing of this server's own slot,
 /// and waiting there would chain the servers' logs into a cycle (each primary waiting for a
 /// mirror that waits for its own mirror).
-async fn replica_settle(st: &State, redo: &Redo, ticket: &Ticket) {
-    if !matches!(redo.req.op, Op::PeerReplicate { .. }) {
-        st.replica.settle(ticket.state().replicated).await;
-    }
+/// False when the server stopped first: the reply must not go (what it acknowledges may
+/// not be on the mirrors).
+async fn replica_settle(st: &State, redo: &Redo, ticket: &Ticket) -> bool {
+    matches!(redo.req.op, Op::PeerReplicate { .. }) || st.replica.settle(ticket.state().replicated).await
 }
 
 fn encode_reply(st: &State, request_id: u64, reply: &Reply, payload: Payload, conn: ConnInfo) -> Encoded {
@@ -780,7 +780,9 @@ async fn read_requests(
             // writer: lease revocations go out through the writer, and one queued behind a
             // reply waiting for the mirrors waited out the whole lease term (measured: a
             // 3 s stall per run of two writers sharing a directory).
-            replica_settle(&st, &redo, &ticket).await;
+            if !replica_settle(&st, &redo, &ticket).await {
+                return;
+            }
             let permits = Permits { _count: p_count, _bytes: p_bytes };
             let _ = tx.send(Outgoing::Reply(Box::new(Pending { reply, ticket, redo, permits })));
         });

@@ -260,6 +260,21 @@ impl Replies {
         }
     }
 
+    /// Every kept reply with its (session, request id), oldest first per shard: what a
+    /// mirror being resynchronised must hold too (`replica::resync`).
+    pub fn snapshot(&self) -> Vec<(u64, u64, Reply)> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.lock();
+            for (key, _) in &shard.order {
+                if let Some(Slot::Done(reply, _)) = shard.slots.get(key) {
+                    out.push((key.0, key.1, (**reply).clone()));
+                }
+            }
+        }
+        out
+    }
+
     /// Drop the cached reply of (session, request id): its effect was lost (a failed metadata
     /// log write), so a retry must apply the request again.
     pub fn forget(&self, session: u64, request_id: u64) {

@@ -157,7 +157,10 @@ impl<'a> Repairer<'a> {
             return Err("no other copy to repair from (the cluster keeps one copy: replicas = 1)".into());
         };
         let last = log.last();
-        if self.rt.block_on(async { tokio::time::timeout(ACK_TIMEOUT, log.wait_acked(last)).await }).is_err() {
+        if !matches!(
+            self.rt.block_on(async { tokio::time::timeout(ACK_TIMEOUT, log.wait_acked(last)).await }),
+            Ok(true)
+        ) {
             return Err(format!("the mirrors did not acknowledge this server's changes within {ACK_TIMEOUT:?}"));
         }
         let in_sync: Vec<ServerId> =

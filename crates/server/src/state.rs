@@ -91,6 +91,11 @@ pub struct State {
     pub cuts: crate::ops::truncate::PendingCuts,
 }
 
+/// Times a peer call answered "stale map" is sent again, each after waiting up to
+/// [`PEER_STALE_WAIT`] for this server's map to move on.
+const PEER_STALE_TRIES: u32 = 5;
+const PEER_STALE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Marks an op id as driven by the holder; dropping releases it to the recovery loop.
 pub struct ActiveOp {
     set: Arc<Mutex<HashSet<u64>>>,
@@ -371,7 +376,9 @@ impl State {
             return Err(e.errno);
         }
         // ... and so must it survive ours: held by every mirror in sync.
-        self.replica.settle(crate::store::commits::current().map_or(0, |t| t.state().replicated)).await;
+        if !self.replica.settle(crate::store::commits::current().map_or(0, |t| t.state().replicated)).await {
+            return Err(shoal_proto::Errno::EIO);
+        }
         self.counters.peer_sent();
         self.peer_call(server, cred, op, Bytes::new()).await
     }
@@ -390,7 +397,30 @@ impl State {
     /// that does not verify) is logged here with its reason, which the errno cannot carry.
     async fn peer_call(&self, server: ServerId, cred: &Cred, op: Op, data: Bytes) -> Result<Reply, Errno> {
         let name = op.name();
-        match self.pool.request(server, cred, op, data).await {
+        let mut stale = 0;
+        loop {
+            let seen = self.map.version();
+            let r = self.pool.request(server, cred, op.clone(), data.clone()).await;
+            // The peer routes by a newer map than this server's (a failover or a handback
+            // just changed it): that map is on its way here through the group; wait for it
+            // and send again (the target is a slot, the same under either map).
+            if matches!(&r, Err(shoal_rpc::CallError::Server { errno: Errno::ESTALE, .. })) && stale < PEER_STALE_TRIES
+            {
+                stale += 1;
+                self.map.wait_for(seen + 1, PEER_STALE_WAIT).await;
+                continue;
+            }
+            return self.peer_outcome(server, name, r);
+        }
+    }
+
+    fn peer_outcome(
+        &self,
+        server: ServerId,
+        name: &str,
+        r: Result<(Reply, Bytes), shoal_rpc::CallError>,
+    ) -> Result<Reply, Errno> {
+        match r {
             Ok((reply, _)) => Ok(reply),
             Err(e) => {
                 // A refused handshake is a configuration fault worth a warning; an

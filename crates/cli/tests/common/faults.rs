@@ -195,6 +195,27 @@ fn worker_options(c: &Cluster) -> ClientOptions {
     }
 }
 
+/// The last warnings and errors of every server's log (the map group's own chatter left
+/// out), for failure messages.
+fn warnings(cluster: &Cluster) -> String {
+    let mut s = String::new();
+    for id in 0..cluster.map.servers.len() as u32 {
+        let log = cluster.log(id);
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                (l.contains(" WARN ") || l.contains(" ERROR ") || l.starts_with("shoald")) && !l.contains("openraft")
+            })
+            .collect();
+        s.push_str(&format!("---- server {id}: last warnings\n"));
+        for l in &lines[lines.len().saturating_sub(40)..] {
+            s.push_str(l);
+            s.push('\n');
+        }
+    }
+    s
+}
+
 /// Run `workload` against `cluster` with faults for `secs`, read the final state and check.
 pub fn run_history(
     cluster: &mut Cluster,
@@ -244,9 +265,9 @@ pub fn run_history(
         std::thread::sleep(Duration::from_secs(1));
         fin = workload.final_state(&reader, &events);
     }
-    let fin = fin.unwrap_or_else(|e| panic!("reading the final state: {e}\n{}", log.text()));
+    let fin = fin.unwrap_or_else(|e| panic!("reading the final state: {e}\n{}{}", log.text(), warnings(cluster)));
     let violations = check(&events, &fin, opts);
-    assert_clean(&violations, &events, &format!("seed {seed}\n{}", log.text()));
+    assert_clean(&violations, &events, &format!("seed {seed}\n{}{}", log.text(), warnings(cluster)));
     let ok = events.iter().filter(|e| matches!(e.outcome, Outcome::Ok(_))).count();
     assert!(ok >= 50, "only {ok} operations succeeded: the run checked too little\n{}", log.text());
     if secs >= Duration::from_secs(15) {

@@ -321,6 +321,15 @@ impl Drop for Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A failed test's server logs, kept where `SHOAL_TEST_KEEP_LOGS` says (docs/testing.md).
+        if let (true, Some(to)) = (std::thread::panicking(), std::env::var_os("SHOAL_TEST_KEEP_LOGS")) {
+            let to = Path::new(&to);
+            let _ = std::fs::create_dir_all(to);
+            for i in 0..self.children.len() {
+                let _ = std::fs::copy(self.dir.path().join(format!("s{i}.log")), to.join(format!("s{i}.log")));
+            }
+            eprintln!("server logs kept in {}", to.display());
+        }
     }
 }
 

@@ -148,6 +148,8 @@ pub struct ReplLog {
     /// given up on while someone waits for it (at start-up, the first changes may wait for
     /// a mirror that is still starting).
     waiting: std::sync::atomic::AtomicUsize,
+    /// Set when the server stops serving ([`ReplLog::stop`]).
+    stopped: tokio::sync::watch::Sender<bool>,
 }
 
 impl ReplLog {
@@ -176,6 +178,7 @@ impl ReplLog {
             appended: tokio::sync::watch::channel(last).0,
             acked: tokio::sync::watch::channel(last).0,
             waiting: Default::default(),
+            stopped: tokio::sync::watch::channel(false).0,
         }
     }
 
@@ -255,9 +258,11 @@ impl ReplLog {
         }
     }
 
-    /// Wait until every mirror in sync has applied `pos`. The current request's own held
-    /// changes are let go first: it would wait for itself.
-    pub async fn wait_acked(&self, pos: u64) {
+    /// Wait until every mirror in sync has applied `pos` (true), or the log is stopped
+    /// (false: the server stops serving, nothing will be applied any more, and what waited
+    /// must not be acknowledged). The current request's own held changes are let go first:
+    /// it would wait for itself.
+    pub async fn wait_acked(&self, pos: u64) -> bool {
         use std::sync::atomic::Ordering;
         if let Some(hold) = crate::store::commits::current().map(|t| t.state().hold).filter(|&h| h != 0) {
             self.release(hold);
@@ -271,7 +276,18 @@ impl ReplLog {
         self.waiting.fetch_add(1, Ordering::Relaxed);
         let _w = Waiting(&self.waiting);
         let mut rx = self.acked.subscribe();
-        let _ = rx.wait_for(|&a| a >= pos).await;
+        let mut stopped = self.stopped.subscribe();
+        tokio::select! {
+            r = rx.wait_for(|&a| a >= pos) => r.is_ok(),
+            _ = stopped.wait_for(|&s| s) => self.is_acked(pos),
+        }
+    }
+
+    /// The server stops serving: whatever waits for the mirrors gives up (its reply or
+    /// step is dropped), so that the state it holds is let go (`serve_on` opens the stores
+    /// again: `rejoin.rs`).
+    pub fn stop(&self) {
+        self.stopped.send_replace(true);
     }
 
     /// Whether a reply or step is waiting for the mirrors.
@@ -571,6 +587,20 @@ mod tests {
         log.release(hold);
         assert_eq!(log.shippable(), 4);
         assert_eq!(log.take(1).1.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_stopped_log_lets_its_waiters_go_unacknowledged() {
+        let log = std::sync::Arc::new(ReplLog::new(&[ServerId(1)]));
+        let pos = log.append(ReplChange::Truncate { ino: shoal_proto::Ino(1), index: 0, len: 0 }, Bytes::new());
+        let l = log.clone();
+        let waiter = tokio::spawn(async move { l.wait_acked(pos).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished(), "the mirror has not applied it");
+        log.stop();
+        assert!(!waiter.await.unwrap(), "stopped, not acknowledged");
+        log.ack(ServerId(1), pos);
+        assert!(log.wait_acked(pos).await, "applied since");
     }
 
     #[test]

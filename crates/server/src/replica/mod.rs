@@ -123,13 +123,15 @@ impl Replication {
 
     /// Wait until what a reply or a step to another server may depend on is held by every
     /// mirror in sync: the request's own last change, or (for a request that changed
-    /// nothing) everything appended so far, since it may have read it.
-    pub async fn settle(&self, own_last: u64) {
-        if let Some(log) = &self.log {
-            let pos = if own_last > 0 { own_last } else { log.last() };
-            if !log.is_acked(pos) {
-                log.wait_acked(pos).await;
+    /// nothing) everything appended so far, since it may have read it. False when the server
+    /// stops first: the reply or step must not go.
+    pub async fn settle(&self, own_last: u64) -> bool {
+        match &self.log {
+            Some(log) => {
+                let pos = if own_last > 0 { own_last } else { log.last() };
+                log.is_acked(pos) || log.wait_acked(pos).await
             }
+            None => true,
         }
     }
 }

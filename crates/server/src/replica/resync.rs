@@ -58,9 +58,17 @@ const UNIT: u64 = 1024;
 /// left for the caller to mark out of sync.
 pub async fn run(st: &Arc<State>, log: &ReplLog, mirror: ServerId) -> R<u64> {
     let before = log.start_resync(mirror);
+    // The stores are compared, but the cached replies live in memory: they follow the
+    // resync through the log, so that a copy promoted (or a server taking its slot back)
+    // answers a retry of a request applied before the resync instead of applying it again.
+    let replies = st.replies.snapshot();
+    let kept = replies.len();
+    for (session, request, reply) in replies {
+        log.append(ReplChange::Reply { session, request, reply: Box::new(reply) }, Bytes::new());
+    }
     let started = Instant::now();
     tracing::info!(
-        "resyncing mirror {mirror} of server {} (from position {} of incarnation {:x})",
+        "resyncing mirror {mirror} of server {} (from position {} of incarnation {:x}, with {kept} cached replies)",
         st.id,
         before + 1,
         log.incarnation
