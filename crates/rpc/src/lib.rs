@@ -864,7 +864,11 @@ impl Pool {
     ) -> Result<(Reply, Bytes), CallError> {
         let live = self.liveness_of(server)?;
         let live = &live;
-        if live.is_silent() {
+        // The map group's messages are exempt: they carry their own short timeouts, and a
+        // server that was frozen (SIGSTOP, a stall) must get the leader's heartbeats the
+        // moment it runs again, not a whole pool timeout later (it would stay unheard, and the
+        // group unable to commit the changes that failover and consent wait for).
+        if live.is_silent() && !matches!(req.op, Op::PeerRaft { .. }) {
             return Err(CallError::transport(
                 Errno::ETIMEDOUT,
                 format!("not answering (a call got no answer within {:?})", self.opts.timeout),

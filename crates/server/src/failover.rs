@@ -34,7 +34,7 @@ pub struct Failover {
     /// The slots this process serves from its mirror copies, and their serving tasks.
     served: Mutex<Vec<(ServerId, tokio::task::JoinHandle<()>)>>,
     /// Slots whose promotion is under way here.
-    promoting: Mutex<HashSet<ServerId>>,
+    pub(crate) promoting: Mutex<HashSet<ServerId>>,
 }
 
 impl Failover {
@@ -261,6 +261,10 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
         match served {
             Err(_) if handback || host2.stop.borrow().is_none() => {
                 // Stopped to hand the slot back (or the handback did not drain): finish it.
+                // Marked as under way meanwhile, so that a map seen before the slot moved
+                // home (its copy no longer answering, the detector marks it down) does not
+                // start serving it again here.
+                host2.failover.promoting.lock().insert(slot);
                 host2.failover.served.lock().retain(|(s, _)| *s != slot);
                 crate::rejoin::after_handback(host2, slot, handback).await;
             }

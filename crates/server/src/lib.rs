@@ -164,17 +164,24 @@ impl Server {
     /// Load the map, open (creating if needed) the data directory, create the root
     /// directory if this server is its home, and prune old markers. Does not listen yet.
     pub async fn open(opts: &ServerOptions) -> anyhow::Result<Server> {
-        Self::open_as(opts, rejoin::Mode::Primary { replies: None }).await
+        Self::open_as(opts, rejoin::Mode::Primary { replies: None }, None).await
     }
 
     /// [`Server::open`] as the slot's primary or standing by to take it back (`rejoin.rs`).
-    async fn open_as(opts: &ServerOptions, mode: rejoin::Mode) -> anyhow::Result<Server> {
+    /// `known`: the newest map this process saw before (opened again), if newer than the file.
+    async fn open_as(opts: &ServerOptions, mode: rejoin::Mode, known: Option<ClusterMap>) -> anyhow::Result<Server> {
         let standby = matches!(mode, rejoin::Mode::Standby);
-        let map = ClusterMap::load(&opts.config).map_err(|e| anyhow!("{e}"))?;
-        let entry = map
+        let file = ClusterMap::load(&opts.config).map_err(|e| anyhow!("{e}"))?;
+        // Where this server lives (its address, data and HTTP port) is the file's entry: a
+        // newer map may name the address of a copy serving its slot.
+        let entry = file
             .server(ServerId(opts.id))
             .ok_or_else(|| anyhow!("server id {} is not in cluster config {}", opts.id, opts.config.display()))?
             .clone();
+        let map = match known {
+            Some(k) if k.version() > file.version() => k,
+            _ => file,
+        };
         let data_dir = opts.data_dir.clone().or(entry.data_dir.clone()).ok_or_else(|| {
             anyhow!(
                 "no data directory for server {}: give --data-dir or set data_dir in {}",
@@ -655,9 +662,10 @@ async fn serve_on(
     let shutdown = shutdown.fuse();
     tokio::pin!(shutdown);
     let mut mode = rejoin::Mode::Primary { replies: None };
+    let mut known = None;
     let mut at: Option<SocketAddr> = None;
     loop {
-        let server = Server::open_as(&opts, mode).await?;
+        let server = Server::open_as(&opts, mode, known.take()).await?;
         let l = match (listener.take(), at) {
             (Some(l), _) => l,
             (None, Some(a)) => TcpListener::bind(a).await.with_context(|| format!("cannot listen on {a} again"))?,
@@ -670,7 +678,10 @@ async fn serve_on(
         let served = server.serve(l, shutdown.as_mut()).await;
         let next = next.lock().take();
         match next {
-            Some(m) if !shutdown.is_terminated() => mode = m,
+            Some((m, map)) if !shutdown.is_terminated() => {
+                mode = m;
+                known = Some(map);
+            }
             _ => return served,
         }
         // The stores close when the last task holding the state ends (a request waiting on

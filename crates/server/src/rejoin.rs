@@ -58,9 +58,11 @@ pub struct Rejoin {
     cell: Arc<OnceLock<Weak<State>>>,
     /// Connections to servers standing by at their homes, made at first need.
     home_pool: OnceLock<Pool>,
-    /// The mode to open again in, once serving stops (`State::stop_serving`); shared with
-    /// the loop that opens the server again (`serve_on`).
-    pub next: Arc<parking_lot::Mutex<Option<Mode>>>,
+    /// The mode to open again in, once serving stops (`State::stop_serving`), with the
+    /// newest map seen (the map only moves forward: the member of the map group, started
+    /// again, may still hold an older one); shared with the loop that opens the server
+    /// again (`serve_on`).
+    pub next: Arc<parking_lot::Mutex<Option<(Mode, ClusterMap)>>>,
     /// A copy serving a slot: the task shipping to the slot's own server (`home_loop`).
     home_shipper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Standby: taking the slot back is under way.
@@ -83,7 +85,7 @@ pub fn reopen_as(st: &State, mode: Mode, why: String) {
     if st.stop.borrow().is_some() {
         return;
     }
-    *st.rejoin.next.lock() = Some(mode);
+    *st.rejoin.next.lock() = Some((mode, (*st.map.get()).clone()));
     st.stop_serving(why);
 }
 
@@ -304,11 +306,12 @@ pub async fn after_handback(host: Arc<State>, slot: ServerId, handed_back: bool)
     if let Err(e) = crate::failover::keep_as_mirror_again(&host, slot).await {
         tracing::error!("server {slot}: the copy handed back cannot be kept as a mirror: {e:#}");
     }
-    if handed_back && move_home(&host, slot).await {
-        return;
+    let moved = handed_back && move_home(&host, slot).await;
+    host.failover.promoting.lock().remove(&slot);
+    if !moved {
+        tracing::warn!("server {slot}: not handed back: serving it from this server's copy again");
+        crate::failover::on_map(&host);
     }
-    tracing::warn!("server {slot}: not handed back: serving it from this server's copy again");
-    crate::failover::on_map(&host);
 }
 
 /// Tries of the handback's map change (it keeps losing compare-and-set races, or the group
