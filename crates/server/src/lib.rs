@@ -251,18 +251,19 @@ impl Server {
         }
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
         membership::catch_up_at_start(&state, &opts.config).await;
+        let server = move |state| Server {
+            state,
+            listen,
+            http_listen,
+            config: opts.config.clone(),
+            limits,
+            orphan_grace: opts.orphan_grace,
+            tls,
+        };
         if standby || state.stop.borrow().is_some() {
             // Its stores are out of date (or it is to stand by: the map says its slot is
             // served from a copy): nothing is created, replayed or pruned on them.
-            return Ok(Server {
-                state,
-                listen,
-                http_listen,
-                config: opts.config.clone(),
-                limits,
-                orphan_grace: opts.orphan_grace,
-                tls,
-            });
+            return Ok(server(state));
         }
 
         let st = state.clone();
@@ -303,15 +304,7 @@ impl Server {
             tracing::info!("{} intents to replay", pending.len());
         }
         intents::pin_pending(&st, &pending).map_err(|e| anyhow!("{e}"))?;
-        Ok(Server {
-            state,
-            listen,
-            http_listen,
-            config: opts.config.clone(),
-            limits,
-            orphan_grace: opts.orphan_grace,
-            tls,
-        })
+        Ok(server(state))
     }
 
     /// A server for `slot` over the stores of the mirror `host` kept of it (`failover.rs`),

@@ -232,37 +232,33 @@ async fn catch_up(st: &Arc<State>, base: &Path, turn: usize) {
     let map = st.map.get();
     let others: Vec<ServerId> = map.servers.iter().map(|s| s.server_id()).filter(|&s| s != st.id).collect();
     let Some(&peer) = others.get(turn % others.len().max(1)) else { return };
-    let op = Op::GetMap { known: map.version() };
-    let root = Cred::root();
-    let asked = tokio::time::timeout(REJOIN_EVERY, st.pool.request(peer, &root, op, Bytes::new()));
-    if let Ok(Ok((Reply::Map { version, toml, .. }, _))) = asked.await {
-        if version > st.map.version() {
-            match ClusterMap::from_toml(&toml, base) {
-                Ok(m) => follow_map(st, m),
-                Err(e) => tracing::warn!("server {peer} sent a map this server cannot use: {e}"),
-            }
-        }
-    }
+    ask_map(st, base, peer).await;
 }
 
 /// Ask the other servers, one after the other, for their map until one answers; follow it
 /// if it is newer (a server standing by learns every map this way: `rejoin.rs`).
 pub(crate) async fn catch_up_any(st: &Arc<State>, base: &Path) {
     let map = st.map.get();
-    let root = Cred::root();
     for peer in map.servers.iter().map(|s| s.server_id()).filter(|&s| s != st.id) {
-        let op = Op::GetMap { known: map.version() };
-        let asked = tokio::time::timeout(REJOIN_EVERY, st.pool.request(peer, &root, op, Bytes::new()));
-        if let Ok(Ok((Reply::Map { version, toml, .. }, _))) = asked.await {
-            if version > st.map.version() {
-                match ClusterMap::from_toml(&toml, base) {
-                    Ok(m) => follow_map(st, m),
-                    Err(e) => tracing::warn!("server {peer} sent a map this server cannot use: {e}"),
-                }
-            }
+        if ask_map(st, base, peer).await {
             return;
         }
     }
+}
+
+/// Ask `peer` for its map and follow it if it is newer; false if it did not answer.
+async fn ask_map(st: &Arc<State>, base: &Path, peer: ServerId) -> bool {
+    let op = Op::GetMap { known: st.map.version() };
+    let root = Cred::root();
+    let asked = tokio::time::timeout(REJOIN_EVERY, st.pool.request(peer, &root, op, Bytes::new()));
+    let Ok(Ok((Reply::Map { version, toml, .. }, _))) = asked.await else { return false };
+    if version > st.map.version() {
+        match ClusterMap::from_toml(&toml, base) {
+            Ok(m) => follow_map(st, m),
+            Err(e) => tracing::warn!("server {peer} sent a map this server cannot use: {e}"),
+        }
+    }
+    true
 }
 
 /// How often a server standing by asks for the newest map (it takes its slot back as soon
