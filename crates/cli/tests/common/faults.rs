@@ -257,6 +257,18 @@ pub fn run_history(
         ClientOptions { cache_ttl: Duration::ZERO, dir_lease: Duration::ZERO, ..cluster.options() },
     )
     .unwrap();
+    // Recovery finishes what the faults interrupted (the intents of operations spanning
+    // servers, replayed by a restarted server or retried once its peer is back): the final
+    // state is what the servers hold once none has an intent pending (waited for at most
+    // 30 s; what is still pending then is checked as it is).
+    let settled = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < settled {
+        let pending: u64 = reader.status_all().into_iter().map(|(_, r)| r.map_or(1, |s| s.pending_intents)).sum();
+        if pending == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let mut fin = workload.final_state(&reader, &events);
     for _ in 0..10 {
         if fin.is_ok() {
