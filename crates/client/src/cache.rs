@@ -36,8 +36,17 @@ pub(crate) const DEFAULT_LIMIT: usize = 100_000;
 /// `Some(None)` = cached negative entry, `Some(Some(..))` = cached entry.
 pub(crate) type EntryHit = Option<Option<(Ino, FileKind)>>;
 
-/// Names of one directory: when cached, and what they name (`None`: nothing).
-type Names = HashMap<String, (Instant, Option<(Ino, FileKind)>)>;
+/// What a reply said of one name, and between which moments the server decided it.
+#[derive(Clone, Copy)]
+struct Known {
+    sent: Instant,
+    answered: Instant,
+    /// What the name names (`None`: nothing).
+    val: Option<(Ino, FileKind)>,
+}
+
+/// Names of one directory.
+type Names = HashMap<String, Known>;
 
 struct Entries {
     dirs: HashMap<Ino, Names>,
@@ -82,15 +91,36 @@ impl Cache {
             return None;
         }
         let e = self.entries.lock();
-        let &(at, val) = e.dirs.get(&dir)?.get(name)?;
-        self.fresh(at, now).then_some(val)
+        let k = e.dirs.get(&dir)?.get(name)?;
+        self.fresh(k.sent, now).then_some(k.val)
     }
 
-    /// Remember `dir/name` (`None`: does not exist), as known at `now`: when the lookup that
-    /// found it was sent, or when the change that made it was answered. An entry known at a
-    /// later time is kept: a lookup of a name that crossed this client's own change of it
-    /// (sent before, answered after) must not bring the old state back.
-    pub(crate) fn put_entry(&self, dir: Ino, name: &str, val: Option<(Ino, FileKind)>, now: Instant) {
+    /// Remember `dir/name` (`None`: does not exist), as a reply said it: `sent` is when its
+    /// request was sent (or, for a change this client made, when the change was answered),
+    /// and the reply is taken as answered now. See [`Cache::put_entry_between`].
+    pub(crate) fn put_entry(&self, dir: Ino, name: &str, val: Option<(Ino, FileKind)>, sent: Instant) {
+        self.put_entry_between(dir, name, val, sent, Instant::now().max(sent));
+    }
+
+    /// Remember `dir/name` as a reply said it, which the server decided at some moment
+    /// between `sent` and `answered`. Against what is cached already:
+    /// * an entry answered before `sent` is older: replaced;
+    /// * one saying the same: kept, with the later times;
+    /// * one sent after `answered` is newer: kept (a lookup that crossed this client's own
+    ///   change of the name, sent before and answered after, must not bring the old state
+    ///   back);
+    /// * one whose window overlaps this one and says otherwise cannot be ordered against it
+    ///   (two requests on different connections are not served in the order they were
+    ///   sent: a lookup sent later can be answered "no such name" from before a mkdir that
+    ///   an earlier one waited for): the name is forgotten, and the next lookup asks.
+    pub(crate) fn put_entry_between(
+        &self,
+        dir: Ino,
+        name: &str,
+        val: Option<(Ino, FileKind)>,
+        sent: Instant,
+        answered: Instant,
+    ) {
         if !self.enabled() {
             return;
         }
@@ -99,7 +129,7 @@ impl Cache {
             let ttl = self.ttl;
             let mut len = 0;
             e.dirs.retain(|_, names| {
-                names.retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+                names.retain(|_, k| sent.saturating_duration_since(k.sent) < ttl);
                 len += names.len();
                 !names.is_empty()
             });
@@ -110,11 +140,23 @@ impl Cache {
             }
         }
         let names = e.dirs.entry(dir).or_default();
+        let known = Known { sent, answered, val };
         match names.get_mut(name) {
-            Some((at, _)) if *at > now => {}
-            Some(known) => *known = (now, val),
+            Some(old) if old.answered <= sent => *old = known,
+            Some(old) if old.val == val => {
+                old.sent = old.sent.max(sent);
+                old.answered = old.answered.max(answered);
+            }
+            Some(old) if answered <= old.sent => {}
+            Some(_) => {
+                names.remove(name);
+                if names.is_empty() {
+                    e.dirs.remove(&dir);
+                }
+                e.len -= 1;
+            }
             None => {
-                names.insert(name.to_string(), (now, val));
+                names.insert(name.to_string(), known);
                 e.len += 1;
             }
         }
@@ -267,8 +309,10 @@ mod tests {
         let t0 = Instant::now();
         c.put_entry(Ino(1), "x", None, t0);
         assert_eq!(c.entry(Ino(1), "x", t0), Some(None));
-        c.put_entry(Ino(1), "x", Some((Ino(9), FileKind::File)), t0);
-        assert_eq!(c.entry(Ino(1), "x", t0), Some(Some((Ino(9), FileKind::File))));
+        // The create that made it was answered after the lookup.
+        let made = t0 + S / 4;
+        c.put_entry(Ino(1), "x", Some((Ino(9), FileKind::File)), made);
+        assert_eq!(c.entry(Ino(1), "x", made), Some(Some((Ino(9), FileKind::File))));
         assert_eq!(c.sizes().0, 1);
     }
 
@@ -284,6 +328,27 @@ mod tests {
         // A lookup sent later is newer.
         c.put_entry(Ino(1), "d", None, made + Duration::from_millis(1));
         assert_eq!(c.entry(Ino(1), "d", made), Some(None));
+        assert_eq!(c.sizes().0, 1);
+    }
+
+    #[test]
+    fn answers_that_cannot_be_ordered_forget_the_name() {
+        let c = Cache::new(S);
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        // A lookup sent at t0+2 answered "no such name" at t0+4 (served before a mkdir
+        // committed); one sent earlier, at t0+1, waited for the mkdir and answered at t0+5.
+        c.put_entry_between(Ino(1), "d", None, t0 + 2 * ms, t0 + 4 * ms);
+        c.put_entry_between(Ino(1), "d", Some((Ino(9), FileKind::Dir)), t0 + ms, t0 + 5 * ms);
+        assert_eq!(c.entry(Ino(1), "d", t0 + 5 * ms), None, "neither answer is known to be the newer");
+        assert_eq!(c.sizes().0, 0);
+        // The next answer is taken; one saying the same keeps it.
+        c.put_entry_between(Ino(1), "d", Some((Ino(9), FileKind::Dir)), t0 + 6 * ms, t0 + 7 * ms);
+        c.put_entry_between(Ino(1), "d", Some((Ino(9), FileKind::Dir)), t0 + 5 * ms, t0 + 8 * ms);
+        assert_eq!(c.entry(Ino(1), "d", t0 + 8 * ms), Some(Some((Ino(9), FileKind::Dir))));
+        // An answer sent after the cached one was answered replaces it.
+        c.put_entry_between(Ino(1), "d", None, t0 + 9 * ms, t0 + 10 * ms);
+        assert_eq!(c.entry(Ino(1), "d", t0 + 10 * ms), Some(None));
         assert_eq!(c.sizes().0, 1);
     }
 

@@ -873,7 +873,10 @@ impl Client {
                 self.cache().put_entry(dir, name, None, now);
                 Some(Err(Error::bare(Errno::ENOENT)))
             }
+            // The plain cache learns it too: it is asked before the lease, and may still hold
+            // a negative entry that an older lookup put there.
             Some((ino, kind)) => {
+                self.cache().put_entry(dir, name, Some((ino, kind)), now);
                 Some(Ok(EntryOut { ino, kind, attr: self.cache().attr(ino, now), cap: None, attr_lease: None }))
             }
         }

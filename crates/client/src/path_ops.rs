@@ -195,6 +195,12 @@ impl Client {
             };
             match r {
                 Err((e, true)) if !fresh && self.cache().enabled() && stale_errno(e.errno) => fresh = true,
+                // A change is not refused on the cache's word alone: a missing directory on
+                // the way may be a negative entry that a race with this client's own mkdir
+                // left behind (a name made by a task that lost the race to another is known
+                // to exist, and the cache can still say otherwise for a moment). Asking
+                // afresh costs a walk only when the change would fail anyway.
+                Err((e, false)) if !fresh && self.cache().enabled() && e.errno == Errno::ENOENT => fresh = true,
                 r => return r.map_err(|(e, _)| e),
             }
         }
