@@ -24,9 +24,33 @@ pub struct Cluster {
     namespaces: Option<Vec<String>>,
 }
 
+/// Ports for the servers of a test cluster, free now, and below the kernel's ephemeral range
+/// (32768–60999 by default). A port the kernel hands out for `bind(0)` is ephemeral: between
+/// this pick and the server's own bind, any outgoing connection of the machine (the other
+/// tests' clients make thousands) may take it, and the server fails to start with "Address
+/// already in use" (seen in CI). The pick starts at a place of its own per process and call,
+/// and holds what it found until all `n` are found (no port twice).
 fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    ls.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const FIRST: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let mut at =
+        (std::process::id().wrapping_mul(7919) ^ nanos ^ CALLS.fetch_add(1, Ordering::Relaxed).wrapping_mul(977))
+            % SPAN;
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..SPAN {
+        if held.len() == n {
+            break;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", (FIRST + at) as u16)) {
+            held.push(l);
+        }
+        at = (at + 1 + n as u32) % SPAN;
+    }
+    assert_eq!(held.len(), n, "no {n} free ports between {FIRST} and {}", FIRST + SPAN);
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 impl Cluster {
