@@ -237,6 +237,13 @@ fn kill9_of_a_server_under_load_fails_over_with_no_error_and_nothing_lost() {
         c.log(victim),
         c.log(host)
     );
+    // The failover dropped the slot's HTTP address from the map (the copy does not serve
+    // the slot's HTTP); serving again, the server puts it back.
+    let http = c.map.server(shoal_proto::ServerId(victim)).and_then(|e| e.http.clone());
+    assert!(http.is_some(), "the test's map gives every server an HTTP address");
+    let restored =
+        rt.block_on(async { wait_map(&c.client(), victim, Duration::from_secs(30), |e| e.http.clone()).await });
+    assert_eq!(restored, http, "server {victim}'s HTTP address after the handback:\n{}", c.log(victim));
     // Every acknowledged file holds its bytes, read by a new client.
     check_acked(&c, &rt, &outs, "after the handback");
     // The slot has two copies again: the host's copy was resynchronised from the server's

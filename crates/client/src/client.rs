@@ -287,8 +287,12 @@ fn notice_sink(shared: std::sync::Weak<Shared>) -> shoal_rpc::NoticeSink {
 /// How long one server may take to answer `GetMap` before the next one is asked.
 const MAP_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Times a request answered "stale map" is sent again after reloading the map.
+/// Times a request answered "stale map" is sent again after reloading the map found no
+/// newer one.
 const STALE_TRIES: u32 = 4;
+/// At most this many rounds in all, even while every round learns a newer map (a map that
+/// changes without end must not keep a call going forever).
+const STALE_ROUNDS: u32 = 64;
 
 /// How the pool fetches the newest map while it waits for a failover: the client's own
 /// [`Client::refresh_map`] (one fetch shared by every waiting call). Holds the client
@@ -573,7 +577,8 @@ impl Client {
     }
 
     async fn call_routed(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
-        let mut stale = 0;
+        // Rounds that learnt no newer map, and rounds in all.
+        let (mut stale, mut rounds) = (0, 0);
         let mut op = Some(op);
         loop {
             let pool = self.pool();
@@ -581,14 +586,21 @@ impl Client {
             let server = self.target(&pool, to);
             let this = op.take().expect("kept for every attempt");
             // Kept for a retry when the map can be reloaded (from the config file or the servers).
-            let again = (self.shared.config.is_some() && stale < STALE_TRIES).then(|| this.clone());
+            let again =
+                (self.shared.config.is_some() && stale < STALE_TRIES && rounds < STALE_ROUNDS).then(|| this.clone());
             match pool.request(server, &self.opts.cred, this, data.clone()).await {
                 Err(e) if e.errno() == Errno::ESTALE && again.is_some() => {
-                    stale += 1;
+                    rounds += 1;
                     // The server that refused holds the newer map: ask it first (another
                     // server may not have applied it yet). Maps change in bursts (a failover,
-                    // then a handback): a few rounds may be needed.
-                    if !self.reload_map(seen, Some(server)).await? && stale == STALE_TRIES {
+                    // then a handback, a hand-off after a crash: several versions within
+                    // 100 ms), so a round that learnt a newer map does not count against
+                    // the tries.
+                    let newer = self.reload_map(seen, Some(server)).await?;
+                    if !newer {
+                        stale += 1;
+                    }
+                    if !newer && stale == STALE_TRIES {
                         return Err(Error::new(
                             Errno::ESTALE,
                             format!(
@@ -598,7 +610,7 @@ impl Client {
                             ),
                         ));
                     }
-                    tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(stale))).await;
+                    tokio::time::sleep(std::time::Duration::from_millis(20 * u64::from(stale.max(1)))).await;
                     op = again;
                 }
                 r => {

@@ -66,6 +66,14 @@ pub async fn handle(
         }
     }
     if st.rejoin.standby && !crate::rejoin::answers_in_standby(&req.op) {
+        // Standing by after a crash while the map still names this server for the slot
+        // (`rejoin::mirror_to_hand_off`): hold the request until the map moves the slot to
+        // its mirror, then send the client to that map (it resends, same request id, to the
+        // copy, whose replies answer a retry).
+        let v = st.map.version();
+        if st.rejoin.handing_off() && req.map_version == v && st.map.wait_for(v + 1, NEWER_MAP_WAIT).await {
+            return (Reply::StaleMap { current: st.map.version() }, Payload::none());
+        }
         let msg = format!(
             "server {} stands by while its slot is served from a copy (a failover): its stores are out of date",
             st.id

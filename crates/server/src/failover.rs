@@ -83,7 +83,7 @@ pub fn on_map(st: &Arc<State>) {
     if let Some(h) = map.server(st.id).and_then(|e| e.served_by) {
         crate::rejoin::reopen_as(
             st,
-            crate::rejoin::Mode::Standby,
+            crate::rejoin::Mode::Standby { hand_off: None },
             format!(
                 "server {h} has served this slot from its copy since a failover (map version {}): this server's \
                  stores are out of date; standing by to be resynchronised and take the slot back",
@@ -221,6 +221,17 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
                 }
             }
             Err(e) => {
+                // The change may have committed with its answer lost (the connection to
+                // the leader is dropped when a map moving a slot's address is applied here).
+                let doc = group.current();
+                let current = ClusterMap::from_toml(&doc.toml, &base).ok();
+                if let Some(m) =
+                    current.filter(|m| m.server(slot).is_some_and(|e| e.served_by == Some(host.id.0) && e.addr == addr))
+                {
+                    done = Some(doc.version);
+                    next = m;
+                    break;
+                }
                 tracing::warn!("moving server {slot} here: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }

@@ -152,6 +152,9 @@ pub struct Server {
     listen: String,
     /// Where the HTTP service listens, if anywhere.
     http_listen: Option<String>,
+    /// The HTTP address this server's entry in the map file gives (a failover drops it from
+    /// the replicated map; `rejoin::restore_http` puts it back).
+    advertised_http: Option<String>,
     /// The cluster map file (the HTTP gateway's client reloads it).
     config: PathBuf,
     limits: limits::ConnLimits,
@@ -170,7 +173,9 @@ impl Server {
     /// [`Server::open`] as the slot's primary or standing by to take it back (`rejoin.rs`).
     /// `known`: the newest map this process saw before (opened again), if newer than the file.
     async fn open_as(opts: &ServerOptions, mode: rejoin::Mode, known: Option<ClusterMap>) -> anyhow::Result<Server> {
-        let standby = matches!(mode, rejoin::Mode::Standby);
+        let standby = matches!(mode, rejoin::Mode::Standby { .. });
+        // The process's first start (not opened again after standing by or a handback).
+        let first_start = matches!(mode, rejoin::Mode::Primary { replies: None }) && known.is_none();
         let file = ClusterMap::load(&opts.config).map_err(|e| anyhow!("{e}"))?;
         // Where this server lives (its address, data and HTTP port) is the file's entry: a
         // newer map may name the address of a copy serving its slot.
@@ -230,7 +235,7 @@ impl Server {
         let mut state = State::new(id, map, data_dir, Arc::new(meta), Arc::new(data), space, pool, keys);
         state.parts = parts;
         state.load = load::Load::new(id, opts.throttle_mb_s);
-        state.rejoin = rejoin::Rejoin::new(standby, home, state_cell.clone());
+        state.rejoin = rejoin::Rejoin::new(&mode, home, state_cell.clone());
         if let rejoin::Mode::Primary { replies: Some(r) } = mode {
             state.replies = r;
         }
@@ -251,10 +256,26 @@ impl Server {
         }
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
         membership::catch_up_at_start(&state, &opts.config).await;
+        if first_start && !fresh && state.replica.crashed && state.stop.borrow().is_none() {
+            if let Some(mirror) = rejoin::mirror_to_hand_off(&state).await {
+                let until = Instant::now() + rejoin::HAND_OFF_WITHIN;
+                rejoin::reopen_as(
+                    &state,
+                    rejoin::Mode::Standby { hand_off: Some(until) },
+                    format!(
+                        "server {id}: started after a crash; its stores may hold a change it never acknowledged, so \
+                         its mirror {mirror}, which holds every acknowledged one and their replies, is to serve the \
+                         slot: standing by to take it back"
+                    ),
+                );
+            }
+        }
+        let advertised_http = entry.http.clone();
         let server = move |state| Server {
             state,
             listen,
             http_listen,
+            advertised_http,
             config: opts.config.clone(),
             limits,
             orphan_grace: opts.orphan_grace,
@@ -333,7 +354,7 @@ impl Server {
         state.parts = parts;
         state.replies = replies;
         state.failover = failover::Failover::promoted_on(host.id);
-        state.rejoin = rejoin::Rejoin::new(false, String::new(), state_cell.clone());
+        state.rejoin = rejoin::Rejoin::new(&rejoin::Mode::Primary { replies: None }, String::new(), state_cell.clone());
         let _ = state.failover.options.set(opts.clone());
         state.replica = replica::Replication::open_promoted(&state);
         let state = Arc::new(state);
@@ -346,6 +367,7 @@ impl Server {
         Ok(Server {
             listen: String::new(),
             http_listen: None,
+            advertised_http: None,
             config: opts.config.clone(),
             limits,
             orphan_grace: opts.orphan_grace,
@@ -412,21 +434,26 @@ impl Server {
         let wal = tokio::spawn(wal_sync_loop(st.clone()));
         // Standing by, the stores are out of date: nothing is recovered, collected or
         // reclaimed on them (the copy serving the slot does it).
-        let active = !st.rejoin.standby;
+        // Nor on stores that stopped serving before they began (a hand-off after a crash:
+        // `rejoin::mirror_to_hand_off`), and nothing is shipped from them.
+        let active = !st.rejoin.standby && st.stop.borrow().is_none();
         let recovery = tokio::spawn(run_if(active, intents::recovery_loop(st.clone())));
         let gc = tokio::spawn(run_if(active, intents::gc_loop(st.clone())));
         let reclaim = tokio::spawn(run_if(active, orphans::reclaim_loop(st.clone(), self.orphan_grace)));
         let reload = tokio::spawn(reload_keys_on_sighup(st.clone()));
         let load_exchange = tokio::spawn(load::exchange_loop(st.clone()));
+        if let Some(http) = self.advertised_http.clone().filter(|_| active) {
+            tokio::spawn(rejoin::restore_http(st.clone(), http));
+        }
         let shippers: Vec<_> = match &st.replica.log {
             // The slot's own server standing by is shipped by `ship::home_loop` (`rejoin.rs`).
-            Some(log) => log
+            Some(log) if active => log
                 .mirrors()
                 .into_keys()
                 .filter(|&m| m != st.id)
                 .map(|m| tokio::spawn(replica::ship::ship_loop(st.clone(), log.clone(), m)))
                 .collect(),
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         if self.tls.is_some() {
             tracing::info!("every connection is TLS 1.3");

@@ -278,6 +278,10 @@ async fn rejoin_loop(st: Weak<State>, base: PathBuf) {
         let standby = st.upgrade().is_some_and(|s| s.rejoin.standby);
         tokio::time::sleep(if standby { STANDBY_EVERY } else { REJOIN_EVERY }).await;
         let Some(st) = st.upgrade() else { return };
+        // Stopped (to stand by, or handing the slot off): not this state's to mark up.
+        if st.stop.borrow().is_some() {
+            continue;
+        }
         if standby {
             crate::rejoin::standby_tick(&st, &base).await;
             continue;

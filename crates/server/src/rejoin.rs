@@ -23,6 +23,15 @@
 //!
 //! Clients see the handback as a short failover: calls to the copy are refused, and sent
 //! again (same request id) to the server once the map names it.
+//!
+//! **After a crash** ([`mirror_to_hand_off`]) a server does not serve its own stores when
+//! a mirror can take the slot: its stores may hold a change it never acknowledged (applied
+//! here, not yet on the mirror), and the replies it cached died with the process, so a
+//! client's retry of that request would be applied a second time. The mirror holds every
+//! acknowledged change and the replies that go with them. So the server proposes its own
+//! slot `down`, stands by while the mirror is promoted, and takes the slot back as above
+//! (the resync undoes the change nobody was told of). If no copy takes the slot within
+//! [`HAND_OFF_WITHIN`], it serves its own stores after all, as before.
 
 use crate::replica::log::MirrorState;
 use crate::replies::Replies;
@@ -43,8 +52,10 @@ pub enum Mode {
     /// Serving its slot; `replies`: the cached replies to start with (those of the copy that
     /// served the slot while this server stood by).
     Primary { replies: Option<Arc<Replies>> },
-    /// Standing by while its slot is served from a copy elsewhere.
-    Standby,
+    /// Standing by while its slot is served from a copy elsewhere. `hand_off`: this server
+    /// hands its slot off after a crash ([`mirror_to_hand_off`]); it serves its own
+    /// stores again if no copy has taken the slot by then.
+    Standby { hand_off: Option<Instant> },
 }
 
 /// A server's part in rejoining.
@@ -67,6 +78,11 @@ pub struct Rejoin {
     home_shipper: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Standby: taking the slot back is under way.
     taking_back: AtomicBool,
+    /// Standby after a crash: when to serve the own stores again if no copy took the slot.
+    hand_off: Option<Instant>,
+    /// Standby: a map with the slot served from a copy was seen (only then does a map
+    /// without `served_by` give the slot back; before, it is the map of the hand-off).
+    seen_served: AtomicBool,
     /// A copy serving a slot: it stopped to hand the slot back.
     pub handing_back: AtomicBool,
     /// A copy serving a slot: its home applied everything when it stopped (shared with the
@@ -75,8 +91,17 @@ pub struct Rejoin {
 }
 
 impl Rejoin {
-    pub fn new(standby: bool, home: String, cell: Arc<OnceLock<Weak<State>>>) -> Rejoin {
-        Rejoin { standby, home, cell, ..Default::default() }
+    /// Standing by after a crash, and no map with the slot served from a copy seen yet.
+    pub fn handing_off(&self) -> bool {
+        self.hand_off.is_some() && !self.seen_served.load(Ordering::SeqCst)
+    }
+
+    pub fn new(mode: &Mode, home: String, cell: Arc<OnceLock<Weak<State>>>) -> Rejoin {
+        let (standby, hand_off) = match mode {
+            Mode::Standby { hand_off } => (true, *hand_off),
+            Mode::Primary { .. } => (false, None),
+        };
+        Rejoin { standby, home, cell, hand_off, seen_served: AtomicBool::new(hand_off.is_none()), ..Default::default() }
     }
 }
 
@@ -132,7 +157,12 @@ pub fn answers_in_standby(op: &Op) -> bool {
 /// copy (the copy handed it back), open again as its primary.
 pub fn on_map_standby(st: &Arc<State>) {
     let map = st.map.get();
-    if map.server(st.id).is_some_and(|e| e.served_by.is_none()) && !st.rejoin.taking_back.swap(true, Ordering::SeqCst) {
+    let Some(e) = map.server(st.id) else { return };
+    if e.served_by.is_some() {
+        st.rejoin.seen_served.store(true, Ordering::SeqCst);
+        return;
+    }
+    if st.rejoin.seen_served.load(Ordering::SeqCst) && !st.rejoin.taking_back.swap(true, Ordering::SeqCst) {
         tokio::spawn(take_back(st.clone()));
     }
 }
@@ -171,6 +201,12 @@ pub async fn standby_tick(st: &Arc<State>, base: &Path) {
     crate::membership::catch_up_any(st, base).await;
     let map = st.map.get();
     let Some(e) = map.server(st.id) else { return };
+    if e.served_by.is_some() {
+        st.rejoin.seen_served.store(true, Ordering::SeqCst);
+    } else if let Some(until) = st.rejoin.hand_off.filter(|_| st.rejoin.handing_off()) {
+        hand_off_tick(st, base, until).await;
+        return;
+    }
     if e.served_by.is_none() || e.home.as_deref() == Some(st.rejoin.home.as_str()) {
         return;
     }
@@ -190,6 +226,108 @@ pub async fn standby_tick(st: &Arc<State>, base: &Path) {
     }
 }
 
+/// Serving its slot: put this server's HTTP address (`http`, from its entry in the map
+/// file) back into the map if a failover dropped it (the copy serving the slot has no HTTP
+/// service of the slot's, so the promotion clears it, and the handback does not know it).
+/// A few tries a second apart, while the server serves: the map group may still be
+/// electing after the handback.
+pub async fn restore_http(st: Arc<State>, http: String) {
+    let id = st.id;
+    for _ in 0..20 {
+        if st.stop.borrow().is_some() {
+            return;
+        }
+        let map = st.map.get();
+        let Some(e) = map.server(id) else { return };
+        if e.served_by.is_some() || e.http.is_some() {
+            return;
+        }
+        if let Some(group) = st.membership.get() {
+            let mut next = (*map).clone();
+            if let Some(e) = next.servers.iter_mut().find(|e| e.id == id.0) {
+                e.http = Some(http.clone());
+            }
+            next.cluster.version = map.version() + 1;
+            match group.propose(map.version(), next.to_toml()).await {
+                Ok(v) => {
+                    tracing::info!("server {id}: HTTP address {http} back in the map (version {v})");
+                    return;
+                }
+                Err(e) => tracing::debug!("server {id}: putting the HTTP address back in the map: {e}"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    tracing::warn!("server {id}: could not put its HTTP address {http} back in the map");
+}
+
+/// How long a server that handed its slot off after a crash waits for a copy to take it.
+pub const HAND_OFF_WITHIN: Duration = Duration::from_secs(15);
+
+/// At the start after a crash (no clean stop recorded), before serving: the mirror of this
+/// slot that would be promoted if the slot were down, if it holds changes of the slot (see
+/// the module docs). Then the server stands by instead of serving (`Mode::Standby` with a
+/// hand-off), and marks its slot down from there ([`standby_tick`]): standing by, it
+/// listens, so its member of the map group and its mirror role are reached meanwhile.
+pub async fn mirror_to_hand_off(st: &Arc<State>) -> Option<ServerId> {
+    let map = st.map.get();
+    // Failed over already: `failover::on_map` stands by.
+    if map.server(st.id)?.served_by.is_some() {
+        return None;
+    }
+    let mut if_down = (*map).clone();
+    if let Some(e) = if_down.servers.iter_mut().find(|e| e.id == st.id.0) {
+        e.state = ServerState::Down;
+    }
+    let mirror = if_down.promotion_of(st.id)?;
+    let log = st.replica.log.as_ref()?;
+    // The mirror must hold changes of this slot (one added just now holds none: promoting it
+    // would show an empty slot). The same empty batch a shipper probes with.
+    let probe = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
+    let root = Cred::root();
+    let asked = tokio::time::timeout(
+        Duration::from_secs(2),
+        pool_to(st, mirror).request(mirror, &root, probe, Default::default()),
+    );
+    match asked.await {
+        Ok(Ok((Reply::Replicated { applied, .. }, _))) if applied > 0 => Some(mirror),
+        other => {
+            tracing::info!(
+                "server {}: after a crash, mirror {mirror} cannot take the slot ({other:?}): serving",
+                st.id
+            );
+            None
+        }
+    }
+}
+
+/// Standing by after a crash: mark the slot `down` through the other servers (nothing to do
+/// once the map has it down: its mirror is being promoted), or serve the own stores after
+/// all once [`HAND_OFF_WITHIN`] passed with no copy serving the slot.
+async fn hand_off_tick(st: &Arc<State>, base: &Path, until: Instant) {
+    let id = st.id;
+    if Instant::now() >= until {
+        reopen_as(
+            st,
+            Mode::Primary { replies: None },
+            format!("server {id}: no copy took the slot within {HAND_OFF_WITHIN:?} of the hand-off: serving this server's own stores"),
+        );
+        return;
+    }
+    let marked = propose_through_peers(st, base, |m| {
+        let Some(e) = m.servers.iter_mut().find(|e| e.id == id.0) else { return false };
+        if e.served_by.is_some() || e.state == ServerState::Down {
+            return false;
+        }
+        e.state = ServerState::Down;
+        true
+    })
+    .await;
+    if let Some(v) = marked {
+        tracing::warn!("server {id}: marked down after a crash (map version {v}): its mirror is to serve the slot");
+    }
+}
+
 /// Change the map through any other server that reaches the group (compare-and-set,
 /// retried on conflicts): `change` edits the newest map and says whether there is anything
 /// to change. The new version, or `None` if nothing was changed.
@@ -203,6 +341,25 @@ async fn propose_through_peers(st: &Arc<State>, base: &Path, change: impl Fn(&mu
         let expect = map.version();
         map.cluster.version = expect + 1;
         let toml = map.to_toml();
+        // This server's own member may lead the group (it led before a restart, or won an
+        // election while standing by): the others cannot forward to it until its home is in
+        // the map (its id's address is the copy's), so it commits the change itself.
+        if let Some(group) = st.membership.get().filter(|g| g.leader() == Some(g.node())) {
+            match group.propose(expect, toml.clone()).await {
+                Ok(v) => {
+                    let doc = group.current();
+                    if let Ok(m) = ClusterMap::from_toml(&doc.toml, base) {
+                        crate::membership::follow_map(st, m);
+                    }
+                    return Some(v);
+                }
+                Err(shoal_membership::ProposeError::Conflict { .. }) => {
+                    crate::membership::catch_up_any(st, base).await;
+                    continue;
+                }
+                Err(e) => tracing::debug!("proposing the map as the group's leader: {e}"),
+            }
+        }
         let others: Vec<ServerId> = map.servers.iter().map(|e| e.server_id()).filter(|&s| s != st.id).collect();
         let mut conflict = false;
         for peer in others {

@@ -42,8 +42,19 @@ impl Default for FaultConfig {
             partition: false,
             max_isolated: 1,
             gap_ms: (500, 2500),
-            hold_ms: (300, 3000),
+            hold_ms: hold_ms_from_env().unwrap_or((300, 3000)),
         }
+    }
+}
+
+/// `SHOAL_FAULT_HOLD_MS=LOW-HIGH`: how long faults last, for runs longer than CI's (pauses
+/// beyond the failure detector's bound: docs/testing.md).
+fn hold_ms_from_env() -> Option<(u64, u64)> {
+    let s = std::env::var("SHOAL_FAULT_HOLD_MS").ok()?;
+    let parsed = s.split_once('-').and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)));
+    match parsed {
+        Some((lo, hi)) if lo <= hi => Some((lo, hi)),
+        _ => panic!("SHOAL_FAULT_HOLD_MS={s:?} is not LOW-HIGH in milliseconds"),
     }
 }
 

@@ -30,6 +30,10 @@ pub struct Replication {
     /// The mirrors this server keeps, by slot (one leaves when it is promoted to serve
     /// its slot: `failover.rs`).
     mirrors: parking_lot::RwLock<HashMap<ServerId, Arc<Mirror>>>,
+    /// This start follows a crash: the slot has mirrors and no clean stop was recorded, so
+    /// the stores may hold changes no mirror applied and no client was told of
+    /// (`rejoin::mirror_to_hand_off`).
+    pub crashed: bool,
 }
 
 impl Replication {
@@ -55,7 +59,8 @@ impl Replication {
             st.data.set_replication(l.clone());
             tracing::info!("mirrored on servers {mirrors_of:?} (incarnation {:x})", l.incarnation);
         }
-        Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors) })
+        let crashed = log.is_some() && stopped.is_none();
+        Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors), crashed })
     }
 
     /// The replication of a server standing by to take its slot back (`rejoin.rs`): no log
@@ -65,7 +70,7 @@ impl Replication {
         let mut mirrors = open_mirrors(st).await?;
         let own = Mirror::over(st.id, st.data_dir.clone(), st.meta.clone(), st.data.clone(), st.replies.clone())?;
         mirrors.insert(st.id, Arc::new(own));
-        Ok(Replication { log: None, mirrors: parking_lot::RwLock::new(mirrors) })
+        Ok(Replication { log: None, mirrors: parking_lot::RwLock::new(mirrors), crashed: false })
     }
 
     /// At a clean stop, once no request runs and nothing else will change the stores:
@@ -96,7 +101,7 @@ impl Replication {
         let log = Arc::new(ReplLog::new(&st.map.mirrors_of(st.id)));
         st.meta.set_replication(log.clone());
         st.data.set_replication(log.clone());
-        Replication { log: Some(log), mirrors: Default::default() }
+        Replication { log: Some(log), mirrors: Default::default(), crashed: false }
     }
 
     /// The mirror of `slot` this server keeps, if any.
