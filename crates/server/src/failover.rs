@@ -35,6 +35,11 @@ pub struct Failover {
     served: Mutex<Vec<(ServerId, tokio::task::JoinHandle<()>)>>,
     /// Slots whose promotion is under way here.
     pub(crate) promoting: Mutex<HashSet<ServerId>>,
+    /// No promotion starts here while set: a server started after a crash has not decided
+    /// yet whether it serves or hands its own slot off (`rejoin::mirror_to_hand_off`);
+    /// handing off, it stops serving, and a copy it had begun to promote would be cut off
+    /// half-way (its map change committed, nothing serving it).
+    pub(crate) held: std::sync::atomic::AtomicBool,
 }
 
 impl Failover {
@@ -90,6 +95,9 @@ pub fn on_map(st: &Arc<State>) {
                 map.version()
             ),
         );
+        return;
+    }
+    if st.failover.held.load(std::sync::atomic::Ordering::SeqCst) || st.stop.borrow().is_some() {
         return;
     }
     let served = st.failover.served();
@@ -205,6 +213,11 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
     let mut expect = doc.version;
     let mut done = None;
     for _ in 0..PROPOSE_TRIES {
+        // This process stops serving (to stand by, or to shut down): its copy would have
+        // no one to serve it.
+        if host.stop.borrow().is_some() {
+            break;
+        }
         match group.propose(expect, next.to_toml()).await {
             Ok(v) => {
                 done = Some(v);

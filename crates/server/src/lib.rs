@@ -254,10 +254,19 @@ impl Server {
         if fresh && !standby {
             replica::refuse_empty_over_mirrors(&state).await?;
         }
+        let may_hand_off = first_start && !fresh && state.replica.crashed;
+        // No promotion of another slot until this server knows whether it serves.
+        state.failover.held.store(may_hand_off, std::sync::atomic::Ordering::SeqCst);
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
         membership::catch_up_at_start(&state, &opts.config).await;
-        if first_start && !fresh && state.replica.crashed && state.stop.borrow().is_none() {
-            if let Some(mirror) = rejoin::mirror_to_hand_off(&state).await {
+        if may_hand_off && state.stop.borrow().is_none() {
+            let handing_off = rejoin::mirror_to_hand_off(&state).await;
+            if handing_off.is_none() {
+                // Serving: promote what the map wants promoted here, held back meanwhile.
+                state.failover.held.store(false, std::sync::atomic::Ordering::SeqCst);
+                failover::on_map(&state);
+            }
+            if let Some(mirror) = handing_off {
                 let until = Instant::now() + rejoin::HAND_OFF_WITHIN;
                 rejoin::reopen_as(
                     &state,
