@@ -80,12 +80,13 @@ pub fn on_map(st: &Arc<State>) {
         crate::rejoin::on_map_promoted(st);
         return;
     }
+    let map = st.map.get();
     if st.rejoin.standby {
         crate::rejoin::on_map_standby(st);
-        return;
-    }
-    let map = st.map.get();
-    if let Some(h) = map.server(st.id).and_then(|e| e.served_by) {
+        // Standing by, the process still serves the copies the map gives it: nothing else
+        // can (a slot with `served_by` is promoted nowhere else), and opening the process
+        // again stopped them.
+    } else if let Some(h) = map.server(st.id).and_then(|e| e.served_by) {
         crate::rejoin::reopen_as(
             st,
             crate::rejoin::Mode::Standby { hand_off: None },
@@ -101,9 +102,12 @@ pub fn on_map(st: &Arc<State>) {
         return;
     }
     let served = st.failover.served();
+    let standby = st.rejoin.standby;
     let wanted = map.servers.iter().map(|e| e.server_id()).filter(|&slot| {
-        map.promotion_of(slot) == Some(st.id)
-            // Served here before this process restarted: serve it again.
+        // A new promotion only while serving (the map never picks a server standing by for
+        // its slot; one handing its slot off after a crash is about to be marked down).
+        (!standby && map.promotion_of(slot) == Some(st.id))
+            // Served here before this process restarted or opened again: serve it again.
             || (map.server(slot).and_then(|e| e.served_by) == Some(st.id.0) && !served.contains(&slot))
     });
     for slot in wanted.collect::<Vec<_>>() {
@@ -164,7 +168,11 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
     let group = host.membership.get().ok_or_else(|| anyhow!("the map group is not started"))?.clone();
     let opts = host.failover.options.get().ok_or_else(|| anyhow!("start options unknown"))?.clone();
     let base = map_base(host);
-    let own = host.map.get().server(host.id).map(|e| e.addr.clone()).context("this server is not in the map")?;
+    // Standing by, the map gives this server's slot the address of the copy serving it.
+    let own = match host.rejoin.standby {
+        true => host.rejoin.home.clone(),
+        false => host.map.get().server(host.id).map(|e| e.addr.clone()).context("this server is not in the map")?,
+    };
     let ip = own.rsplit_once(':').map_or(own.as_str(), |(h, _)| h).to_string();
     let listener = tokio::net::TcpListener::bind(format!("{ip}:0"))
         .await
@@ -175,13 +183,10 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
     let Some(mut next) = promoted_map(&doc.toml, doc.version, &base, slot, host.id, &addr) else { return Ok(false) };
     let mirror = match host.replica.take_mirror(slot) {
         Some(m) => m,
-        // Not opened as a mirror at start (the map then had the slot served here already).
+        // Not opened as a mirror at start (the map then had the slot served here already;
+        // the copy served before this process opened again may still be closing).
         None if crate::replica::mirror::dir_of(&host.data_dir, slot).join("meta").is_dir() => {
-            let dd = host.data_dir.clone();
-            let m = tokio::task::spawn_blocking(move || crate::replica::mirror::Mirror::open(&dd, slot))
-                .await?
-                .map_err(|e| anyhow!("opening the copy of server {slot}: {e}"))?;
-            Arc::new(m)
+            Arc::new(open_mirror_once_closed(host, slot).await?)
         }
         None => return Ok(false),
     };
@@ -303,20 +308,24 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
 /// Keep the copy of `slot` (no longer served here: it was handed back) as a mirror again,
 /// once its stores are closed.
 pub(crate) async fn keep_as_mirror_again(host: &Arc<State>, slot: ServerId) -> anyhow::Result<()> {
+    let m = open_mirror_once_closed(host, slot).await?;
+    host.replica.give_back(slot, Arc::new(m));
+    Ok(())
+}
+
+/// Open the copy of `slot` kept on `host`, waiting (up to [`MIRROR_QUIET_WAIT`]) for the
+/// server that served it to close its stores: they close when its last request is done.
+async fn open_mirror_once_closed(host: &State, slot: ServerId) -> anyhow::Result<crate::replica::mirror::Mirror> {
     let deadline = tokio::time::Instant::now() + MIRROR_QUIET_WAIT;
     loop {
         let dd = host.data_dir.clone();
         match tokio::task::spawn_blocking(move || crate::replica::mirror::Mirror::open(&dd, slot)).await? {
-            Ok(m) => {
-                host.replica.give_back(slot, Arc::new(m));
-                return Ok(());
-            }
-            // The copy's store closes when its last request is done.
+            Ok(m) => return Ok(m),
             Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::debug!("reopening the mirror of server {slot}: {e}");
+                tracing::debug!("opening the copy of server {slot}: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            Err(e) => return Err(anyhow!("reopening the mirror of server {slot}: {e}")),
+            Err(e) => return Err(anyhow!("opening the copy of server {slot}: {e}")),
         }
     }
 }

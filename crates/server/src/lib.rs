@@ -279,6 +279,12 @@ impl Server {
                 );
             }
         }
+        if !may_hand_off {
+            // Act on the map this process opens with (it may follow no newer one for a
+            // while): stand by if the slot failed over, serve again the copies served here
+            // before the process opened again (those stop with it: `failover.rs`).
+            failover::on_map(&state);
+        }
         let advertised_http = entry.http.clone();
         let server = move |state| Server {
             state,
