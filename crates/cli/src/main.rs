@@ -45,6 +45,9 @@ enum Command {
     /// The replicated cluster map: show it, change a server's state or weight.
     #[command(subcommand)]
     Map(cmd::map::MapCmd),
+    /// Add a server to a running cluster, move slots between servers, rebalance.
+    #[command(subcommand)]
+    Server(cmd::server::ServerCmd),
     /// Servers, whether they answer, their capacity, contents and requests served.
     Status(cmd::status::StatusArgs),
     /// The cluster live in the terminal: health, capacity, rates, busiest operations.
@@ -155,6 +158,7 @@ fn main() -> ExitCode {
             Command::Cluster(c) => cmd::cluster::run(&ctx, c).await,
             Command::Status(a) => cmd::status::status(&ctx, a).await,
             Command::Map(c) => cmd::map::run(&ctx, c).await,
+            Command::Server(c) => cmd::server::run(&ctx, c).await,
             Command::Df(a) => cmd::status::df(&ctx, a).await,
             Command::Top(a) => cmd::top::top(&ctx, a).await,
             Command::Ls(a) => cmd::files::ls(&ctx, a).await,

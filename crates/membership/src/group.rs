@@ -330,7 +330,8 @@ async fn keep_learners(group: std::sync::Weak<Inner>) {
         let doc = g.docs.borrow().clone();
         let mut wanted: BTreeSet<u32> = g.learners.iter().copied().collect();
         if let Ok(map) = doc.map() {
-            wanted.extend(map.servers.iter().map(|s| s.id));
+            // Processes only: a slot living on another server has no member of its own.
+            wanted.extend(map.processes().map(|s| s.id));
         }
         for id in wanted.into_iter().filter(|id| !members.contains(&(*id as u64))) {
             // Not blocking: the learner catches up in the background, and one that is down

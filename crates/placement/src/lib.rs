@@ -19,6 +19,7 @@ pub mod map;
 pub mod name_hash;
 pub mod partition;
 pub mod partition_home;
+pub mod rebalance;
 pub mod rendezvous;
 pub mod split_policy;
 pub mod stripe;

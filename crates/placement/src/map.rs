@@ -101,6 +101,32 @@ pub struct ServerEntry {
     /// (docs/failover.md, "Rejoining").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<String>,
+    /// A slot without a process of its own: it lives on server `host` (its stores under
+    /// that server's data directory, served on a port of its own there). A cluster made
+    /// with several slots per server has such slots from the start; a slot moved between
+    /// servers (`shoal server add`, `drain`) becomes one. Its `addr` is empty until its
+    /// host first serves it. Entries without `host` are the servers (processes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<u32>,
+    /// A move of this slot to server `moving_to` is under way: that server is one more
+    /// mirror of the slot, resynchronised, and takes the slot once it is in sync
+    /// (docs/membership.md, "Moving slots").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moving_to: Option<u32>,
+    /// Whether this entry's own slot takes part in placement (holds new inodes, directory
+    /// partitions and file objects). False for a server added to a running cluster: placing
+    /// anything new on a slot of its own would move existing inodes (an inode's number says
+    /// where it lives); it holds the slots moved to it instead.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub placed: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 impl ServerEntry {
@@ -466,8 +492,9 @@ impl ClusterMap {
         if let Some(v) = &self.membership.voters {
             return v.clone();
         }
-        let n = if self.servers.len() >= 7 { 5 } else { 3 };
-        self.servers.iter().take(n).map(|s| s.id).collect()
+        // Voters are processes: a slot living on another server has no member of its own.
+        let n = if self.processes().count() >= 7 { 5 } else { 3 };
+        self.processes().take(n).map(|s| s.id).collect()
     }
 
     pub fn to_toml(&self) -> String {
@@ -496,11 +523,45 @@ impl ClusterMap {
                     served_by: None,
                     behind: Vec::new(),
                     home: None,
+                    host: None,
+                    moving_to: None,
+                    placed: true,
                 })
                 .collect(),
             security: Security::default(),
             http: HttpSettings::default(),
             membership: Membership::default(),
+        }
+    }
+
+    /// A map of `n` servers as [`ClusterMap::local`], with `slots` slots in all (at least
+    /// `n`): the slots beyond the servers' own live on the servers in turn (`host`). A
+    /// cluster that is to grow needs more slots than servers: a server that joins takes
+    /// whole slots (docs/membership.md, "Moving slots").
+    pub fn local_with_slots(n: u32, slots: u32, base_port: u16, dir: &Path) -> ClusterMap {
+        let mut map = ClusterMap::local(n, base_port, dir);
+        map.add_spare_slots(slots);
+        map
+    }
+
+    /// Add slots living on the servers in turn (`host`), numbered after the last entry,
+    /// until the map has `slots` entries.
+    pub fn add_spare_slots(&mut self, slots: u32) {
+        let hosts: Vec<u32> = self.processes().map(|p| p.id).collect();
+        let Some(template) = self.servers.first().cloned() else { return };
+        let mut next = self.servers.iter().map(|e| e.id + 1).max().unwrap_or(0);
+        let mut turn = 0;
+        while (self.servers.len() as u32) < slots {
+            self.servers.push(ServerEntry {
+                id: next,
+                addr: String::new(),
+                data_dir: None,
+                http: None,
+                host: Some(hosts[turn % hosts.len()]),
+                ..template.clone()
+            });
+            next += 1;
+            turn += 1;
         }
     }
 
@@ -525,18 +586,43 @@ impl ClusterMap {
             if !(s.weight.is_finite() && s.weight > 0.0) {
                 return Err(format!("server {}: weight {} must be a positive number", s.id, s.weight));
             }
-            if !is_host_port(&s.addr) {
+            // A slot living on another server has no address until that server serves it.
+            let unserved = s.host.is_some() && s.addr.is_empty();
+            if !unserved && !is_host_port(&s.addr) {
                 return Err(format!(
                     "server {}: addr {:?} must be host:port with a port from 1 to 65535",
                     s.id, s.addr
                 ));
             }
-            if let Some(other) = self.servers[..i].iter().find(|o| same_addr(&o.addr, &s.addr)) {
+            if let Some(other) = self.servers[..i].iter().find(|o| !unserved && same_addr(&o.addr, &s.addr)) {
                 return Err(format!("server {}: addr {} is also the address of server {}", s.id, s.addr, other.id));
             }
             if let Some(h) = s.served_by {
-                if h == s.id || !self.servers.iter().any(|o| o.id == h) {
+                if h == s.id || !self.servers.iter().any(|o| o.id == h && o.host.is_none()) {
                     return Err(format!("server {}: served_by {h} must be another server of the map", s.id));
+                }
+            }
+            let is_process = |id: u32| self.servers.iter().any(|o| o.id == id && o.host.is_none());
+            if let Some(h) = s.host {
+                if h == s.id || !is_process(h) {
+                    return Err(format!(
+                        "server {}: host {h} must be another server of the map that has no host itself",
+                        s.id
+                    ));
+                }
+                if s.data_dir.is_some() || s.http.is_some() {
+                    return Err(format!(
+                        "server {}: a slot living on server {h} (host) has no data_dir or http of its own",
+                        s.id
+                    ));
+                }
+            }
+            if let Some(t) = s.moving_to {
+                if !is_process(t) || t == self.process_of(s.server_id()).0 {
+                    return Err(format!(
+                        "server {}: moving_to {t} must be another server of the map that has no host itself",
+                        s.id
+                    ));
                 }
             }
             if let Some(home) = &s.home {
@@ -590,8 +676,10 @@ impl ClusterMap {
                 return Err(format!("membership.voters names {} servers; at most 5", voters.len()));
             }
             for (i, v) in voters.iter().enumerate() {
-                if !self.servers.iter().any(|s| s.id == *v) {
-                    return Err(format!("membership.voters: server {v} is not a [[server]] of this map"));
+                if !self.processes().any(|s| s.id == *v) {
+                    return Err(format!(
+                        "membership.voters: server {v} is not a [[server]] of this map with a process of its own"
+                    ));
                 }
                 if voters[..i].contains(v) {
                     return Err(format!("membership.voters: server {v} is listed twice"));
@@ -621,9 +709,13 @@ impl ClusterMap {
         if !(1..=REPLICAS_MAX).contains(&r) {
             return Err(format!("cluster.replicas {r} must be 1 to {REPLICAS_MAX}"));
         }
-        if r as usize > placeable {
+        let processes = self.processes().count();
+        if r as usize > placeable.min(processes) {
             // Each copy must be on a server of its own, or losing one server loses two.
-            return Err(format!("cluster.replicas {r} is more than the {placeable} servers that can hold data"));
+            return Err(format!(
+                "cluster.replicas {r} is more than the {} servers that can hold data",
+                placeable.min(processes)
+            ));
         }
         Ok(())
     }
@@ -640,12 +732,51 @@ impl ClusterMap {
     /// map order (wrapping), whatever their state (a down mirror is out of sync, not
     /// replaced: moving a mirror is a rebalancing), except the server that serves the slot
     /// since a failover (its copy became the slot: the slot runs with one copy fewer).
+    ///
+    /// With slots living on other servers (`host`), "servers" are the processes: the next
+    /// ones after the slot's host, so that no two copies share a process. A slot being
+    /// moved (`moving_to`) has its destination as one more mirror.
     pub fn mirrors_of(&self, slot: ServerId) -> Vec<ServerId> {
-        let n = self.servers.len();
-        let Some(at) = self.servers.iter().position(|s| s.id == slot.0) else { return Vec::new() };
-        let host = self.servers[at].served_by;
+        let Some(entry) = self.server(slot) else { return Vec::new() };
+        let ring: Vec<u32> = self.processes().map(|e| e.id).collect();
+        let host = self.process_of(slot).0;
+        let Some(at) = ring.iter().position(|&p| p == host) else { return Vec::new() };
+        let n = ring.len();
         let copies = (self.cluster.replicas as usize).clamp(1, n);
-        (1..copies).map(|k| ServerId(self.servers[(at + k) % n].id)).filter(|m| Some(m.0) != host).collect()
+        let serving = entry.served_by;
+        let mut mirrors: Vec<ServerId> =
+            (1..copies).map(|k| ServerId(ring[(at + k) % n])).filter(|m| Some(m.0) != serving).collect();
+        if let Some(to) = entry.moving_to.filter(|&t| t != host && Some(t) != serving) {
+            if !mirrors.contains(&ServerId(to)) {
+                mirrors.push(ServerId(to));
+            }
+        }
+        mirrors
+    }
+
+    /// The servers (processes): entries without a `host`, in map order.
+    pub fn processes(&self) -> impl Iterator<Item = &ServerEntry> {
+        self.servers.iter().filter(|s| s.host.is_none())
+    }
+
+    /// The server whose process `slot` lives on (not counting a failover): its `host`, or
+    /// the slot's own server.
+    pub fn process_of(&self, slot: ServerId) -> ServerId {
+        ServerId(self.server(slot).and_then(|e| e.host).unwrap_or(slot.0))
+    }
+
+    /// The server whose process serves `slot` now: the one that took it over in a failover
+    /// (`served_by`), else the one it lives on.
+    pub fn serving_process(&self, slot: ServerId) -> ServerId {
+        match self.server(slot).and_then(|e| e.served_by) {
+            Some(by) => ServerId(by),
+            None => self.process_of(slot),
+        }
+    }
+
+    /// The slots that live on server `process` (its own, if it has one, and those it hosts).
+    pub fn slots_on(&self, process: ServerId) -> Vec<ServerId> {
+        self.servers.iter().map(|e| e.server_id()).filter(|&s| self.process_of(s) == process).collect()
     }
 
     /// The mirror to promote when `slot`'s primary is down: the first of its mirrors that is
@@ -681,7 +812,7 @@ impl ClusterMap {
 
     /// Servers that take part in placement (not `out`), in map order.
     pub fn placeable(&self) -> impl Iterator<Item = &ServerEntry> {
-        self.servers.iter().filter(|s| s.state != ServerState::Out)
+        self.servers.iter().filter(|s| s.state != ServerState::Out && s.placed)
     }
 
     /// The home server of an inode: holds the inode record and, for a directory, its
@@ -826,6 +957,44 @@ mod tests {
     }
 
     #[test]
+    fn slots_living_on_servers_are_mirrored_by_other_processes_and_never_vote() {
+        let mut m = ClusterMap::local_with_slots(3, 9, 7000, Path::new("/tmp"));
+        m.cluster.replicas = 2;
+        m.validate().unwrap();
+        let back: ClusterMap = toml::from_str(&m.to_toml()).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(m.processes().count(), 3);
+        assert_eq!(m.voters(), vec![0, 1, 2]);
+        // Slot 4 lives on server 1: its mirror is the next process, 2, never a slot.
+        assert_eq!(m.process_of(ServerId(4)), ServerId(1));
+        assert_eq!(m.mirrors_of(ServerId(4)), vec![ServerId(2)]);
+        assert_eq!(m.mirrors_of(ServerId(1)), vec![ServerId(2)]);
+        assert!(m.mirrored_by(ServerId(2)).contains(&ServerId(4)));
+        assert_eq!(m.slots_on(ServerId(1)), vec![ServerId(1), ServerId(4), ServerId(7)]);
+        // A move adds its destination as one more mirror.
+        m.servers.iter_mut().find(|e| e.id == 4).unwrap().moving_to = Some(0);
+        m.validate().unwrap();
+        assert_eq!(m.mirrors_of(ServerId(4)), vec![ServerId(2), ServerId(0)]);
+        m.servers.iter_mut().find(|e| e.id == 4).unwrap().moving_to = Some(1);
+        assert!(m.validate().unwrap_err().contains("moving_to 1"));
+        m.servers.iter_mut().find(|e| e.id == 4).unwrap().moving_to = Some(7);
+        assert!(m.validate().unwrap_err().contains("moving_to 7"));
+        m.servers.iter_mut().find(|e| e.id == 4).unwrap().moving_to = None;
+        m.servers.iter_mut().find(|e| e.id == 4).unwrap().host = Some(5);
+        assert!(m.validate().unwrap_err().contains("host 5"));
+        // A server added later holds nothing of its own in placement.
+        m.servers.iter_mut().find(|e| e.id == 4).unwrap().host = Some(1);
+        let mut joined = m.servers[0].clone();
+        joined.id = 9;
+        joined.addr = "127.0.0.1:7999".into();
+        joined.placed = false;
+        m.servers.push(joined);
+        m.validate().unwrap();
+        assert!(m.placeable().all(|e| e.id != 9));
+        assert!((0..1000).all(|i| m.home_of(Ino(i)).0 != 9));
+    }
+
+    #[test]
     fn voters_default_to_the_first_three_or_five_and_are_checked() {
         assert_eq!(map(1).voters(), vec![0]);
         assert_eq!(map(4).voters(), vec![0, 1, 2]);
@@ -837,7 +1006,10 @@ mod tests {
         let back: ClusterMap = toml::from_str(&m.to_toml()).unwrap();
         assert_eq!(back, m);
         m.membership.voters = Some(vec![9]);
-        assert_eq!(m.validate().unwrap_err(), "membership.voters: server 9 is not a [[server]] of this map");
+        assert_eq!(
+            m.validate().unwrap_err(),
+            "membership.voters: server 9 is not a [[server]] of this map with a process of its own"
+        );
         m.membership.voters = Some(vec![1, 1]);
         assert_eq!(m.validate().unwrap_err(), "membership.voters: server 1 is listed twice");
         m.membership.voters = Some(vec![]);

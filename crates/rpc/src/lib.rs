@@ -805,11 +805,14 @@ impl Pool {
     }
 
     /// Whether a call that failed with `e` waits for a failover (see [`Failover`]): with
-    /// replicas, for an unreachable server, and not for the messages that have their own
-    /// retries (the map group's, replication, map fetches).
+    /// replicas, or with slots that move between servers (a move is a short failover, with
+    /// one copy too: docs/membership.md, "Moving slots"), for an unreachable server, and not
+    /// for the messages that have their own retries (the map group's, replication, map
+    /// fetches).
     fn fails_over(&self, op: &Op, e: &CallError) -> bool {
+        let map = self.map();
         self.opts.failover.is_some()
-            && self.map().cluster.replicas >= 2
+            && (map.cluster.replicas >= 2 || map.servers.iter().any(|s| s.host.is_some()))
             && matches!(e, CallError::Transport { errno, .. } if *errno == Errno::ENOTCONN || *errno == Errno::ETIMEDOUT)
             && !matches!(
                 op,

@@ -107,8 +107,12 @@ pub fn on_map(st: &Arc<State>) {
         // A new promotion only while serving (the map never picks a server standing by for
         // its slot; one handing its slot off after a crash is about to be marked down).
         (!standby && map.promotion_of(slot) == Some(st.id))
-            // Served here before this process restarted or opened again: serve it again.
-            || (map.server(slot).and_then(|e| e.served_by) == Some(st.id.0) && !served.contains(&slot))
+            // Served here before this process restarted or opened again (a copy it took
+            // over, or a slot living here): serve it again.
+            || (slot != st.id
+                && map.serving_process(slot) == st.id
+                && map.server(slot).is_some_and(|e| e.state != ServerState::Out)
+                && !served.contains(&slot))
     });
     for slot in wanted.collect::<Vec<_>>() {
         if st.failover.promoting.lock().insert(slot) {
@@ -139,20 +143,30 @@ fn promoted_map(
     addr: &str,
 ) -> Option<ClusterMap> {
     let mut map = ClusterMap::from_toml(toml, base).ok()?;
-    let resumed = map.server(slot).and_then(|e| e.served_by) == Some(host.0);
+    let resumed = map.serving_process(slot) == host;
     if map.promotion_of(slot) != Some(host) && !resumed {
         return None;
     }
     if resumed {
-        // Served here before this process restarted: only the address is new.
-        map.servers.iter_mut().find(|e| e.id == slot.0)?.addr = addr.to_string();
+        // Served here before this process restarted (or first served here, for a slot
+        // living here): only the address is new.
+        let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
+        e.addr = addr.to_string();
+        e.state = ServerState::Up;
         map.cluster.version = version + 1;
         return Some(map);
     }
     let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
     e.addr = addr.to_string();
     e.state = ServerState::Up;
-    e.served_by = Some(host.0);
+    if e.host.is_some() {
+        // A slot without a process of its own has no server to come back for it: it lives
+        // here from now on.
+        e.host = Some(host.0);
+        e.moving_to = None;
+    } else {
+        e.served_by = Some(host.0);
+    }
     e.http = None;
     e.behind.clear();
     // Every other mirror holds positions of the old primary's incarnation: behind the new
@@ -161,6 +175,19 @@ fn promoted_map(
     map.servers.iter_mut().find(|e| e.id == slot.0)?.behind = behind;
     map.cluster.version = version + 1;
     Some(map)
+}
+
+/// Whether `slot` lives on `host` (`host` in its entry) in the map `toml`.
+fn map_entry_hosted_here(toml: &str, base: &Path, slot: ServerId, host: ServerId) -> bool {
+    ClusterMap::from_toml(toml, base).ok().and_then(|m| m.server(slot).map(|e| e.host == Some(host.0))).unwrap_or(false)
+}
+
+/// Whether `slot` lives on `host` and was never served (it has no address yet).
+fn map_entry_unserved(toml: &str, base: &Path, slot: ServerId, host: ServerId) -> bool {
+    ClusterMap::from_toml(toml, base)
+        .ok()
+        .and_then(|m| m.server(slot).map(|e| e.host == Some(host.0) && e.addr.is_empty()))
+        .unwrap_or(false)
 }
 
 /// Promote the mirror of `slot`; false if the map no longer wants it.
@@ -187,6 +214,19 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
         // the copy served before this process opened again may still be closing).
         None if crate::replica::mirror::dir_of(&host.data_dir, slot).join("meta").is_dir() => {
             Arc::new(open_mirror_once_closed(host, slot).await?)
+        }
+        // A slot living here that was never served (no address yet): its stores are made
+        // now. One that was served has lost its stores (a wiped disk): serving it empty
+        // would show an empty slot.
+        None if map_entry_unserved(&doc.toml, &base, slot, host.id) => {
+            tracing::info!("server {slot} lives on this server: making its stores");
+            Arc::new(open_mirror_once_closed(host, slot).await?)
+        }
+        None if map_entry_hosted_here(&doc.toml, &base, slot, host.id) => {
+            return Err(anyhow!(
+                "server {slot} lives on this server, but its stores under {} are gone: not serving it empty",
+                crate::replica::mirror::dir_of(&host.data_dir, slot).display()
+            ));
         }
         None => return Ok(false),
     };
@@ -243,8 +283,8 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
                 // the leader is dropped when a map moving a slot's address is applied here).
                 let doc = group.current();
                 let current = ClusterMap::from_toml(&doc.toml, &base).ok();
-                if let Some(m) =
-                    current.filter(|m| m.server(slot).is_some_and(|e| e.served_by == Some(host.id.0) && e.addr == addr))
+                if let Some(m) = current
+                    .filter(|m| m.serving_process(slot) == host.id && m.server(slot).is_some_and(|e| e.addr == addr))
                 {
                     done = Some(doc.version);
                     next = m;
@@ -277,6 +317,7 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
     // The slot's own server may stand by already (this host restarted meanwhile).
     crate::rejoin::on_map_promoted(&promoted);
     let handed_back = promoted.rejoin.handed_back.clone();
+    let handing_to = promoted.rejoin.handing_to.clone();
     drop(promoted);
     let stop = host.stop.subscribe();
     let host2 = host.clone();
@@ -295,7 +336,11 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
                 // start serving it again here.
                 host2.failover.promoting.lock().insert(slot);
                 host2.failover.served.lock().retain(|(s, _)| *s != slot);
-                crate::rejoin::after_handback(host2, slot, handback).await;
+                let to = *handing_to.lock();
+                match to {
+                    Some(to) => crate::moves::after_move(host2, slot, to, handback).await,
+                    None => crate::rejoin::after_handback(host2, slot, handback).await,
+                }
             }
             Err(e) => tracing::error!("server {slot} (served from this server's copy) stopped: {e:#}"),
             Ok(()) => {}
@@ -315,7 +360,10 @@ pub(crate) async fn keep_as_mirror_again(host: &Arc<State>, slot: ServerId) -> a
 
 /// Open the copy of `slot` kept on `host`, waiting (up to [`MIRROR_QUIET_WAIT`]) for the
 /// server that served it to close its stores: they close when its last request is done.
-async fn open_mirror_once_closed(host: &State, slot: ServerId) -> anyhow::Result<crate::replica::mirror::Mirror> {
+pub(crate) async fn open_mirror_once_closed(
+    host: &State,
+    slot: ServerId,
+) -> anyhow::Result<crate::replica::mirror::Mirror> {
     let deadline = tokio::time::Instant::now() + MIRROR_QUIET_WAIT;
     loop {
         let dd = host.data_dir.clone();

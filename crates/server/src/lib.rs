@@ -39,6 +39,7 @@ mod locks;
 mod map_cell;
 pub mod membership;
 mod metrics;
+mod moves;
 mod net;
 mod ops;
 mod orphans;
@@ -305,29 +306,7 @@ impl Server {
         let st = state.clone();
         let pending = state
             .blocking(move |st| {
-                if st.is_home(ROOT_INO) && st.meta.get_inode(ROOT_INO)?.is_none() {
-                    let now = shoal_proto::msg::Timestamp::now();
-                    let root = InodeRecord {
-                        kind: FileKind::Dir,
-                        perm: 0o755,
-                        uid: 0,
-                        gid: 0,
-                        size: 0,
-                        nlink: 2,
-                        atime: now,
-                        mtime: now,
-                        ctime: now,
-                        layout: None,
-                        dir_default: None,
-                        parent: Some(ROOT_INO),
-                        target: None,
-                        bitmap: Vec::new(),
-                    };
-                    let mut t = st.meta.txn();
-                    t.put_inode(ROOT_INO, root);
-                    t.commit()?;
-                    tracing::info!("created the root directory");
-                }
+                make_root_if_home(st)?;
                 let pruned = st.meta.prune_applied(now_secs(), intents::APPLIED_MAX_AGE_SECS)?;
                 if pruned > 0 {
                     tracing::info!("pruned {pruned} old applied markers");
@@ -377,7 +356,13 @@ impl Server {
         if let Some(group) = host.membership.get() {
             let _ = state.membership.set(group.clone());
         }
-        let pending = state.blocking(|st| st.meta.intents()).await.map_err(|e| anyhow!("{e}"))?;
+        let pending = state
+            .blocking(|st| {
+                make_root_if_home(st)?;
+                st.meta.intents()
+            })
+            .await
+            .map_err(|e| anyhow!("{e}"))?;
         intents::pin_pending(&state, &pending).map_err(|e| anyhow!("{e}"))?;
         Ok(Server {
             listen: String::new(),
@@ -460,16 +445,10 @@ impl Server {
         if let Some(http) = self.advertised_http.clone().filter(|_| active) {
             tokio::spawn(rejoin::restore_http(st.clone(), http));
         }
-        let shippers: Vec<_> = match &st.replica.log {
+        if active {
             // The slot's own server standing by is shipped by `ship::home_loop` (`rejoin.rs`).
-            Some(log) if active => log
-                .mirrors()
-                .into_keys()
-                .filter(|&m| m != st.id)
-                .map(|m| tokio::spawn(replica::ship::ship_loop(st.clone(), log.clone(), m)))
-                .collect(),
-            _ => Vec::new(),
-        };
+            replica::start_shippers(&st);
+        }
         if self.tls.is_some() {
             tracing::info!("every connection is TLS 1.3");
         }
@@ -513,9 +492,7 @@ impl Server {
         if st.rejoin.handing_back.load(std::sync::atomic::Ordering::SeqCst) && rejoin::drain_for_handback(&st).await {
             st.rejoin.handed_back.store(true, std::sync::atomic::Ordering::SeqCst);
         }
-        for s in &shippers {
-            s.abort();
-        }
+        replica::stop_shippers(&st);
         rejoin::stop_home_shipper(&st);
         // Nothing is shipped any more: requests waiting for the mirrors give up (their
         // replies are not sent), and let the state go.
@@ -731,6 +708,36 @@ async fn serve_on(
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Make the root directory, on the slot that is its home, if it does not exist yet (a new
+/// cluster: its first start, or the first serving of the slot living on another server
+/// that placement made the root's home).
+fn make_root_if_home(st: &State) -> crate::error::R<()> {
+    if st.is_home(ROOT_INO) && st.meta.get_inode(ROOT_INO)?.is_none() {
+        let now = shoal_proto::msg::Timestamp::now();
+        let root = InodeRecord {
+            kind: FileKind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            nlink: 2,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            layout: None,
+            dir_default: None,
+            parent: Some(ROOT_INO),
+            target: None,
+            bitmap: Vec::new(),
+        };
+        let mut t = st.meta.txn();
+        t.put_inode(ROOT_INO, root);
+        t.commit()?;
+        tracing::info!("created the root directory");
+    }
+    Ok(())
 }
 
 /// Longest wait for the stores to close before they are opened again (`serve_on`): a

@@ -86,7 +86,7 @@ pub async fn start(
         .map_err(|e| anyhow::anyhow!("cannot read cluster config {}: {e}", config.display()))?;
     let initial = MapDoc::new(text).map_err(|e| anyhow::anyhow!("cluster config {}: {e}", config.display()))?;
     let voters = st.map.voters();
-    let learners: Vec<u32> = st.map.servers.iter().map(|s| s.id).filter(|id| !voters.contains(id)).collect();
+    let learners: Vec<u32> = st.map.processes().map(|s| s.id).filter(|id| !voters.contains(id)).collect();
     let transport = Arc::new(PeerTransport { state: state_cell });
     let group = MapGroup::start(st.id.0, &voters, &learners, &data_dir.join("raft"), initial, transport).await?;
     let base: PathBuf = config.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -145,6 +145,7 @@ pub(crate) fn follow_map(st: &Arc<State>, map: ClusterMap) {
     st.pool.set_map(map.clone());
     crate::rejoin::follow_map(st, &map);
     st.map.set(map);
+    crate::replica::follow_map(st);
     crate::failover::on_map(st);
 }
 

@@ -88,6 +88,9 @@ pub struct Rejoin {
     /// A copy serving a slot: its home applied everything when it stopped (shared with the
     /// host, which finishes the handback once the copy's stores are closed).
     pub handed_back: Arc<AtomicBool>,
+    /// A copy serving a slot that stopped to move the slot to this server (`moves.rs`),
+    /// not to hand it back (shared with the host, which finishes the move).
+    pub handing_to: Arc<parking_lot::Mutex<Option<ServerId>>>,
 }
 
 impl Rejoin {
@@ -433,14 +436,16 @@ const DRAIN_QUIET: Duration = Duration::from_millis(50);
 /// and the home mirror has applied the whole log. True when it has (the handback goes on).
 pub async fn drain_for_handback(st: &State) -> bool {
     let Some(log) = &st.replica.log else { return false };
+    // The server the slot goes to: its own (a handback), or a move's destination.
+    let target = st.rejoin.handing_to.lock().unwrap_or(st.id);
     let deadline = Instant::now() + DRAIN_WITHIN;
     let mut still_since: Option<(u64, Instant)> = None;
     while Instant::now() < deadline {
         let last = log.last();
-        let home = log.mirrors().get(&st.id).copied();
+        let home = log.mirrors().get(&target).copied();
         let idle = st.load.report().queue_depth == 0;
         if home.is_some_and(|p| p.state != MirrorState::InSync) {
-            tracing::warn!("server {}: its own process fell out of sync during the handback", st.id);
+            tracing::warn!("server {}: server {target} fell out of sync while the slot was handed to it", st.id);
             return false;
         }
         let applied = home.is_some_and(|p| p.applied >= last);

@@ -46,7 +46,7 @@ pub async fn run(ctx: &Ctx, c: MapCmd) -> Result<()> {
 type Answer = (ServerId, u64, String, Option<u32>, Vec<u32>);
 
 /// The newest map any server answers with.
-async fn newest(client: &Client) -> Result<Answer> {
+pub(crate) async fn newest(client: &Client) -> Result<Answer> {
     let servers: Vec<ServerId> = client.map().servers.iter().map(|s| s.server_id()).collect();
     let answers = futures::future::join_all(servers.iter().map(|&s| client.get_map(s))).await;
     let mut best: Option<Answer> = None;

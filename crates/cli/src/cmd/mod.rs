@@ -13,6 +13,7 @@ pub mod keygen;
 pub mod map;
 pub mod mount;
 pub mod scrub;
+pub mod server;
 pub mod sim;
 pub mod status;
 pub mod stripe;

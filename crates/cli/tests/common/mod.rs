@@ -30,7 +30,7 @@ pub struct Cluster {
 /// tests' clients make thousands) may take it, and the server fails to start with "Address
 /// already in use" (seen in CI). The pick starts at a place of its own per process and call,
 /// and holds what it found until all `n` are found (no port twice).
-fn free_ports(n: usize) -> Vec<u16> {
+pub fn free_ports(n: usize) -> Vec<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
     const FIRST: u32 = 20_000;
     const SPAN: u32 = 12_000;
@@ -193,6 +193,23 @@ impl Cluster {
             .stderr(log)
             .spawn()
             .expect("start shoald")
+    }
+
+    /// Start server `id`, added to the map since the cluster started (`shoal server add`,
+    /// which wrote it into the configuration file), at `addr`; wait until it accepts.
+    pub fn start_joined(&mut self, id: u32) {
+        let map = ClusterMap::load(&self.config).unwrap();
+        let entry = map.server(shoal_proto::ServerId(id)).expect("the joined server is in the config file").clone();
+        while self.map.servers.len() <= id as usize {
+            self.map.servers.push(entry.clone());
+        }
+        self.map.servers[id as usize] = entry;
+        while self.children.len() <= id as usize {
+            self.children.push(None);
+        }
+        let child = self.spawn(id);
+        self.children[id as usize] = Some(child);
+        self.wait_ready(id);
     }
 
     pub fn addr(&self, id: u32) -> String {

@@ -416,6 +416,14 @@ impl ReplLog {
         true
     }
 
+    /// Stop shipping to `mirror` at all (the map no longer names it a mirror of the slot).
+    pub fn remove_mirror(&self, mirror: ServerId) {
+        let mut g = self.inner.lock();
+        if g.mirrors.remove(&mirror).is_some() {
+            self.trim(&mut g);
+        }
+    }
+
     /// Drop `mirror` from the set waited for: it missed changes.
     pub fn mark_out_of_sync(&self, mirror: ServerId) {
         let mut g = self.inner.lock();

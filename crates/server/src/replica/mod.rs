@@ -34,6 +34,11 @@ pub struct Replication {
     /// the stores may hold changes no mirror applied and no client was told of
     /// (`rejoin::mirror_to_hand_off`).
     pub crashed: bool,
+    /// The shipping task of each mirror of this slot; `None` until the server serves
+    /// (`start_shippers`), and again once it stopped.
+    shippers: parking_lot::Mutex<Option<HashMap<ServerId, tokio::task::JoinHandle<()>>>>,
+    /// Serialises changes to the set of mirrors kept (`keep_mirrors`).
+    keeping: tokio::sync::Mutex<()>,
 }
 
 impl Replication {
@@ -60,7 +65,7 @@ impl Replication {
             tracing::info!("mirrored on servers {mirrors_of:?} (incarnation {:x})", l.incarnation);
         }
         let crashed = log.is_some() && stopped.is_none();
-        Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors), crashed })
+        Ok(Replication { log, mirrors: parking_lot::RwLock::new(mirrors), crashed, ..Default::default() })
     }
 
     /// The replication of a server standing by to take its slot back (`rejoin.rs`): no log
@@ -70,7 +75,7 @@ impl Replication {
         let mut mirrors = open_mirrors(st).await?;
         let own = Mirror::over(st.id, st.data_dir.clone(), st.meta.clone(), st.data.clone(), st.replies.clone())?;
         mirrors.insert(st.id, Arc::new(own));
-        Ok(Replication { log: None, mirrors: parking_lot::RwLock::new(mirrors), crashed: false })
+        Ok(Replication { log: None, mirrors: parking_lot::RwLock::new(mirrors), ..Default::default() })
     }
 
     /// At a clean stop, once no request runs and nothing else will change the stores:
@@ -101,7 +106,7 @@ impl Replication {
         let log = Arc::new(ReplLog::new(&st.map.mirrors_of(st.id)));
         st.meta.set_replication(log.clone());
         st.data.set_replication(log.clone());
-        Replication { log: Some(log), mirrors: Default::default(), crashed: false }
+        Replication { log: Some(log), ..Default::default() }
     }
 
     /// The mirror of `slot` this server keeps, if any.
@@ -233,4 +238,107 @@ fn take_clean_stop(meta: &crate::store::meta::MetaStore) -> crate::error::R<Opti
             None
         }
     })
+}
+
+/// Start shipping this slot's log to each of its mirrors (the slot's own server standing by
+/// is shipped by `ship::home_loop`, `rejoin.rs`), as the server begins to serve.
+pub fn start_shippers(st: &Arc<crate::state::State>) {
+    *st.replica.shippers.lock() = Some(HashMap::new());
+    ship_to_map_mirrors(st);
+}
+
+/// Stop every shipper (the server stops serving).
+pub fn stop_shippers(st: &crate::state::State) {
+    if let Some(tasks) = st.replica.shippers.lock().take() {
+        for t in tasks.into_values() {
+            t.abort();
+        }
+    }
+}
+
+/// Ship to the mirrors the map gives this slot now, and to no other: a newer map may add one
+/// (a slot being moved: its destination, `moves.rs`; a slot that moved: the processes after
+/// its new host), which is resynchronised first, or drop one. Nothing before the server
+/// serves (`start_shippers`).
+fn ship_to_map_mirrors(st: &Arc<crate::state::State>) {
+    let Some(log) = &st.replica.log else { return };
+    let mut guard = st.replica.shippers.lock();
+    let Some(tasks) = guard.as_mut() else { return };
+    let want = st.map.get().mirrors_of(st.id);
+    for m in log.mirrors().into_keys().filter(|m| *m != st.id && !want.contains(m)) {
+        tracing::info!("server {}: server {m} is no longer a mirror of this slot", st.id);
+        log.remove_mirror(m);
+        if let Some(t) = tasks.remove(&m) {
+            t.abort();
+        }
+    }
+    for m in want {
+        if log.add_mirror(m) {
+            tracing::info!("server {}: server {m} is a new mirror of this slot: resynchronising it", st.id);
+        }
+        tasks.entry(m).or_insert_with(|| tokio::spawn(ship::ship_loop(st.clone(), log.clone(), m)));
+    }
+}
+
+/// A newer map: ship to the mirrors it gives this slot, and (for a server's own process)
+/// keep the mirrors it gives this server.
+pub fn follow_map(st: &Arc<crate::state::State>) {
+    if !st.rejoin.standby {
+        ship_to_map_mirrors(st);
+    }
+    if st.failover.host.is_none() {
+        tokio::spawn(keep_mirrors(st.clone()));
+    }
+}
+
+/// Keep the mirrors the map gives this server: open (make) the new ones; close and delete
+/// those it no longer gives, unless this process serves that slot (or is taking it over).
+async fn keep_mirrors(st: Arc<crate::state::State>) {
+    let _one = st.replica.keeping.lock().await;
+    let map = st.map.get();
+    let wanted: Vec<ServerId> = map.mirrored_by(st.id).into_iter().filter(|&s| s != st.id).collect();
+    let serving = |s: ServerId| {
+        map.serving_process(s) == st.id
+            || st.failover.served().contains(&s)
+            || st.failover.promoting.lock().contains(&s)
+    };
+    for slot in wanted.iter().copied().filter(|&s| st.replica.mirror(s).is_none() && !serving(s)) {
+        let dir = st.data_dir.clone();
+        match tokio::task::spawn_blocking(move || Mirror::open(&dir, slot)).await {
+            Ok(Ok(m)) => {
+                tracing::info!("server {}: keeping a mirror of server {slot} from now on", st.id);
+                st.replica.give_back(slot, Arc::new(m));
+            }
+            Ok(Err(e)) => tracing::warn!("server {}: cannot open a mirror of server {slot}: {e}", st.id),
+            Err(e) => tracing::warn!("server {}: opening a mirror of server {slot}: {e}", st.id),
+        }
+    }
+    for slot in st.replica.mirror_slots().into_iter().filter(|&s| s != st.id && !wanted.contains(&s) && !serving(s)) {
+        let Some(m) = st.replica.take_mirror(slot) else { continue };
+        // A batch being applied holds the mirror: its stores close once it is done.
+        let mut m = m;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let closed = loop {
+            match Arc::try_unwrap(m) {
+                Ok(inner) => {
+                    drop(inner);
+                    break true;
+                }
+                Err(still) if tokio::time::Instant::now() < deadline => {
+                    m = still;
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                Err(_) => break false,
+            }
+        };
+        let dir = mirror::dir_of(&st.data_dir, slot);
+        if closed {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    tracing::info!("server {}: no longer a mirror of server {slot}: removed {}", st.id, dir.display())
+                }
+                Err(e) => tracing::warn!("server {}: removing the old mirror {}: {e}", st.id, dir.display()),
+            }
+        }
+    }
 }

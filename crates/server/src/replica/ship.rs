@@ -147,6 +147,10 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
         if state == MirrorState::OutOfSync {
             return;
         }
+        if state == MirrorState::InSync && st.map.get().server(st.id).and_then(|e| e.moving_to) == Some(mirror.0) {
+            // The slot moves there (`moves.rs`).
+            crate::moves::hand_over(st, mirror);
+        }
         if stalled_since.is_none() && log.shippable() <= applied {
             log.shippable_after(applied).await;
         }

@@ -1,0 +1,276 @@
+//! `shoal server add`, `shoal server move` and `shoal server rebalance`: servers joining a
+//! running cluster, and slots moving between servers (docs/membership.md, "Moving slots").
+
+use super::map::newest;
+use super::{usage, Ctx};
+use anyhow::{anyhow, Result};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use shoal_client::{Client, ServerId};
+use shoal_placement::map::{ServerEntry, ServerState};
+use shoal_placement::rebalance::{plan, Move};
+use shoal_placement::ClusterMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum ServerCmd {
+    /// Add a server to the running cluster's map (root only), and write the new map to the
+    /// configuration file; start its shoald next, then `shoal server rebalance`.
+    #[command(after_help = "Example:\n  shoal server add 4 --addr 10.0.0.5:7100 --data-dir /srv/shoal\n  \
+                            shoald --config cluster.toml --id 4\n  shoal server rebalance")]
+    Add(AddArgs),
+    /// Move one slot to another server (root only), and wait until it serves there.
+    Move(MoveArgs),
+    /// Move slots until every server that is up holds its share (root only), one after the
+    /// other, with progress.
+    Rebalance(RebalanceArgs),
+}
+
+#[derive(Args)]
+pub struct AddArgs {
+    /// The new server's id (not in the map yet).
+    id: u32,
+    /// host:port it listens on.
+    #[arg(long)]
+    addr: String,
+    /// Where it keeps its data (else given to its shoald with --data-dir).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// host:port of its HTTP service.
+    #[arg(long)]
+    http: Option<String>,
+    /// Placement weight.
+    #[arg(long, default_value_t = 1.0)]
+    weight: f64,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct MoveArgs {
+    /// The slot (a server id of the map).
+    slot: u32,
+    /// The server to move it to.
+    #[arg(long)]
+    to: u32,
+    /// Give up waiting after this many seconds (the move goes on in the servers).
+    #[arg(long, default_value_t = 3600)]
+    wait_secs: u64,
+}
+
+#[derive(Args)]
+pub struct RebalanceArgs {
+    /// Only print the moves a rebalance would make.
+    #[arg(long)]
+    dry_run: bool,
+    /// Give up waiting for one move after this many seconds (it goes on in the servers).
+    #[arg(long, default_value_t = 3600)]
+    wait_secs: u64,
+    /// Print JSON (the moves made, or planned with --dry-run).
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(ctx: &Ctx, c: ServerCmd) -> Result<()> {
+    match c {
+        ServerCmd::Add(a) => add(ctx, a).await,
+        ServerCmd::Move(a) => {
+            let client = ctx.client()?;
+            let m = one_move(&client, ServerId(a.slot), ServerId(a.to)).await?;
+            let moved = wait_moved(&client, m, Duration::from_secs(a.wait_secs), None).await?;
+            println!("server {} moved from server {} to server {} in {:.1} s", m.slot, m.from, m.to, moved);
+            Ok(())
+        }
+        ServerCmd::Rebalance(a) => rebalance(ctx, a).await,
+    }
+}
+
+/// The newest map and the server it came from.
+async fn current(client: &Client) -> Result<(ServerId, u64, ClusterMap)> {
+    // Route by it too: the slots asked for their status below may have moved.
+    let _ = client.refresh_map().await;
+    let (via, version, toml, _, _) = newest(client).await?;
+    let map: ClusterMap = toml::from_str(&toml).map_err(|e| anyhow!("the servers' map does not parse: {e}"))?;
+    Ok((via, version, map))
+}
+
+/// Propose `change` applied to the newest map (retried when another change wins the race).
+async fn change_map(client: &Client, change: impl Fn(&mut ClusterMap) -> Result<()>) -> Result<(u64, ClusterMap)> {
+    let mut last = None;
+    for _ in 0..10 {
+        let (via, version, mut map) = current(client).await?;
+        change(&mut map)?;
+        map.cluster.version = version + 1;
+        map.validate().map_err(|m| usage(format!("the changed map would not be valid: {m}")))?;
+        match client.propose_map(via, version, map.to_toml()).await {
+            Ok(v) => return Ok((v, map)),
+            Err(e) if e.errno == shoal_proto::Errno::EAGAIN => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(anyhow!("the map kept changing under this change: {}", last.map_or_else(String::new, |e| e.to_string())))
+}
+
+async fn add(ctx: &Ctx, a: AddArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let (version, map) = change_map(&client, |map| {
+        if map.server(ServerId(a.id)).is_some() {
+            return Err(usage(format!("server {} is in the map already", a.id)));
+        }
+        map.servers.push(ServerEntry {
+            id: a.id,
+            addr: a.addr.clone(),
+            data_dir: a.data_dir.clone(),
+            weight: a.weight,
+            state: ServerState::Up,
+            http: a.http.clone(),
+            served_by: None,
+            behind: Vec::new(),
+            home: None,
+            host: None,
+            moving_to: None,
+            // Nothing new is placed on its own slot: that would move existing inodes.
+            placed: false,
+        });
+        Ok(())
+    })
+    .await?;
+    // The new server finds its entry in the configuration file it is started with.
+    let path = ctx.config_path()?;
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, map.to_toml()).map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| anyhow!("cannot replace {}: {e}", path.display()))?;
+    if a.json {
+        println!("{}", serde_json::json!({"server": a.id, "map_version": version, "config": path}));
+    } else {
+        println!(
+            "server {} added (map version {version}); {} names it now.\nStart it (shoald --config {} --id {}), then move slots to it: shoal server rebalance",
+            a.id,
+            path.display(),
+            path.display(),
+            a.id
+        );
+    }
+    Ok(())
+}
+
+/// Ask the servers to move `slot` to `to` (the `moving_to` map change).
+async fn one_move(client: &Client, slot: ServerId, to: ServerId) -> Result<Move> {
+    let (_, _, map) = current(client).await?;
+    let from = map.process_of(slot);
+    let entry = map.server(slot).ok_or_else(|| usage(format!("server {slot} is not in the map")))?;
+    if entry.host.is_none() {
+        return Err(usage(format!(
+            "server {slot} is a server's own slot: only slots living on a server (host) move for now"
+        )));
+    }
+    if map.processes().all(|p| p.id != to.0) {
+        return Err(usage(format!("server {to} is not a server of the map (with a process of its own)")));
+    }
+    if from == to {
+        return Err(usage(format!("server {slot} lives on server {to} already")));
+    }
+    change_map(client, |map| {
+        let e = map.servers.iter_mut().find(|e| e.id == slot.0).ok_or_else(|| anyhow!("server {slot} left the map"))?;
+        e.moving_to = Some(to.0);
+        Ok(())
+    })
+    .await?;
+    Ok(Move { slot, from, to })
+}
+
+/// Wait until `m` is done: the slot lives on its destination and is served there. Returns
+/// the seconds it took. `bar`: shows the destination's resync meanwhile.
+async fn wait_moved(client: &Client, m: Move, within: Duration, bar: Option<&ProgressBar>) -> Result<f64> {
+    let started = Instant::now();
+    loop {
+        let (_, _, map) = current(client).await?;
+        let e = map.server(m.slot).ok_or_else(|| anyhow!("server {} left the map", m.slot))?;
+        if e.host == Some(m.to.0) && e.moving_to.is_none() && !e.addr.is_empty() && e.state == ServerState::Up {
+            // Served there once the new address answers.
+            if client.server_status(m.slot).await.is_ok() {
+                return Ok(started.elapsed().as_secs_f64());
+            }
+        } else if e.moving_to != Some(m.to.0) && e.host != Some(m.to.0) {
+            return Err(anyhow!("the move of server {} to server {} was called off (the map changed)", m.slot, m.to));
+        }
+        if let Some(bar) = bar {
+            bar.set_message(resync_note(client, m).await);
+        }
+        if started.elapsed() > within {
+            return Err(anyhow!(
+                "server {} is still moving to server {} after {:?} (the move goes on: see shoal status)",
+                m.slot,
+                m.to,
+                within
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// How far the destination's copy of the moving slot is, from the slot's status.
+async fn resync_note(client: &Client, m: Move) -> String {
+    let Ok(st) = client.server_status(m.slot).await else {
+        return format!("server {} → {}: switching", m.slot, m.to);
+    };
+    match st.mirrors.iter().find(|x| x.server == m.to) {
+        Some(x) if x.resync_total_bytes > 0 && x.resync_done_bytes < x.resync_total_bytes => format!(
+            "server {} → {}: copying {:.0} %",
+            m.slot,
+            m.to,
+            100.0 * x.resync_done_bytes as f64 / x.resync_total_bytes as f64
+        ),
+        Some(_) => format!("server {} → {}: catching up", m.slot, m.to),
+        None => format!("server {} → {}: starting", m.slot, m.to),
+    }
+}
+
+async fn rebalance(ctx: &Ctx, a: RebalanceArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let (_, _, map) = current(&client).await?;
+    let moves = plan(&map);
+    let as_json = |ms: &[(Move, f64)]| {
+        serde_json::json!(ms
+            .iter()
+            .map(|(m, s)| serde_json::json!({"slot": m.slot.0, "from": m.from.0, "to": m.to.0, "seconds": s}))
+            .collect::<Vec<_>>())
+    };
+    if a.dry_run {
+        if a.json {
+            println!("{}", as_json(&moves.iter().map(|m| (*m, 0.0)).collect::<Vec<_>>()));
+        } else if moves.is_empty() {
+            println!("balanced: nothing to move");
+        }
+        for m in moves.iter().filter(|_| !a.json) {
+            println!("move server {} from server {} to server {}", m.slot, m.from, m.to);
+        }
+        return Ok(());
+    }
+    let bar = ProgressBar::new(moves.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} slots  {msg}")
+            .map_err(|e| anyhow!("{e}"))?
+            .progress_chars("=> "),
+    );
+    let mut done = Vec::new();
+    for m in &moves {
+        let m = one_move(&client, m.slot, m.to).await?;
+        let secs = wait_moved(&client, m, Duration::from_secs(a.wait_secs), Some(&bar)).await?;
+        bar.inc(1);
+        done.push((m, secs));
+    }
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", as_json(&done));
+    } else if done.is_empty() {
+        println!("balanced: nothing to move");
+    } else {
+        for (m, s) in &done {
+            println!("moved server {} from server {} to server {} in {s:.1} s", m.slot, m.from, m.to);
+        }
+    }
+    Ok(())
+}

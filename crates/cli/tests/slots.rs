@@ -1,0 +1,150 @@
+//! Slots outnumbering servers, and servers joining a running cluster (docs/membership.md,
+//! "Moving slots"), on real clusters: every slot is served by the server it lives on, a
+//! server added with `shoal server add` takes its share of whole slots with
+//! `shoal server rebalance` while clients keep working, and nothing is lost or changed.
+
+mod common;
+
+use common::{pattern, Cluster};
+use shoal_client::{Client, OpenFlags};
+use shoal_placement::ClusterMap;
+use shoal_proto::msg::LayoutSpec;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Wait until every slot of the servers' newest map has an address and is up.
+async fn all_slots_served(client: &Client) -> ClusterMap {
+    let start = Instant::now();
+    loop {
+        let _ = client.refresh_map().await;
+        let map = client.map();
+        if map.servers.iter().all(|e| !e.addr.is_empty() && e.state == shoal_placement::map::ServerState::Up) {
+            return (*map).clone();
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "slots not all served: {:?}", map.servers);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn a_joining_server_takes_whole_slots_while_clients_work_and_nothing_changes() {
+    let mut cluster = Cluster::start_with(2, |m| m.add_spare_slots(6));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = cluster.client();
+    let map = rt.block_on(all_slots_served(&client));
+    assert_eq!(map.slots_on(shoal_proto::ServerId(0)).len(), 3);
+    assert_eq!(map.slots_on(shoal_proto::ServerId(1)).len(), 3);
+
+    // Files on every slot: single-object files spread by placement, and striped ones.
+    let all = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(u32::MAX), ..Default::default() };
+    let mut want = Vec::new();
+    rt.block_on(async {
+        client.mkdir("/d", 0o755).await.unwrap();
+        for i in 0..24u64 {
+            let path = format!("/d/f{i}");
+            let data = pattern(i, 0, [1000, 70_000, 1 << 20][i as usize % 3]);
+            let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
+            f.write_at(0, &data).await.unwrap();
+            f.close().await.unwrap();
+            want.push((path, data));
+        }
+    });
+
+    // Clients keep working through the moves: one writes and reads back a file in turn.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (rounds, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(std::sync::Mutex::new(Vec::new())));
+    let worker = {
+        let (stop, rounds, errors) = (stop.clone(), rounds.clone(), errors.clone());
+        let client = cluster.client();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    let path = format!("/d/live{i}");
+                    let data = pattern(1000 + i, 0, 20_000);
+                    let r: Result<(), String> = async {
+                        let f = client.create(&path, 0o644, None).await.map_err(|e| format!("create {path}: {e}"))?;
+                        f.write_at(0, &data).await.map_err(|e| format!("write {path}: {e}"))?;
+                        f.close().await.map_err(|e| format!("close {path}: {e}"))?;
+                        let f = client
+                            .open(&path, OpenFlags::read_only())
+                            .await
+                            .map_err(|e| format!("open {path}: {e}"))?;
+                        let got = f.read_at(0, data.len()).await.map_err(|e| format!("read {path}: {e}"))?;
+                        if got[..] != data[..] {
+                            return Err(format!("{path}: read back other bytes"));
+                        }
+                        Ok(())
+                    }
+                    .await;
+                    if let Err(e) = r {
+                        let mut errors = errors.lock().unwrap();
+                        if errors.len() < 5 {
+                            errors.push(e);
+                        }
+                    }
+                    rounds.fetch_add(1, Ordering::SeqCst);
+                    i += 1;
+                }
+            })
+        })
+    };
+
+    // A third server joins and takes its share: 6 slots over 3 servers, 2 each.
+    let port = common::free_ports(1)[0];
+    let dir = cluster.path().join("s6");
+    let (code, out, err) = cluster.shoal(&[
+        "server",
+        "add",
+        "6",
+        "--addr",
+        &format!("127.0.0.1:{port}"),
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "server add: {out}{err}");
+    cluster.start_joined(6);
+    let (code, out, err) = cluster.shoal(&["server", "rebalance", "--dry-run", "--json"]);
+    assert_eq!(code, 0, "rebalance --dry-run: {out}{err}");
+    let planned: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(planned.as_array().unwrap().len(), 2, "{out}");
+    let (code, out, err) = cluster.shoal(&["server", "rebalance", "--json", "--wait-secs", "120"]);
+    assert_eq!(code, 0, "rebalance: {out}{err}\n{}\n{}\n{}", cluster.log(0), cluster.log(1), cluster.log(6));
+    let moved: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(moved.as_array().unwrap().len(), 2, "{out}");
+    let (code, out, _) = cluster.shoal(&["server", "rebalance", "--dry-run"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("balanced"), "{out}");
+
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::SeqCst);
+    worker.join().unwrap();
+    let errors = errors.lock().unwrap().clone();
+    assert!(errors.is_empty(), "client errors during the moves: {errors:?}");
+    assert!(rounds.load(Ordering::SeqCst) >= 5, "the worker hardly ran");
+
+    // Every byte is where it was, read by a new client through the new map.
+    let fresh = cluster.client();
+    rt.block_on(async {
+        let map = all_slots_served(&fresh).await;
+        for p in [0, 1, 6] {
+            // Server 6's own entry holds nothing (`placed = false`): not a slot of the data.
+            let held = map.slots_on(shoal_proto::ServerId(p)).into_iter().filter(|&s| map.server(s).unwrap().placed);
+            assert_eq!(held.count(), 2, "server {p}: {:?}", map.servers);
+        }
+        for (path, data) in &want {
+            let f = fresh.open(path, OpenFlags::read_only()).await.unwrap();
+            let got = f.read_at(0, data.len() + 1).await.unwrap();
+            assert!(got[..] == data[..], "{path}: other bytes after the moves");
+        }
+    });
+    // The old hosts dropped their copies of the slots that left them (replicas = 1: they
+    // are no mirrors of them).
+    for m in moved.as_array().unwrap() {
+        let (slot, from) = (m["slot"].as_u64().unwrap(), m["from"].as_u64().unwrap());
+        let copy = cluster.path().join(format!("s{from}")).join(format!("mirror-{slot}"));
+        assert!(!copy.exists(), "{} is still there", copy.display());
+    }
+}

@@ -1,0 +1,106 @@
+//! Which slots to move so that every server holds its share (`shoal server add`,
+//! `shoal server rebalance`; docs/membership.md, "Moving slots").
+//!
+//! Slots move whole, and only slots without a process of their own (`host`): a server's
+//! own slot stays with it. A plan moves as few slots as it can: one at a time from the
+//! server holding the most to the one holding the fewest, until no two servers differ by
+//! more than one slot (16 slots on 4 servers, a fifth joins: 3 slots, 19 % of the data
+//! when slots are even).
+
+use crate::map::{ClusterMap, ServerState};
+use shoal_proto::ServerId;
+
+/// One move of a plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub slot: ServerId,
+    pub from: ServerId,
+    pub to: ServerId,
+}
+
+/// The moves that even out the slots over the servers that are up, in the order to make
+/// them. Slots already moving count where they go; servers down or out take nothing.
+pub fn plan(map: &ClusterMap) -> Vec<Move> {
+    let servers: Vec<ServerId> =
+        map.processes().filter(|p| p.state == ServerState::Up).map(|p| p.server_id()).collect();
+    if servers.len() < 2 {
+        return Vec::new();
+    }
+    // Where each slot lives once the moves under way are done. A server added to a running
+    // cluster has an entry of its own that holds nothing (`placed = false`): not counted.
+    let mut on: Vec<(ServerId, ServerId)> = map
+        .servers
+        .iter()
+        .filter(|e| e.placed)
+        .map(|e| (e.server_id(), e.moving_to.map_or_else(|| map.process_of(e.server_id()), ServerId)))
+        .collect();
+    let count = |on: &[(ServerId, ServerId)], p: ServerId| on.iter().filter(|(_, h)| *h == p).count();
+    let mut moves = Vec::new();
+    loop {
+        let most = *servers.iter().max_by_key(|&&p| (count(&on, p), std::cmp::Reverse(p.0))).expect("two servers");
+        let fewest = *servers.iter().min_by_key(|&&p| (count(&on, p), p.0)).expect("two servers");
+        if count(&on, most) <= count(&on, fewest) + 1 {
+            return moves;
+        }
+        // The highest-numbered slot living there without being its own or already moving.
+        let movable = on.iter_mut().rev().find(|(slot, h)| {
+            *h == most && *slot != most && map.server(*slot).is_some_and(|e| e.moving_to.is_none() && e.host.is_some())
+        });
+        let Some((slot, h)) = movable else { return moves };
+        *h = fewest;
+        moves.push(Move { slot: *slot, from: most, to: fewest });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::ServerEntry;
+    use std::path::Path;
+
+    fn joined(map: &mut ClusterMap, id: u32) {
+        let mut e: ServerEntry = map.servers[0].clone();
+        e.id = id;
+        e.addr = format!("127.0.0.1:{}", 9000 + id);
+        e.data_dir = None;
+        e.placed = false;
+        map.servers.push(e);
+        map.validate().unwrap();
+    }
+
+    #[test]
+    fn a_fifth_server_takes_three_of_sixteen_slots_one_from_each_of_three_servers() {
+        let mut map = ClusterMap::local_with_slots(4, 16, 7000, Path::new("/d"));
+        map.validate().unwrap();
+        assert!(plan(&map).is_empty(), "an even cluster needs no move");
+        joined(&mut map, 100);
+        let moves = plan(&map);
+        assert_eq!(moves.len(), 3, "{moves:?}");
+        assert!(moves.iter().all(|m| m.to == ServerId(100)));
+        let mut from: Vec<u32> = moves.iter().map(|m| m.from.0).collect();
+        from.sort();
+        from.dedup();
+        assert_eq!(from.len(), 3, "one slot from each of three servers: {moves:?}");
+        assert!(moves.iter().all(|m| m.slot.0 >= 4), "own slots never move: {moves:?}");
+    }
+
+    #[test]
+    fn moves_under_way_count_where_they_go_and_down_servers_take_nothing() {
+        let mut map = ClusterMap::local_with_slots(2, 8, 7000, Path::new("/d"));
+        joined(&mut map, 9);
+        let first = plan(&map);
+        assert_eq!(first.len(), 2, "{first:?}");
+        let e = map.servers.iter_mut().find(|e| e.id == first[0].slot.0).unwrap();
+        e.moving_to = Some(9);
+        assert_eq!(plan(&map).len(), 1);
+        map.servers.iter_mut().find(|e| e.id == 9).unwrap().state = ServerState::Down;
+        assert!(plan(&map).iter().all(|m| m.to != ServerId(9)));
+    }
+
+    #[test]
+    fn a_cluster_without_spare_slots_has_nothing_to_move() {
+        let mut map = ClusterMap::local(4, 7000, Path::new("/d"));
+        joined(&mut map, 4);
+        assert!(plan(&map).is_empty());
+    }
+}

@@ -1,0 +1,128 @@
+//! Moving a slot to another server (docs/membership.md, "Moving slots"): how a server that
+//! joins takes its share, and how slots are spread again.
+//!
+//! A slot is moved whole, by the machinery that already moves a slot between processes
+//! after a failover (`rejoin.rs`), in four steps:
+//!
+//! 1. **Asked.** A map change sets the slot's `moving_to` (`shoal server move`, or the
+//!    rebalancing of `shoal server add`). The destination is one more mirror of the slot
+//!    (`ClusterMap::mirrors_of`): it opens an empty copy (`replica::keep_mirrors`), and the
+//!    slot's server ships to it (`replica::follow_map`).
+//! 2. **Resync.** The copy is resynchronised by digest (throttled, `replica/resync.rs`; after
+//!    a crash of either side the next resync compares again and sends only what differs),
+//!    then follows the log.
+//! 3. **Switch.** Once the destination is in sync ([`hand_over`], called by the shipper), the
+//!    slot's server stops taking requests, waits until none runs and the destination has
+//!    applied every change (`rejoin::drain_for_handback`), and closes its stores. Its
+//!    process then moves the slot by compare-and-set ([`after_move`]): `host` = the
+//!    destination, no `moving_to`, the slot's other mirrors `behind` (the destination's new
+//!    incarnation resynchronises them).
+//! 4. **Serving there.** The destination sees a slot living on it that it does not serve and
+//!    serves it from its copy (`failover::on_map`, as after a restart), with the copy's
+//!    replies (a retry of a request the old server applied is answered, not applied twice).
+//!
+//! Clients see the switch as a short failover: calls to the old address are refused, and
+//! sent again (same request id) once the map names the new one. If the switch cannot be
+//! committed (the group is out of reach), the old server serves the slot again and the move
+//! starts over from step 2 (`moving_to` is still set).
+//!
+//! Only slots without a process of their own (`host`) move for now; a server's own slot
+//! stays (draining a server needs it moved too: docs/membership.md says what is missing).
+
+use crate::state::State;
+use shoal_placement::map::ServerState;
+use shoal_placement::ClusterMap;
+use shoal_proto::ServerId;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The shipper of `st`'s slot found `mirror` in sync: if the map moves the slot there, stop
+/// serving it here to switch (step 3).
+pub fn hand_over(st: &Arc<State>, mirror: ServerId) {
+    // A server's own slot is not moved (see the module docs).
+    if st.failover.host.is_none() || st.map.get().server(st.id).and_then(|e| e.moving_to) != Some(mirror.0) {
+        return;
+    }
+    if st.rejoin.handing_back.swap(true, Ordering::SeqCst) {
+        return;
+    }
+    *st.rejoin.handing_to.lock() = Some(mirror);
+    st.stop_serving(format!("server {}: moving the slot to server {mirror}, which is in sync", st.id));
+}
+
+/// Tries of the switch's map change (it keeps losing compare-and-set races, or the group is
+/// out of reach).
+const SWITCH_TRIES: usize = 50;
+
+/// On the old host, once the slot's server stopped (`drained`: the destination applied
+/// everything): move the slot to `to` through the group, and keep or delete this server's
+/// copy as the new map says. If the switch does not happen, serve the slot here again.
+pub async fn after_move(host: Arc<State>, slot: ServerId, to: ServerId, drained: bool) {
+    let moved = drained && switch(&host, slot, to).await;
+    if moved {
+        let keeps = host.map.get().mirrors_of(slot).contains(&host.id);
+        let kept = match keeps {
+            // Still a mirror (behind: resynchronised by the new incarnation).
+            true => crate::failover::keep_as_mirror_again(&host, slot).await,
+            false => remove_copy(&host, slot).await,
+        };
+        if let Err(e) = kept {
+            tracing::error!("server {slot} moved to server {to}; this server's copy: {e:#}");
+        }
+    }
+    host.failover.promoting.lock().remove(&slot);
+    if !moved {
+        tracing::warn!("server {slot}: not moved to server {to}: serving it here again");
+        crate::failover::on_map(&host);
+    }
+}
+
+/// The map change of the switch (step 3): true once committed.
+async fn switch(host: &Arc<State>, slot: ServerId, to: ServerId) -> bool {
+    let Some(group) = host.membership.get().cloned() else { return false };
+    let base = crate::failover::map_base(host);
+    for _ in 0..SWITCH_TRIES {
+        let doc = group.current();
+        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { return false };
+        let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) else { return false };
+        if e.host != Some(host.id.0) || e.moving_to != Some(to.0) || e.served_by.is_some() {
+            // Someone else changed the slot meanwhile (a failover, the move called off).
+            return false;
+        }
+        e.host = Some(to.0);
+        e.moving_to = None;
+        e.state = ServerState::Up;
+        e.behind.clear();
+        // The destination serves with a new incarnation: every other mirror is resynced.
+        let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
+        if let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) {
+            e.behind = behind;
+        }
+        map.cluster.version = doc.version + 1;
+        match group.propose(doc.version, map.to_toml()).await {
+            Ok(v) => {
+                tracing::warn!("server {slot} moves to server {to} (map version {v})");
+                crate::membership::follow_map(host, map);
+                return true;
+            }
+            Err(shoal_membership::ProposeError::Conflict { .. }) => continue,
+            Err(e) => {
+                tracing::warn!("moving server {slot} to server {to}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+    false
+}
+
+/// Delete this server's copy of `slot` (it moved away, and this server is not one of its
+/// mirrors), once its stores are closed.
+async fn remove_copy(host: &State, slot: ServerId) -> anyhow::Result<()> {
+    let copy = crate::failover::open_mirror_once_closed(host, slot).await?;
+    drop(copy);
+    let dir = crate::replica::mirror::dir_of(&host.data_dir, slot);
+    std::fs::remove_dir_all(&dir).map_err(|e| anyhow::anyhow!("removing {}: {e}", dir.display()))?;
+    tracing::info!("server {slot} moved away: removed this server's copy {}", dir.display());
+    Ok(())
+}
