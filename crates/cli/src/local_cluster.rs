@@ -50,6 +50,9 @@ pub struct UpOptions {
     pub throttle: Vec<(u32, f64)>,
     /// Copies of every server's stores (`[cluster] replicas`), when not the default 1.
     pub replicas: Option<u8>,
+    /// Slots in all, when more than the servers: the others live on the servers in turn, so
+    /// that servers added later can take whole slots (docs/membership.md, "Moving slots").
+    pub slots: Option<u32>,
 }
 
 /// Parse `ID=MBPS` (`shoal cluster up --throttle 3=25`).
@@ -99,6 +102,9 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
         if let Some(r) = opts.replicas {
             map.cluster.replicas = r;
         }
+        if let Some(slots) = opts.slots {
+            map.add_spare_slots(slots);
+        }
         map.security.tls = opts.tls;
         map.validate().map_err(|m| anyhow::anyhow!("invalid cluster settings: {m}"))?;
         std::fs::write(&config, map.to_toml()).with_context(|| format!("cannot write {}", config.display()))?;
@@ -110,7 +116,8 @@ pub fn up(opts: &UpOptions) -> Result<PathBuf> {
     if map.security.tls && !(map.security.tls_cert.exists() && map.security.tls_key.exists()) {
         shoal_rpc::tls_certs::make_certs(&map, false).map_err(anyhow::Error::msg)?;
     }
-    for s in &map.servers {
+    // Processes only: the other slots live on them.
+    for s in map.processes() {
         if pid_alive(&dir, s.id).is_some() {
             continue;
         }
@@ -192,7 +199,7 @@ fn stop_identityd(dir: &Path, grace: Duration) {
 /// flight per process 25–30 µs instead of 45–50 µs per create; with one in flight about the
 /// same (within the noise of a shared machine).
 fn threads_per_server(config: &Path) -> usize {
-    let servers = ClusterMap::load(config).map(|m| m.servers.len()).unwrap_or(1).max(1);
+    let servers = ClusterMap::load(config).map(|m| m.processes().count()).unwrap_or(1).max(1);
     let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     (cpus / servers).max(1)
 }
@@ -237,7 +244,7 @@ pub fn start_server_threads(dir: &Path, config: &Path, id: u32, threads: usize, 
 
 fn wait_ready(dir: &Path, map: &ClusterMap, limit: Duration) -> Result<()> {
     let start = Instant::now();
-    for s in &map.servers {
+    for s in map.processes() {
         loop {
             if TcpStream::connect(&s.addr).is_ok() {
                 break;
@@ -276,7 +283,7 @@ pub fn down(dir: &Path, grace: Duration) -> Result<usize> {
     let config = dir.join("cluster.toml");
     let map = ClusterMap::load(&config)?;
     let mut running = Vec::new();
-    for s in &map.servers {
+    for s in map.processes() {
         if let Some(pid) = pid_alive(dir, s.id) {
             unsafe { libc::kill(pid, libc::SIGTERM) };
             running.push((s.id, pid));

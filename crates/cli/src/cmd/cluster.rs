@@ -50,6 +50,12 @@ pub struct UpArgs {
     /// "Redundancy").
     #[arg(long, value_parser = clap::value_parser!(u8).range(1..=3))]
     replicas: Option<u8>,
+    /// Slots in all (at least the servers): the slots beyond the servers' own live on the
+    /// servers in turn, so that a server added later takes whole slots from them
+    /// (`shoal server add`, `shoal server rebalance`; docs/membership.md, "Moving slots").
+    /// Default: one per server (such a cluster grows only by new files placed elsewhere).
+    #[arg(long)]
+    slots: Option<u32>,
 }
 
 #[derive(Args)]
@@ -75,11 +81,12 @@ pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
                 tls: a.tls,
                 throttle: a.throttle,
                 replicas: a.replicas,
+                slots: a.slots,
             };
             let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;
             let map = shoal_placement::ClusterMap::load(&config)?;
-            println!("started {} servers; configuration written to {}", map.servers.len(), config.display());
-            for s in &map.servers {
+            println!("started {} servers; configuration written to {}", map.processes().count(), config.display());
+            for s in map.processes() {
                 match &s.http {
                     Some(http) => println!("  s{} {}  http://{http}/ (status page; files under /fs/)", s.id, s.addr),
                     None => println!("  s{} {}", s.id, s.addr),

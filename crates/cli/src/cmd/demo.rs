@@ -62,6 +62,7 @@ pub async fn demo(_ctx: &Ctx, a: DemoArgs) -> Result<()> {
         tls: false,
         throttle: Vec::new(),
         replicas: None,
+        slots: None,
     };
     println!("== starting {} shoald servers under {}", a.servers, dir.display());
     let config = tokio::task::spawn_blocking(move || local_cluster::up(&opts)).await??;

@@ -43,6 +43,10 @@ pub struct AddArgs {
     /// Placement weight.
     #[arg(long, default_value_t = 1.0)]
     weight: f64,
+    /// Also start its shoald here, as `shoal cluster up` starts a local cluster's (pid and
+    /// log files in the configuration file's folder; `shoal cluster down` stops it too).
+    #[arg(long)]
+    start: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -142,8 +146,16 @@ async fn add(ctx: &Ctx, a: AddArgs) -> Result<()> {
     let tmp = path.with_extension("toml.new");
     std::fs::write(&tmp, map.to_toml()).map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &path).map_err(|e| anyhow!("cannot replace {}: {e}", path.display()))?;
+    if a.start {
+        let dir = path.parent().map_or_else(|| PathBuf::from("."), PathBuf::from);
+        let (dir2, path2, id) = (dir.clone(), path.clone(), a.id);
+        tokio::task::spawn_blocking(move || crate::local_cluster::start_server(&dir2, &path2, id, None)).await??;
+        wait_accepting(&a.addr, Duration::from_secs(30), &dir.join(format!("s{}.log", a.id))).await?;
+    }
     if a.json {
-        println!("{}", serde_json::json!({"server": a.id, "map_version": version, "config": path}));
+        println!("{}", serde_json::json!({"server": a.id, "map_version": version, "config": path, "started": a.start}));
+    } else if a.start {
+        println!("server {} added (map version {version}) and started; move slots to it: shoal server rebalance", a.id);
     } else {
         println!(
             "server {} added (map version {version}); {} names it now.\nStart it (shoald --config {} --id {}), then move slots to it: shoal server rebalance",
@@ -152,6 +164,21 @@ async fn add(ctx: &Ctx, a: AddArgs) -> Result<()> {
             path.display(),
             a.id
         );
+    }
+    Ok(())
+}
+
+/// Wait until something accepts connections at `addr` (a server just started; its log
+/// `log` names the cause if it does not come up).
+async fn wait_accepting(addr: &str, within: Duration, log: &std::path::Path) -> Result<()> {
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if started.elapsed() > within {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no log output");
+            return Err(anyhow!("the new server did not accept connections on {addr} within {within:?}: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     Ok(())
 }
