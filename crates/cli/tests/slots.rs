@@ -131,6 +131,11 @@ fn join_under_load(replicas: u8) {
     let (code, out, _) = cluster.shoal(&["server", "rebalance", "--dry-run"]);
     assert_eq!(code, 0);
     assert!(out.contains("balanced"), "{out}");
+    // `shoal status` answers for every slot, and says where each lives.
+    let (code, out, err) = cluster.shoal(&["status"]);
+    assert_eq!(code, 0, "status: {out}{err}");
+    let on_s6 = out.lines().filter(|l| !l.starts_with("mirror") && l.ends_with("on s6")).count();
+    assert_eq!(on_s6, 2, "{out}");
 
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);

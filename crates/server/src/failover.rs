@@ -122,7 +122,11 @@ pub fn on_map(st: &Arc<State>) {
 }
 
 async fn promote(host: Arc<State>, slot: ServerId) {
-    tracing::warn!("server {slot} is down: serving it from the mirror this server keeps");
+    if host.map.get().serving_process(slot) == host.id {
+        tracing::info!("server {slot} is served by this server: serving it from its stores here");
+    } else {
+        tracing::warn!("server {slot} is down: serving it from the mirror this server keeps");
+    }
     let started = std::time::Instant::now();
     match promote_inner(&host, slot).await {
         Ok(true) => tracing::warn!("server {slot} is served here now (promoted in {:?})", started.elapsed()),

@@ -5,6 +5,7 @@ use crate::fmt::human_bytes;
 use anyhow::{bail, Result};
 use clap::Args;
 use shoal_proto::msg::{MirrorStatus, MirrorSync};
+use shoal_proto::ServerId;
 
 #[derive(Args)]
 pub struct StatusArgs {
@@ -22,8 +23,25 @@ pub struct DfArgs {
 
 pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
     let client = ctx.client()?;
+    // The servers' map: slots may have moved, or be served at addresses the file lacks.
+    let _ = client.refresh_map().await;
     let all = client.status_all().await;
     let map = client.map();
+    // Where a slot lives when not on a process of its own, and where it is moving.
+    let placement = |id: ServerId| -> String {
+        let Some(e) = map.server(id) else { return String::new() };
+        let mut v = Vec::new();
+        if let Some(h) = e.host {
+            v.push(format!("on s{h}"));
+        }
+        if let Some(by) = e.served_by {
+            v.push(format!("served by s{by}"));
+        }
+        if let Some(to) = e.moving_to {
+            v.push(format!("moving to s{to}"));
+        }
+        v.join(", ")
+    };
     if a.json {
         let rows: Vec<serde_json::Value> = all
             .iter()
@@ -39,6 +57,8 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                         "bytes_received": s.counters.bytes_received, "bytes_sent": s.counters.bytes_sent,
                         "errors": s.counters.errors,
                         "mirrors": s.mirrors.iter().map(mirror_json).collect::<Vec<_>>(),
+                        "host": map.server(*id).and_then(|e| e.host),
+                        "moving_to": map.server(*id).and_then(|e| e.moving_to),
                         "ops": s.counters.ops.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
                     }),
                     Err(e) => serde_json::json!({"id": id.0, "addr": addr, "up": false, "error": e.to_string()}),
@@ -51,14 +71,14 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
         );
     } else {
         println!(
-            "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>8}",
+            "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>8}  slot",
             "id", "address", "state", "size", "free", "inodes", "objects", "requests", "peer-reqs", "uptime"
         );
         for (id, r) in &all {
             let addr = map.server(*id).map(|s| s.addr.as_str()).unwrap_or("?");
             match r {
                 Ok(s) => println!(
-                    "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>7}s",
+                    "{:<4} {:<21} {:<5} {:>8} {:>8} {:>9} {:>9} {:>10} {:>10} {:>7}s  {}",
                     id.to_string(),
                     addr,
                     "up",
@@ -68,9 +88,10 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                     s.data_objects,
                     s.counters.client_requests,
                     s.counters.peer_requests,
-                    s.uptime_secs
+                    s.uptime_secs,
+                    placement(*id)
                 ),
-                Err(e) => println!("{:<4} {:<21} {:<5} {}", id.to_string(), addr, "DOWN", e.errno),
+                Err(e) => println!("{:<4} {:<21} {:<5} {}  {}", id.to_string(), addr, "DOWN", e.errno, placement(*id)),
             }
         }
         // Where each server's stores are mirrored, and how far each mirror has got.
