@@ -30,12 +30,9 @@
 //! stays (draining a server needs it moved too: docs/membership.md says what is missing).
 
 use crate::state::State;
-use shoal_placement::map::ServerState;
-use shoal_placement::ClusterMap;
 use shoal_proto::ServerId;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The shipper of `st`'s slot found `mirror` in sync: if the map moves the slot there, stop
 /// serving it here to switch (step 3).
@@ -80,40 +77,20 @@ pub async fn after_move(host: Arc<State>, slot: ServerId, to: ServerId, drained:
 
 /// The map change of the switch (step 3): true once committed.
 async fn switch(host: &Arc<State>, slot: ServerId, to: ServerId) -> bool {
-    let Some(group) = host.membership.get().cloned() else { return false };
-    let base = crate::failover::map_base(host);
-    for _ in 0..SWITCH_TRIES {
-        let doc = group.current();
-        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { return false };
-        let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) else { return false };
+    let moved = crate::rejoin::switch_slot(host, slot, SWITCH_TRIES, "moving it", |e| {
+        // Someone else changed the slot meanwhile (a failover, the move called off).
         if e.host != Some(host.id.0) || e.moving_to != Some(to.0) || e.served_by.is_some() {
-            // Someone else changed the slot meanwhile (a failover, the move called off).
             return false;
         }
         e.host = Some(to.0);
         e.moving_to = None;
-        e.state = ServerState::Up;
-        e.behind.clear();
-        // The destination serves with a new incarnation: every other mirror is resynced.
-        let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
-        if let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) {
-            e.behind = behind;
-        }
-        map.cluster.version = doc.version + 1;
-        match group.propose(doc.version, map.to_toml()).await {
-            Ok(v) => {
-                tracing::warn!("server {slot} moves to server {to} (map version {v})");
-                crate::membership::follow_map(host, map);
-                return true;
-            }
-            Err(shoal_membership::ProposeError::Conflict { .. }) => continue,
-            Err(e) => {
-                tracing::warn!("moving server {slot} to server {to}: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
-    }
-    false
+        true
+    })
+    .await;
+    let Some((v, map)) = moved else { return false };
+    tracing::warn!("server {slot} moves to server {to} (map version {v})");
+    crate::membership::follow_map(host, map);
+    true
 }
 
 /// Delete this server's copy of `slot` (it moved away, and this server is not one of its

@@ -482,36 +482,54 @@ const HANDBACK_TRIES: usize = 50;
 
 /// Move `slot` back to its home (the copy on `host` stopped, its home holds everything).
 async fn move_home(host: &Arc<State>, slot: ServerId) -> bool {
-    let Some(group) = host.membership.get().cloned() else { return false };
-    let base = crate::failover::map_base(host);
-    for _ in 0..HANDBACK_TRIES {
-        let doc = group.current();
-        let Ok(mut map) = ClusterMap::from_toml(&doc.toml, &base) else { return false };
-        let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) else { return false };
+    let moved = switch_slot(host, slot, HANDBACK_TRIES, "handing it back", |e| {
         let (Some(home), true) = (e.home.clone(), e.served_by == Some(host.id.0)) else { return false };
         e.addr = home;
         e.home = None;
         e.served_by = None;
-        e.state = ServerState::Up;
-        e.behind.clear();
-        // Every mirror holds positions of the copy's incarnation (or older): the server's
-        // next one resynchronises them.
-        let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
-        if let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) {
-            e.behind = behind;
+        true
+    })
+    .await;
+    if let Some((v, _)) = moved {
+        tracing::warn!("server {slot} is handed back to its own process (map version {v})");
+    }
+    moved.is_some()
+}
+
+/// Move `slot` to another process by compare-and-set through `host`'s member of the group
+/// (a handback, or a move's switch: `moves.rs`): `change` edits the slot's entry in the
+/// newest map, or says no (false: someone else changed the slot meanwhile). The slot is
+/// then `up`, and every mirror `behind` (it holds positions of the old server's
+/// incarnation; the new one resynchronises them). Retried `tries` times while the change
+/// loses races or the group is out of reach. The new version and map, once committed.
+pub(crate) async fn switch_slot(
+    host: &Arc<State>,
+    slot: ServerId,
+    tries: usize,
+    what: &str,
+    change: impl Fn(&mut shoal_placement::map::ServerEntry) -> bool,
+) -> Option<(u64, ClusterMap)> {
+    let group = host.membership.get().cloned()?;
+    let base = crate::failover::map_base(host);
+    for _ in 0..tries {
+        let doc = group.current();
+        let mut map = ClusterMap::from_toml(&doc.toml, &base).ok()?;
+        let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
+        if !change(e) {
+            return None;
         }
+        e.state = ServerState::Up;
+        let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
+        map.servers.iter_mut().find(|e| e.id == slot.0)?.behind = behind;
         map.cluster.version = doc.version + 1;
         match group.propose(doc.version, map.to_toml()).await {
-            Ok(v) => {
-                tracing::warn!("server {slot} is handed back to its own process (map version {v})");
-                return true;
-            }
+            Ok(v) => return Some((v, map)),
             Err(shoal_membership::ProposeError::Conflict { .. }) => continue,
             Err(e) => {
-                tracing::warn!("handing server {slot} back: {e}");
+                tracing::warn!("server {slot}: {what}: {e}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }
-    false
+    None
 }
