@@ -13,6 +13,96 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A client that writes a file and reads it back, in turn, until finished: any error it
+/// meets is kept (the first five).
+struct Worker {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+    errors: Arc<std::sync::Mutex<Vec<String>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Worker {
+    fn start(client: Client) -> Worker {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (rounds, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(std::sync::Mutex::new(Vec::new())));
+        let (stop2, rounds2, errors2) = (stop.clone(), rounds.clone(), errors.clone());
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let mut i = 0u64;
+                while !stop2.load(Ordering::SeqCst) {
+                    let path = format!("/d/live{i}");
+                    let data = pattern(1000 + i, 0, 20_000);
+                    let r: Result<(), String> = async {
+                        let f = client.create(&path, 0o644, None).await.map_err(|e| format!("create {path}: {e}"))?;
+                        f.write_at(0, &data).await.map_err(|e| format!("write {path}: {e}"))?;
+                        f.close().await.map_err(|e| format!("close {path}: {e}"))?;
+                        let f = client
+                            .open(&path, OpenFlags::read_only())
+                            .await
+                            .map_err(|e| format!("open {path}: {e}"))?;
+                        let got = f.read_at(0, data.len()).await.map_err(|e| format!("read {path}: {e}"))?;
+                        if got[..] != data[..] {
+                            return Err(format!("{path}: read back other bytes"));
+                        }
+                        Ok(())
+                    }
+                    .await;
+                    if let Err(e) = r {
+                        let mut errors = errors2.lock().unwrap();
+                        if errors.len() < 5 {
+                            errors.push(e);
+                        }
+                    }
+                    rounds2.fetch_add(1, Ordering::SeqCst);
+                    i += 1;
+                }
+            })
+        });
+        Worker { stop, rounds, errors, thread }
+    }
+
+    /// Stop once it did a few more rounds (the cluster serves it as changed), and check
+    /// that it met no error and did work.
+    fn finish(self) {
+        let (at, start) = (self.rounds.load(Ordering::SeqCst), Instant::now());
+        while self.rounds.load(Ordering::SeqCst) < at + 3 && start.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap();
+        let errors = self.errors.lock().unwrap().clone();
+        assert!(errors.is_empty(), "client errors during the moves: {errors:?}");
+        assert!(self.rounds.load(Ordering::SeqCst) >= 5, "the worker hardly ran");
+    }
+}
+
+/// Files on every slot: single-object files spread by placement, and striped ones.
+async fn write_files(client: &Client, n: u64) -> Vec<(String, Vec<u8>)> {
+    let all = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(u32::MAX), ..Default::default() };
+    let mut want = Vec::new();
+    client.mkdir("/d", 0o755).await.unwrap();
+    for i in 0..n {
+        let path = format!("/d/f{i}");
+        let data = pattern(i, 0, [1000, 70_000, 1 << 20][i as usize % 3]);
+        let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
+        f.write_at(0, &data).await.unwrap();
+        f.close().await.unwrap();
+        want.push((path, data));
+    }
+    want
+}
+
+/// Every file of `want` reads back as written.
+async fn check_files(client: &Client, want: &[(String, Vec<u8>)]) {
+    for (path, data) in want {
+        let f = client.open(path, OpenFlags::read_only()).await.unwrap();
+        let got = f.read_at(0, data.len() + 1).await.unwrap();
+        assert!(got[..] == data[..], "{path}: other bytes after the moves");
+    }
+}
+
 /// Wait until every slot of the servers' newest map has an address and is up.
 async fn all_slots_served(client: &Client) -> ClusterMap {
     let start = Instant::now();
@@ -50,61 +140,10 @@ fn join_under_load(replicas: u8) {
     assert_eq!(map.slots_on(shoal_proto::ServerId(0)).len(), 3);
     assert_eq!(map.slots_on(shoal_proto::ServerId(1)).len(), 3);
 
-    // Files on every slot: single-object files spread by placement, and striped ones.
-    let all = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(u32::MAX), ..Default::default() };
-    let mut want = Vec::new();
-    rt.block_on(async {
-        client.mkdir("/d", 0o755).await.unwrap();
-        for i in 0..24u64 {
-            let path = format!("/d/f{i}");
-            let data = pattern(i, 0, [1000, 70_000, 1 << 20][i as usize % 3]);
-            let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
-            f.write_at(0, &data).await.unwrap();
-            f.close().await.unwrap();
-            want.push((path, data));
-        }
-    });
+    let want = rt.block_on(write_files(&client, 24));
 
     // Clients keep working through the moves: one writes and reads back a file in turn.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (rounds, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(std::sync::Mutex::new(Vec::new())));
-    let worker = {
-        let (stop, rounds, errors) = (stop.clone(), rounds.clone(), errors.clone());
-        let client = cluster.client();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Runtime::new().unwrap();
-            rt.block_on(async {
-                let mut i = 0u64;
-                while !stop.load(Ordering::SeqCst) {
-                    let path = format!("/d/live{i}");
-                    let data = pattern(1000 + i, 0, 20_000);
-                    let r: Result<(), String> = async {
-                        let f = client.create(&path, 0o644, None).await.map_err(|e| format!("create {path}: {e}"))?;
-                        f.write_at(0, &data).await.map_err(|e| format!("write {path}: {e}"))?;
-                        f.close().await.map_err(|e| format!("close {path}: {e}"))?;
-                        let f = client
-                            .open(&path, OpenFlags::read_only())
-                            .await
-                            .map_err(|e| format!("open {path}: {e}"))?;
-                        let got = f.read_at(0, data.len()).await.map_err(|e| format!("read {path}: {e}"))?;
-                        if got[..] != data[..] {
-                            return Err(format!("{path}: read back other bytes"));
-                        }
-                        Ok(())
-                    }
-                    .await;
-                    if let Err(e) = r {
-                        let mut errors = errors.lock().unwrap();
-                        if errors.len() < 5 {
-                            errors.push(e);
-                        }
-                    }
-                    rounds.fetch_add(1, Ordering::SeqCst);
-                    i += 1;
-                }
-            })
-        })
-    };
+    let worker = Worker::start(cluster.client());
 
     // A third server joins and takes its share: 6 slots over 3 servers, 2 each.
     let port = common::free_ports(1)[0];
@@ -137,12 +176,7 @@ fn join_under_load(replicas: u8) {
     let on_s6 = out.lines().filter(|l| !l.starts_with("mirror") && l.ends_with("on s6")).count();
     assert_eq!(on_s6, 2, "{out}");
 
-    std::thread::sleep(Duration::from_millis(500));
-    stop.store(true, Ordering::SeqCst);
-    worker.join().unwrap();
-    let errors = errors.lock().unwrap().clone();
-    assert!(errors.is_empty(), "client errors during the moves: {errors:?}");
-    assert!(rounds.load(Ordering::SeqCst) >= 5, "the worker hardly ran");
+    worker.finish();
 
     // Every byte is where it was, read by a new client through the new map.
     let fresh = cluster.client();
@@ -153,11 +187,7 @@ fn join_under_load(replicas: u8) {
             let held = map.slots_on(shoal_proto::ServerId(p)).into_iter().filter(|&s| map.server(s).unwrap().placed);
             assert_eq!(held.count(), 2, "server {p}: {:?}", map.servers);
         }
-        for (path, data) in &want {
-            let f = fresh.open(path, OpenFlags::read_only()).await.unwrap();
-            let got = f.read_at(0, data.len() + 1).await.unwrap();
-            assert!(got[..] == data[..], "{path}: other bytes after the moves");
-        }
+        check_files(&fresh, &want).await;
     });
     // The old hosts dropped their copies of the slots that left them, unless they are
     // still mirrors of them.
@@ -176,4 +206,118 @@ fn join_under_load(replicas: u8) {
         }
         assert_eq!(copy.exists(), mirror, "{}: mirror of the slot now: {mirror}", copy.display());
     }
+}
+
+/// `shoal server drain`: a running server's slots move off it, its own last, while clients
+/// keep working; it leaves the map group's voters and stops, and will not serve again.
+#[test]
+fn a_drained_server_hands_every_slot_over_while_clients_work_then_leaves_and_stays_out() {
+    let mut cluster = Cluster::start_with(3, |m| {
+        m.add_spare_slots(6);
+        m.cluster.replicas = 2;
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = cluster.client();
+    rt.block_on(all_slots_served(&client));
+    let want = rt.block_on(write_files(&client, 18));
+    let worker = Worker::start(cluster.client());
+
+    // Server 0 is a voter (the first three are): draining it changes the voters too.
+    let (code, out, err) = cluster.shoal(&["server", "drain", "0", "--json", "--wait-secs", "120"]);
+    assert_eq!(code, 0, "drain: {out}{err}\n{}\n{}\n{}", cluster.log(0), cluster.log(1), cluster.log(2));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let moves = report["moves"].as_array().unwrap();
+    assert_eq!(moves.len(), 2, "its own slot and the one living on it: {out}");
+    assert_eq!(moves.last().unwrap()["slot"], 0, "its own slot last: {out}");
+    // Its shoald stops by itself, cleanly.
+    let status = cluster.wait_exit_status(0, Duration::from_secs(30));
+    assert!(status.is_some_and(|s| s.success()), "server 0 did not stop cleanly: {status:?}\n{}", cluster.log(0));
+    worker.finish();
+
+    let fresh = cluster.client();
+    rt.block_on(async {
+        let map = all_slots_served(&fresh).await;
+        assert_eq!(map.processes().map(|p| p.id).collect::<Vec<_>>(), vec![1, 2], "{:?}", map.servers);
+        assert_eq!(map.slots_on(shoal_proto::ServerId(1)).len() + map.slots_on(shoal_proto::ServerId(2)).len(), 6);
+        assert_eq!(map.slots_on(shoal_proto::ServerId(1)).len(), 3, "{:?}", map.servers);
+        check_files(&fresh, &want).await;
+    });
+    // The group's voters left it out, and `shoal status` answers for every slot.
+    let (code, out, err) = cluster.shoal(&["map", "show", "--json"]);
+    assert_eq!(code, 0, "{out}{err}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(!shown["voters"].as_array().unwrap().contains(&serde_json::json!(0)), "{out}");
+    let (code, out, err) = cluster.shoal(&["status"]);
+    assert_eq!(code, 0, "status: {out}{err}");
+    // Started again, it refuses: its stores are an old copy of a slot that lives elsewhere.
+    cluster.spawn_with_env(0, &[]);
+    let status = cluster.wait_exit_status(0, Duration::from_secs(30));
+    assert!(status.is_some_and(|s| !s.success()), "a drained server started again: {status:?}");
+    assert!(cluster.log(0).contains("was drained or removed"), "{}", cluster.log(0));
+    // Nothing moves to it, and it cannot be drained again.
+    let (code, _, err) = cluster.shoal(&["server", "drain", "0"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("slot living on server"), "{err}");
+}
+
+/// `shoal server remove`: a server gone for good (killed, its disk lost) leaves the map; the
+/// copies that took its slot over keep it and get new mirrors; an up server is refused.
+#[test]
+fn a_removed_server_leaves_its_slot_to_the_copy_that_took_it_over_and_stays_out() {
+    let mut cluster = Cluster::start_with(3, |m| m.cluster.replicas = 2);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = cluster.client();
+    let want = rt.block_on(write_files(&client, 12));
+
+    let (code, _, err) = cluster.shoal(&["server", "remove", "2"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("drain it instead"), "{err}");
+
+    let worker = Worker::start(cluster.client());
+    cluster.kill9(2);
+    // The failover: server 2's slot served by its mirror, server 0.
+    let start = Instant::now();
+    loop {
+        let _ = rt.block_on(client.refresh_map());
+        if client.map().server(shoal_proto::ServerId(2)).is_some_and(|e| e.served_by.is_some()) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "no failover: {:?}", client.map().servers);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, out, err) = cluster.shoal(&["server", "remove", "2", "--json"]);
+    assert_eq!(code, 0, "remove: {out}{err}\n{}\n{}", cluster.log(0), cluster.log(1));
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["slot_on"], 0, "{out}");
+    worker.finish();
+
+    let fresh = cluster.client();
+    rt.block_on(async {
+        let map = all_slots_served(&fresh).await;
+        assert_eq!(map.processes().map(|p| p.id).collect::<Vec<_>>(), vec![0, 1]);
+        let e = map.server(shoal_proto::ServerId(2)).unwrap();
+        assert_eq!((e.host, e.served_by), (Some(0), None));
+        check_files(&fresh, &want).await;
+    });
+    // Its slot's new mirror (server 1) is resynchronised: in sync, and no longer behind.
+    let start = Instant::now();
+    loop {
+        let _ = rt.block_on(fresh.refresh_map());
+        let map = fresh.map();
+        let synced = rt.block_on(fresh.server_status(shoal_proto::ServerId(2))).is_ok_and(|s| {
+            s.mirrors
+                .iter()
+                .any(|m| m.server == shoal_proto::ServerId(1) && m.state == shoal_proto::msg::MirrorSync::InSync)
+        });
+        if synced && map.server(shoal_proto::ServerId(2)).is_some_and(|e| e.behind.is_empty()) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "the new mirror is not in sync: {:?}", map.servers);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Its disk comes back: it refuses to serve the old copy.
+    cluster.spawn_with_env(2, &[]);
+    let status = cluster.wait_exit_status(2, Duration::from_secs(30));
+    assert!(status.is_some_and(|s| !s.success()), "a removed server started again: {status:?}");
+    assert!(cluster.log(2).contains("was drained or removed"), "{}", cluster.log(2));
 }

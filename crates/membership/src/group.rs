@@ -140,7 +140,7 @@ impl MapGroup {
             tasks: Default::default(),
         });
         let tasks = vec![
-            tokio::spawn(keep_learners(Arc::downgrade(&inner))),
+            tokio::spawn(keep_members(Arc::downgrade(&inner))),
             tokio::spawn(detect_failures(Arc::downgrade(&inner))),
         ];
         *inner.tasks.lock() = tasks;
@@ -316,9 +316,12 @@ impl MapGroup {
     }
 }
 
-/// On the leader: add every server of the map (and every learner named at start) that is
-/// not a member yet as a learner, so that it receives each new map.
-async fn keep_learners(group: std::sync::Weak<Inner>) {
+/// On the leader: keep the group's members those of the map. Every server of the map (and
+/// every learner named at start) that is not a member yet is added as a learner, so that
+/// it receives each new map; the voters follow `ClusterMap::voters` (a server being drained
+/// leaves them, and another takes its place once it is a learner); a member that is no
+/// longer a server of the map (drained or removed) leaves the group.
+async fn keep_members(group: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let Some(g) = group.upgrade() else { return };
@@ -326,22 +329,52 @@ async fn keep_learners(group: std::sync::Weak<Inner>) {
         if m.state != ServerState::Leader {
             continue;
         }
-        let members: BTreeSet<u64> = m.membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        let membership = m.membership_config.membership().clone();
+        let members: BTreeSet<u64> = membership.nodes().map(|(id, _)| *id).collect();
         let doc = g.docs.borrow().clone();
-        let mut wanted: BTreeSet<u32> = g.learners.iter().copied().collect();
-        if let Ok(map) = doc.map() {
-            // Processes only: a slot living on another server has no member of its own.
-            wanted.extend(map.processes().map(|s| s.id));
-        }
-        for id in wanted.into_iter().filter(|id| !members.contains(&(*id as u64))) {
+        let Ok(map) = doc.map() else { continue };
+        // Processes only: a slot living on another server has no member of its own.
+        let processes: BTreeSet<u32> = map.processes().map(|s| s.id).collect();
+        let in_map = |id: u32| map.servers.iter().any(|e| e.id == id);
+        let mut wanted: BTreeSet<u32> = g.learners.iter().copied().filter(|id| !in_map(*id)).collect();
+        wanted.extend(processes.iter().copied());
+        for id in wanted.iter().filter(|id| !members.contains(&(**id as u64))) {
             // Not blocking: the learner catches up in the background, and one that is down
             // must not hold up the others.
-            if let Err(e) = g.raft.add_learner(id as u64, EmptyNode {}, false).await {
+            if let Err(e) = g.raft.add_learner(*id as u64, EmptyNode {}, false).await {
                 tracing::debug!("adding server {id} to the map group as a learner: {e}");
+            }
+        }
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let want_voters: BTreeSet<u64> = map.voters().into_iter().map(u64::from).collect();
+        let joint = membership.get_joint_config().len() > 1;
+        if (joint || voters != want_voters) && !want_voters.is_empty() && want_voters.is_subset(&members) {
+            // Kept as learners (`retain`): a voter being drained still follows the map until
+            // its slot has moved. A change cut short by a lost leadership (left joint) is
+            // finished by the next leader here.
+            tracing::warn!("map group voters {voters:?} become {want_voters:?}");
+            match tokio::time::timeout(MEMBERSHIP_WAIT, g.raft.change_membership(want_voters, true)).await {
+                Ok(Ok(_)) => tracing::warn!("map group voters are {:?} now", map.voters()),
+                Ok(Err(e)) => tracing::warn!("changing the map group's voters: {e}"),
+                Err(_) => tracing::warn!("changing the map group's voters: not committed within {MEMBERSHIP_WAIT:?}"),
+            }
+            continue;
+        }
+        let gone: BTreeSet<u64> =
+            membership.learner_ids().filter(|id| !wanted.contains(&(*id as u32)) && in_map(*id as u32)).collect();
+        if !gone.is_empty() {
+            let removal = g.raft.change_membership(openraft::ChangeMembers::RemoveNodes(gone.clone()), false);
+            match tokio::time::timeout(MEMBERSHIP_WAIT, removal).await {
+                Ok(Ok(_)) => tracing::warn!("servers {gone:?} left the map group (no longer servers of the map)"),
+                Ok(Err(e)) => tracing::warn!("removing servers {gone:?} from the map group: {e}"),
+                Err(_) => tracing::warn!("removing servers {gone:?} from the map group: not committed in time"),
             }
         }
     }
 }
+
+/// How long the leader waits for a change of the group's members to commit.
+const MEMBERSHIP_WAIT: Duration = Duration::from_secs(10);
 
 /// On the leader: mark silent servers down (`detector.rs`).
 async fn detect_failures(group: std::sync::Weak<Inner>) {

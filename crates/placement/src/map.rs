@@ -119,6 +119,13 @@ pub struct ServerEntry {
     /// where it lives); it holds the slots moved to it instead.
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub placed: bool,
+    /// This server (a process) is being drained (`shoal server drain`): no slot moves or
+    /// fails over to it, it leaves the map group's voters, and every slot living on it
+    /// moves to the other servers, its own last. Once its own slot has moved, the entry is
+    /// a slot living on another server and the process stops (docs/membership.md,
+    /// "Draining and removing a server").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub draining: bool,
 }
 
 fn yes() -> bool {
@@ -489,12 +496,25 @@ impl ClusterMap {
     /// Why so few: every map change waits for a majority of voters, and 3 or 5 survive one or
     /// two failures; the other servers follow as learners.
     pub fn voters(&self) -> Vec<u32> {
+        // Voters are processes (a slot living on another server has no member of its own),
+        // and not one being drained: it is about to leave.
+        let staying: Vec<u32> = self.processes().filter(|s| !s.draining).map(|s| s.id).collect();
         if let Some(v) = &self.membership.voters {
-            return v.clone();
+            // A named voter being drained is replaced by the first other server, so that
+            // the group keeps as many voters as it was given.
+            let mut voters: Vec<u32> = v.iter().copied().filter(|id| staying.contains(id)).collect();
+            for id in &staying {
+                if voters.len() >= v.len() {
+                    break;
+                }
+                if !voters.contains(id) {
+                    voters.push(*id);
+                }
+            }
+            return voters;
         }
-        // Voters are processes: a slot living on another server has no member of its own.
-        let n = if self.processes().count() >= 7 { 5 } else { 3 };
-        self.processes().take(n).map(|s| s.id).collect()
+        let n = if staying.len() >= 7 { 5 } else { 3 };
+        staying.into_iter().take(n).collect()
     }
 
     pub fn to_toml(&self) -> String {
@@ -526,6 +546,7 @@ impl ClusterMap {
                     host: None,
                     moving_to: None,
                     placed: true,
+                    draining: false,
                 })
                 .collect(),
             security: Security::default(),
@@ -617,10 +638,14 @@ impl ClusterMap {
                     ));
                 }
             }
+            if s.draining && s.host.is_some() {
+                return Err(format!("server {}: draining is only for a server with a process of its own", s.id));
+            }
             if let Some(t) = s.moving_to {
-                if !is_process(t) || t == self.process_of(s.server_id()).0 {
+                let drained = self.servers.iter().any(|o| o.id == t && o.draining);
+                if !is_process(t) || t == self.process_of(s.server_id()).0 || drained {
                     return Err(format!(
-                        "server {}: moving_to {t} must be another server of the map that has no host itself",
+                        "server {}: moving_to {t} must be another server of the map that has no host itself and is not being drained",
                         s.id
                     ));
                 }
@@ -754,6 +779,38 @@ impl ClusterMap {
         mirrors
     }
 
+    /// Retire the process `id`: its own slot lives on `to` from now on (it was drained and
+    /// its slot moved there, or it is removed and the copy on `to` serves its slot). The
+    /// entry becomes a slot living on `to`, like any other: no data directory, HTTP port or
+    /// vote of its own. Mirrors the slot gains are `behind` until resynchronised, and no
+    /// slot counts the retired process as behind any more (it mirrors nothing now).
+    pub fn retire(&mut self, id: ServerId, to: ServerId) {
+        let before = self.mirrors_of(id);
+        let Some(e) = self.servers.iter_mut().find(|e| e.id == id.0) else { return };
+        e.host = Some(to.0);
+        e.moving_to = None;
+        e.served_by = None;
+        e.home = None;
+        e.draining = false;
+        e.data_dir = None;
+        e.http = None;
+        if self.membership.voters.is_some() {
+            // The same number of voters, the retired one replaced (see `voters`).
+            self.membership.voters = Some(self.voters());
+        }
+        for e in &mut self.servers {
+            e.behind.retain(|&b| b != id.0);
+        }
+        let after = self.mirrors_of(id);
+        let Some(e) = self.servers.iter_mut().find(|e| e.id == id.0) else { return };
+        e.behind.retain(|b| after.contains(&ServerId(*b)));
+        for m in after.iter().filter(|m| !before.contains(m)) {
+            if !e.behind.contains(&m.0) {
+                e.behind.push(m.0);
+            }
+        }
+    }
+
     /// The servers (processes): entries without a `host`, in map order.
     pub fn processes(&self) -> impl Iterator<Item = &ServerEntry> {
         self.servers.iter().filter(|s| s.host.is_none())
@@ -789,7 +846,7 @@ impl ClusterMap {
         }
         self.mirrors_of(slot).into_iter().find(|m| {
             !entry.behind.contains(&m.0)
-                && self.server(*m).is_some_and(|e| e.state == ServerState::Up && e.served_by.is_none())
+                && self.server(*m).is_some_and(|e| e.state == ServerState::Up && e.served_by.is_none() && !e.draining)
         })
     }
 
@@ -1108,5 +1165,36 @@ mod mirror_tests {
         }
         map.cluster.replicas = 5;
         assert!(map.validate().unwrap_err().contains("cluster.replicas 5"));
+    }
+
+    #[test]
+    fn a_drained_server_leaves_the_voters_and_a_retired_one_becomes_a_slot_of_another() {
+        let mut map = ClusterMap::local(5, 7000, Path::new("/d"));
+        map.cluster.replicas = 2;
+        assert_eq!(map.voters(), vec![0, 1, 2]);
+        map.servers[1].draining = true;
+        map.validate().unwrap();
+        assert_eq!(map.voters(), vec![0, 2, 3], "a drained server is replaced among the voters");
+        map.membership.voters = Some(vec![1, 2, 4]);
+        assert_eq!(map.voters(), vec![2, 4, 0], "named voters too, keeping their number");
+        // Nothing may move to a drained server, and no copy of it is promoted.
+        map.servers[3].moving_to = Some(1);
+        assert!(map.validate().unwrap_err().contains("moving_to 1"));
+        map.servers[3].moving_to = None;
+        map.servers[0].state = ServerState::Down;
+        assert_eq!(map.promotion_of(ServerId(0)), None, "the mirror of 0 is server 1, being drained");
+
+        map.servers[0].state = ServerState::Up;
+        map.servers[4].behind = vec![1];
+        map.retire(ServerId(1), ServerId(3));
+        map.cluster.version += 1;
+        map.validate().unwrap();
+        let e = map.server(ServerId(1)).unwrap();
+        assert_eq!((e.host, e.draining, e.data_dir.clone()), (Some(3), false, None));
+        assert_eq!(map.processes().count(), 4);
+        assert_eq!(map.membership.voters, Some(vec![2, 4, 0]), "the retired voter replaced");
+        assert!(map.servers[4].behind.is_empty(), "the retired server mirrors nothing now");
+        assert_eq!(map.mirrors_of(ServerId(1)), vec![ServerId(4)]);
+        assert_eq!(e.behind, vec![4], "a new mirror is behind until resynchronised");
     }
 }

@@ -1,11 +1,12 @@
 //! Which slots to move so that every server holds its share (`shoal server add`,
-//! `shoal server rebalance`; docs/membership.md, "Moving slots").
+//! `shoal server rebalance`, `shoal server drain`; docs/membership.md, "Moving slots").
 //!
-//! Slots move whole, and only slots without a process of their own (`host`): a server's
-//! own slot stays with it. A plan moves as few slots as it can: one at a time from the
+//! Slots move whole. A plan moves as few slots as it can: first every slot living on a
+//! server being drained (`draining`), its own slot last, each to the server holding the
+//! fewest; then, one at a time, a slot without a process of its own (`host`) from the
 //! server holding the most to the one holding the fewest, until no two servers differ by
 //! more than one slot (16 slots on 4 servers, a fifth joins: 3 slots, 19 % of the data
-//! when slots are even).
+//! when slots are even). A server's own slot moves only when the server is drained.
 
 use crate::map::{ClusterMap, ServerState};
 use shoal_proto::ServerId;
@@ -18,12 +19,13 @@ pub struct Move {
     pub to: ServerId,
 }
 
-/// The moves that even out the slots over the servers that are up, in the order to make
-/// them. Slots already moving count where they go; servers down or out take nothing.
+/// The moves that empty the servers being drained and even out the slots over the servers
+/// that are up, in the order to make them. Slots already moving count where they go;
+/// servers down, out or being drained take nothing.
 pub fn plan(map: &ClusterMap) -> Vec<Move> {
     let servers: Vec<ServerId> =
-        map.processes().filter(|p| p.state == ServerState::Up).map(|p| p.server_id()).collect();
-    if servers.len() < 2 {
+        map.processes().filter(|p| p.state == ServerState::Up && !p.draining).map(|p| p.server_id()).collect();
+    if servers.is_empty() {
         return Vec::new();
     }
     // Where each slot lives once the moves under way are done. A server added to a running
@@ -35,10 +37,30 @@ pub fn plan(map: &ClusterMap) -> Vec<Move> {
         .map(|e| (e.server_id(), e.moving_to.map_or_else(|| map.process_of(e.server_id()), ServerId)))
         .collect();
     let count = |on: &[(ServerId, ServerId)], p: ServerId| on.iter().filter(|(_, h)| *h == p).count();
+    let fewest_of =
+        |on: &[(ServerId, ServerId)]| *servers.iter().min_by_key(|&&p| (count(on, p), p.0)).expect("a server");
     let mut moves = Vec::new();
+    // Draining: every slot living on a drained server, the server's own (placed or not) last.
+    let drained: Vec<ServerId> = map.processes().filter(|p| p.draining).map(|p| p.server_id()).collect();
+    for d in drained {
+        let mut leaving: Vec<ServerId> =
+            map.slots_on(d).into_iter().filter(|&s| map.server(s).is_some_and(|e| e.moving_to.is_none())).collect();
+        leaving.sort_by_key(|&s| (s == d, s.0));
+        for slot in leaving {
+            let to = fewest_of(&on);
+            match on.iter_mut().find(|(s, _)| *s == slot) {
+                Some((_, h)) => *h = to,
+                None => on.push((slot, to)),
+            }
+            moves.push(Move { slot, from: d, to });
+        }
+    }
+    if servers.len() < 2 {
+        return moves;
+    }
     loop {
         let most = *servers.iter().max_by_key(|&&p| (count(&on, p), std::cmp::Reverse(p.0))).expect("two servers");
-        let fewest = *servers.iter().min_by_key(|&&p| (count(&on, p), p.0)).expect("two servers");
+        let fewest = fewest_of(&on);
         if count(&on, most) <= count(&on, fewest) + 1 {
             return moves;
         }
@@ -95,6 +117,23 @@ mod tests {
         assert_eq!(plan(&map).len(), 1);
         map.servers.iter_mut().find(|e| e.id == 9).unwrap().state = ServerState::Down;
         assert!(plan(&map).iter().all(|m| m.to != ServerId(9)));
+    }
+
+    #[test]
+    fn a_drained_server_moves_every_slot_it_holds_its_own_last_to_the_servers_holding_fewest() {
+        let mut map = ClusterMap::local_with_slots(4, 8, 7000, Path::new("/d"));
+        map.servers.iter_mut().find(|e| e.id == 1).unwrap().draining = true;
+        map.validate().unwrap();
+        let on_1 = map.slots_on(ServerId(1));
+        assert_eq!(on_1.len(), 2, "{on_1:?}");
+        let moves = plan(&map);
+        let drained: Vec<&Move> = moves.iter().filter(|m| m.from == ServerId(1)).collect();
+        assert_eq!(drained.len(), 2, "{moves:?}");
+        assert_eq!(drained.last().unwrap().slot, ServerId(1), "its own slot moves last: {moves:?}");
+        assert!(moves.iter().all(|m| m.to != ServerId(1)), "nothing moves to a drained server: {moves:?}");
+        let mut to: Vec<u32> = drained.iter().map(|m| m.to.0).collect();
+        to.dedup();
+        assert_eq!(to.len(), 2, "spread over the others: {moves:?}");
     }
 
     #[test]

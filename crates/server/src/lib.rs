@@ -188,6 +188,7 @@ impl Server {
             Some(k) if k.version() > file.version() => k,
             _ => file,
         };
+        refuse_if_retired(&map, ServerId(opts.id))?;
         let data_dir = opts.data_dir.clone().or(entry.data_dir.clone()).ok_or_else(|| {
             anyhow!(
                 "no data directory for server {}: give --data-dir or set data_dir in {}",
@@ -260,6 +261,7 @@ impl Server {
         state.failover.held.store(may_hand_off, std::sync::atomic::Ordering::SeqCst);
         membership::start(&state, state_cell.clone(), &opts.config, &state.data_dir).await?;
         membership::catch_up_at_start(&state, &opts.config).await;
+        refuse_if_retired(state.map.get(), id)?;
         if may_hand_off && state.stop.borrow().is_none() {
             let handing_off = rejoin::mirror_to_hand_off(&state).await;
             if handing_off.is_none() {
@@ -492,6 +494,22 @@ impl Server {
         if st.rejoin.handing_back.load(std::sync::atomic::Ordering::SeqCst) && rejoin::drain_for_handback(&st).await {
             st.rejoin.handed_back.store(true, std::sync::atomic::Ordering::SeqCst);
         }
+        // A drained server's own slot moving away (`moves.rs`): retire this process while
+        // its member of the group still runs, or serve the slot again.
+        let own_move = (*st.rejoin.handing_to.lock()).filter(|_| st.failover.host.is_none());
+        let retired = match own_move {
+            Some(to) => {
+                let drained = st.rejoin.handed_back.load(std::sync::atomic::Ordering::SeqCst);
+                let retired = moves::switch_own(&st, to, drained).await;
+                if !retired {
+                    tracing::warn!("server {}: not moved to server {to}: serving it again", st.id);
+                    let again = rejoin::Mode::Primary { replies: Some(st.replies.clone()) };
+                    *st.rejoin.next.lock() = Some((again, (*st.map.get()).clone()));
+                }
+                retired
+            }
+            None => false,
+        };
         replica::stop_shippers(&st);
         rejoin::stop_home_shipper(&st);
         // Nothing is shipped any more: requests waiting for the mirrors give up (their
@@ -544,9 +562,25 @@ impl Server {
             }
         }
         match stop_reason {
+            Some(_) if retired => Ok(()),
             Some(reason) => Err(anyhow!(reason)),
             None => Ok(()),
         }
+    }
+}
+
+/// A server that was drained or removed (its entry is a slot living on another server) has
+/// nothing to serve: its own stores are out of date, and serving them would show an old
+/// copy of a slot that lives elsewhere.
+fn refuse_if_retired(map: &ClusterMap, id: ServerId) -> anyhow::Result<()> {
+    match map.server(id).and_then(|e| e.host) {
+        Some(h) => Err(anyhow!(
+            "server {id} was drained or removed from the cluster (map version {}): its slot lives on server {h} now, \
+             so this server has nothing to serve (its data directory is no longer used); add it again as a new \
+             server with `shoal server add`",
+            map.version()
+        )),
+        None => Ok(()),
     }
 }
 

@@ -26,8 +26,12 @@
 //! committed (the group is out of reach), the old server serves the slot again and the move
 //! starts over from step 2 (`moving_to` is still set).
 //!
-//! Only slots without a process of their own (`host`) move for now; a server's own slot
-//! stays (draining a server needs it moved too: docs/membership.md says what is missing).
+//! **A server's own slot** moves only when the server is drained (`shoal server drain`),
+//! and last, once no other slot lives on it or is served by it. The steps are the same,
+//! with the process itself in the host's part ([`switch_own`], called as its serving
+//! ends): the switch retires the process (`ClusterMap::retire`: its entry becomes a slot
+//! living on the destination, and it leaves the voters), and the process stops. Its stores
+//! are left on its disk, unused; started again, it refuses to serve them.
 
 use crate::state::State;
 use shoal_proto::ServerId;
@@ -37,8 +41,14 @@ use std::sync::Arc;
 /// The shipper of `st`'s slot found `mirror` in sync: if the map moves the slot there, stop
 /// serving it here to switch (step 3).
 pub fn hand_over(st: &Arc<State>, mirror: ServerId) {
-    // A server's own slot is not moved (see the module docs).
-    if st.failover.host.is_none() || st.map.get().server(st.id).and_then(|e| e.moving_to) != Some(mirror.0) {
+    let map = st.map.get();
+    let Some(e) = map.server(st.id) else { return };
+    // A server's own slot moves only when the server is drained (see the module docs).
+    if e.moving_to != Some(mirror.0) || (st.failover.host.is_none() && !e.draining) {
+        return;
+    }
+    if st.failover.host.is_none() && serves_others(map, st.id) {
+        tracing::info!("server {}: its own slot moves once no other slot is served here", st.id);
         return;
     }
     if st.rejoin.handing_back.swap(true, Ordering::SeqCst) {
@@ -77,7 +87,8 @@ pub async fn after_move(host: Arc<State>, slot: ServerId, to: ServerId, drained:
 
 /// The map change of the switch (step 3): true once committed.
 async fn switch(host: &Arc<State>, slot: ServerId, to: ServerId) -> bool {
-    let moved = crate::rejoin::switch_slot(host, slot, SWITCH_TRIES, "moving it", |e| {
+    let moved = crate::rejoin::switch_slot(host, slot, SWITCH_TRIES, "moving it", |map| {
+        let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) else { return false };
         // Someone else changed the slot meanwhile (a failover, the move called off).
         if e.host != Some(host.id.0) || e.moving_to != Some(to.0) || e.served_by.is_some() {
             return false;
@@ -102,4 +113,39 @@ async fn remove_copy(host: &State, slot: ServerId) -> anyhow::Result<()> {
     std::fs::remove_dir_all(&dir).map_err(|e| anyhow::anyhow!("removing {}: {e}", dir.display()))?;
     tracing::info!("server {slot} moved away: removed this server's copy {}", dir.display());
     Ok(())
+}
+
+/// Whether a slot other than `process`'s own lives on it or is served by it.
+fn serves_others(map: &shoal_placement::ClusterMap, process: ServerId) -> bool {
+    map.servers.iter().any(|e| e.id != process.0 && map.serving_process(e.server_id()) == process)
+}
+
+/// A drained server's own slot, once its serving stopped (`drained`: the destination
+/// applied everything): retire this process through the group, its slot living on `to`
+/// from now on. True once committed: the process then stops. If not, the caller serves
+/// the slot again and the move starts over.
+pub async fn switch_own(st: &Arc<State>, to: ServerId, drained: bool) -> bool {
+    if !drained {
+        return false;
+    }
+    let me = st.id;
+    let moved = crate::rejoin::switch_slot(st, me, SWITCH_TRIES, "moving it", |map| {
+        let still = map
+            .server(me)
+            .is_some_and(|e| e.host.is_none() && e.draining && e.moving_to == Some(to.0) && e.served_by.is_none());
+        // A slot failed over to this server meanwhile would be left with no process.
+        if !still || serves_others(map, me) {
+            return false;
+        }
+        map.retire(me, to);
+        true
+    })
+    .await;
+    let Some((v, _)) = moved else { return false };
+    tracing::warn!(
+        "server {me} is drained: its slot lives on server {to} from now on (map version {v}); this process stops \
+         (its stores under {} are no longer used)",
+        st.data_dir.display()
+    );
+    true
 }

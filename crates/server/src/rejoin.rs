@@ -482,7 +482,8 @@ const HANDBACK_TRIES: usize = 50;
 
 /// Move `slot` back to its home (the copy on `host` stopped, its home holds everything).
 async fn move_home(host: &Arc<State>, slot: ServerId) -> bool {
-    let moved = switch_slot(host, slot, HANDBACK_TRIES, "handing it back", |e| {
+    let moved = switch_slot(host, slot, HANDBACK_TRIES, "handing it back", |map| {
+        let Some(e) = map.servers.iter_mut().find(|e| e.id == slot.0) else { return false };
         let (Some(home), true) = (e.home.clone(), e.served_by == Some(host.id.0)) else { return false };
         e.addr = home;
         e.home = None;
@@ -497,8 +498,9 @@ async fn move_home(host: &Arc<State>, slot: ServerId) -> bool {
 }
 
 /// Move `slot` to another process by compare-and-set through `host`'s member of the group
-/// (a handback, or a move's switch: `moves.rs`): `change` edits the slot's entry in the
-/// newest map, or says no (false: someone else changed the slot meanwhile). The slot is
+/// (a handback, or a move's switch: `moves.rs`): `change` edits the newest map (the slot's
+/// entry, and for a drained server the voters), or says no (false: someone else changed the
+/// slot meanwhile). The slot is
 /// then `up`, and every mirror `behind` (it holds positions of the old server's
 /// incarnation; the new one resynchronises them). Retried `tries` times while the change
 /// loses races or the group is out of reach. The new version and map, once committed.
@@ -507,17 +509,17 @@ pub(crate) async fn switch_slot(
     slot: ServerId,
     tries: usize,
     what: &str,
-    change: impl Fn(&mut shoal_placement::map::ServerEntry) -> bool,
+    change: impl Fn(&mut ClusterMap) -> bool,
 ) -> Option<(u64, ClusterMap)> {
     let group = host.membership.get().cloned()?;
     let base = crate::failover::map_base(host);
     for _ in 0..tries {
         let doc = group.current();
         let mut map = ClusterMap::from_toml(&doc.toml, &base).ok()?;
-        let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
-        if !change(e) {
+        if !change(&mut map) {
             return None;
         }
+        let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
         e.state = ServerState::Up;
         let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
         map.servers.iter_mut().find(|e| e.id == slot.0)?.behind = behind;

@@ -1,5 +1,6 @@
-//! `shoal server add`, `shoal server move` and `shoal server rebalance`: servers joining a
-//! running cluster, and slots moving between servers (docs/membership.md, "Moving slots").
+//! `shoal server add`, `drain`, `remove`, `move` and `rebalance`: servers joining and
+//! leaving a running cluster, and slots moving between servers (docs/membership.md,
+//! "Moving slots", "Draining and removing a server").
 
 use super::map::newest;
 use super::{usage, Ctx};
@@ -20,6 +21,20 @@ pub enum ServerCmd {
     #[command(after_help = "Example:\n  shoal server add 4 --addr 10.0.0.5:7100 --data-dir /srv/shoal\n  \
                             shoald --config cluster.toml --id 4\n  shoal server rebalance")]
     Add(AddArgs),
+    /// Move every slot off a running server (root only), its own last, with progress; the
+    /// server then leaves the cluster and its shoald stops.
+    #[command(after_help = "The server stops taking new slots and failovers, leaves the map group's voters, \
+                            and its slots move one at a time to the servers holding the fewest (resynchronised \
+                            while it serves, then switched). At the end its entry is a slot living on another \
+                            server and the configuration file is rewritten.\n\nExample:\n  shoal server drain 3")]
+    Drain(DrainArgs),
+    /// Take a server that is gone for good out of the cluster (root only): the copies that
+    /// took over its slots in a failover keep them, and get new mirrors.
+    #[command(after_help = "For a server that is down and will not come back (its disk or machine is lost). \
+                            Refused while it is up (drain it instead) or while a slot living on it has no copy \
+                            serving it (replicas = 1: removing it would lose that slot's data).\n\nExample:\n  \
+                            shoal server remove 3")]
+    Remove(RemoveArgs),
     /// Move one slot to another server (root only), and wait until it serves there.
     Move(MoveArgs),
     /// Move slots until every server that is up holds its share (root only), one after the
@@ -47,6 +62,27 @@ pub struct AddArgs {
     /// log files in the configuration file's folder; `shoal cluster down` stops it too).
     #[arg(long)]
     start: bool,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct DrainArgs {
+    /// The server to drain (a server of the map with a process of its own).
+    id: u32,
+    /// Give up waiting for one move after this many seconds (it goes on in the servers).
+    #[arg(long, default_value_t = 3600)]
+    wait_secs: u64,
+    /// Print JSON (the moves made).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct RemoveArgs {
+    /// The server to remove.
+    id: u32,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -88,6 +124,8 @@ pub async fn run(ctx: &Ctx, c: ServerCmd) -> Result<()> {
             Ok(())
         }
         ServerCmd::Rebalance(a) => rebalance(ctx, a).await,
+        ServerCmd::Drain(a) => drain(ctx, a).await,
+        ServerCmd::Remove(a) => remove(ctx, a).await,
     }
 }
 
@@ -137,15 +175,14 @@ async fn add(ctx: &Ctx, a: AddArgs) -> Result<()> {
             moving_to: None,
             // Nothing new is placed on its own slot: that would move existing inodes.
             placed: false,
+            draining: false,
         });
         Ok(())
     })
     .await?;
     // The new server finds its entry in the configuration file it is started with.
-    let path = ctx.config_path()?;
-    let tmp = path.with_extension("toml.new");
-    std::fs::write(&tmp, map.to_toml()).map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| anyhow!("cannot replace {}: {e}", path.display()))?;
+    let _ = map;
+    let path = write_config(ctx, &client).await?;
     if a.start {
         let dir = path.parent().map_or_else(|| PathBuf::from("."), PathBuf::from);
         let (dir2, path2, id) = (dir.clone(), path.clone(), a.id);
@@ -188,13 +225,15 @@ async fn one_move(client: &Client, slot: ServerId, to: ServerId) -> Result<Move>
     let (_, _, map) = current(client).await?;
     let from = map.process_of(slot);
     let entry = map.server(slot).ok_or_else(|| usage(format!("server {slot} is not in the map")))?;
-    if entry.host.is_none() {
+    if entry.host.is_none() && !entry.draining {
         return Err(usage(format!(
-            "server {slot} is a server's own slot: only slots living on a server (host) move for now"
+            "server {slot} is a server's own slot: it moves only when the server is drained (shoal server drain {slot})"
         )));
     }
-    if map.processes().all(|p| p.id != to.0) {
-        return Err(usage(format!("server {to} is not a server of the map (with a process of its own)")));
+    match map.server(to) {
+        Some(e) if e.host.is_none() && !e.draining => {}
+        Some(e) if e.draining => return Err(usage(format!("server {to} is being drained: nothing moves to it"))),
+        _ => return Err(usage(format!("server {to} is not a server of the map (with a process of its own)"))),
     }
     if from == to {
         return Err(usage(format!("server {slot} lives on server {to} already")));
@@ -259,12 +298,7 @@ async fn rebalance(ctx: &Ctx, a: RebalanceArgs) -> Result<()> {
     let client = ctx.client()?;
     let (_, _, map) = current(&client).await?;
     let moves = plan(&map);
-    let as_json = |ms: &[(Move, f64)]| {
-        serde_json::json!(ms
-            .iter()
-            .map(|(m, s)| serde_json::json!({"slot": m.slot.0, "from": m.from.0, "to": m.to.0, "seconds": s}))
-            .collect::<Vec<_>>())
-    };
+    let as_json = moves_json;
     if a.dry_run {
         if a.json {
             println!("{}", as_json(&moves.iter().map(|m| (*m, 0.0)).collect::<Vec<_>>()));
@@ -276,6 +310,19 @@ async fn rebalance(ctx: &Ctx, a: RebalanceArgs) -> Result<()> {
         }
         return Ok(());
     }
+    let done = make_moves(&client, &moves, Duration::from_secs(a.wait_secs)).await?;
+    if a.json {
+        println!("{}", as_json(&done));
+    } else if done.is_empty() {
+        println!("balanced: nothing to move");
+    } else {
+        print_moves(&done);
+    }
+    Ok(())
+}
+
+/// Make `moves` one after the other, with a progress bar; each one's seconds.
+async fn make_moves(client: &Client, moves: &[Move], wait: Duration) -> Result<Vec<(Move, f64)>> {
     let bar = ProgressBar::new(moves.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} slots  {msg}")
@@ -283,21 +330,164 @@ async fn rebalance(ctx: &Ctx, a: RebalanceArgs) -> Result<()> {
             .progress_chars("=> "),
     );
     let mut done = Vec::new();
-    for m in &moves {
-        let m = one_move(&client, m.slot, m.to).await?;
-        let secs = wait_moved(&client, m, Duration::from_secs(a.wait_secs), Some(&bar)).await?;
+    for m in moves {
+        let m = one_move(client, m.slot, m.to).await?;
+        let secs = wait_moved(client, m, wait, Some(&bar)).await?;
         bar.inc(1);
         done.push((m, secs));
     }
     bar.finish_and_clear();
-    if a.json {
-        println!("{}", as_json(&done));
-    } else if done.is_empty() {
-        println!("balanced: nothing to move");
-    } else {
-        for (m, s) in &done {
-            println!("moved server {} from server {} to server {} in {s:.1} s", m.slot, m.from, m.to);
+    Ok(done)
+}
+
+fn print_moves(done: &[(Move, f64)]) {
+    for (m, s) in done {
+        println!("moved server {} from server {} to server {} in {s:.1} s", m.slot, m.from, m.to);
+    }
+}
+
+fn moves_json(done: &[(Move, f64)]) -> serde_json::Value {
+    serde_json::json!(done
+        .iter()
+        .map(|(m, s)| serde_json::json!({"slot": m.slot.0, "from": m.from.0, "to": m.to.0, "seconds": s}))
+        .collect::<Vec<_>>())
+}
+
+/// Write the newest map to the configuration file (a server started with it finds itself
+/// as the cluster has it now).
+async fn write_config(ctx: &Ctx, client: &Client) -> Result<PathBuf> {
+    let (_, _, map) = current(client).await?;
+    let path = ctx.config_path()?;
+    let tmp = path.with_extension("toml.new");
+    std::fs::write(&tmp, map.to_toml()).map_err(|e| anyhow!("cannot write {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| anyhow!("cannot replace {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// The process `id` of `map`, or why it is not one.
+fn process_entry(map: &ClusterMap, id: ServerId) -> Result<&ServerEntry> {
+    let e = map.server(id).ok_or_else(|| usage(format!("server {id} is not in the map")))?;
+    if let Some(h) = e.host {
+        return Err(usage(format!(
+            "server {id} is a slot living on server {h}, not a server with a process of its own"
+        )));
+    }
+    Ok(e)
+}
+
+async fn drain(ctx: &Ctx, a: DrainArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let id = ServerId(a.id);
+    let (_, _, map) = current(&client).await?;
+    let e = process_entry(&map, id)?;
+    if e.state != ServerState::Up {
+        return Err(usage(format!(
+            "server {id} is {:?}: only a server that is up can be drained (one that is gone for good: shoal server remove {id})",
+            e.state
+        )
+        .to_lowercase()));
+    }
+    let staying = map.processes().filter(|p| p.id != id.0 && !p.draining && p.state == ServerState::Up).count();
+    if staying == 0 {
+        return Err(usage(format!("server {id} is the only server that is up: there is nowhere to move its slots")));
+    }
+    // Mark it drained; moves to it are called off (their destination's copy is dropped).
+    change_map(&client, |map| {
+        for e in &mut map.servers {
+            if e.moving_to == Some(id.0) {
+                e.moving_to = None;
+            }
         }
+        let e = map.servers.iter_mut().find(|e| e.id == id.0).ok_or_else(|| anyhow!("server {id} left the map"))?;
+        e.draining = true;
+        Ok(())
+    })
+    .await?;
+    wait_not_voter(&client, id, Duration::from_secs(60)).await?;
+    let wait = Duration::from_secs(a.wait_secs);
+    let mut done = Vec::new();
+    // One plan at a time: a failover meanwhile can change where slots are.
+    loop {
+        let (_, _, map) = current(&client).await?;
+        let moves: Vec<Move> = plan(&map).into_iter().filter(|m| m.from == id).collect();
+        let Some(first) = moves.first().copied() else { break };
+        // Its own slot only once nothing else lives on it.
+        let next = if moves.len() > 1 && first.slot == id { moves[1] } else { first };
+        done.extend(make_moves(&client, &[next], wait).await?);
+    }
+    let path = write_config(ctx, &client).await?;
+    if a.json {
+        println!("{}", serde_json::json!({"server": a.id, "moves": moves_json(&done), "config": path}));
+    } else {
+        print_moves(&done);
+        println!(
+            "server {id} is drained: it holds nothing and has left the cluster (its shoald stops; {} no longer names it as a server)",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Wait until the map group's voters leave out `id` (the leader changes them once the map
+/// says it is drained).
+async fn wait_not_voter(client: &Client, id: ServerId, within: Duration) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let (_, _, _, _, voters) = newest(client).await?;
+        if !voters.contains(&id.0) {
+            return Ok(());
+        }
+        if started.elapsed() > within {
+            return Err(anyhow!(
+                "server {id} is still a voter of the map group after {within:?} (is a majority of the voters up? see shoal status)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn remove(ctx: &Ctx, a: RemoveArgs) -> Result<()> {
+    let client = ctx.client()?;
+    let id = ServerId(a.id);
+    let (_, _, map) = current(&client).await?;
+    process_entry(&map, id)?;
+    if client.server_status(id).await.is_ok() && map.server(id).and_then(|e| e.served_by).is_none() {
+        return Err(usage(format!(
+            "server {id} is up and serving: drain it instead (shoal server drain {id}), which moves its slots while it serves"
+        )));
+    }
+    let (version, map) = change_map(&client, |map| {
+        let e = process_entry(map, id)?;
+        if e.home.is_some() {
+            return Err(usage(format!(
+                "server {id} is running again, standing by to take its slot back: drain it once it serves (shoal server drain {id})"
+            )));
+        }
+        let Some(by) = e.served_by else {
+            return Err(usage(format!(
+                "server {id}'s slot is not served by a copy elsewhere (replicas = 1, its mirrors are behind, or the failover \
+                 is not done yet: see shoal status): removing it would lose that slot's data; start it again and drain it"
+            )));
+        };
+        let left: Vec<u32> = map.slots_on(id).into_iter().filter(|&s| s != id).map(|s| s.0).collect();
+        if !left.is_empty() {
+            return Err(usage(format!(
+                "slots {left:?} live on server {id} and no copy serves them yet: removing it would lose their data"
+            )));
+        }
+        map.retire(id, ServerId(by));
+        Ok(())
+    })
+    .await?;
+    let path = write_config(ctx, &client).await?;
+    let host = map.process_of(id);
+    if a.json {
+        println!("{}", serde_json::json!({"server": a.id, "map_version": version, "slot_on": host.0, "config": path}));
+    } else {
+        println!(
+            "server {id} is removed (map version {version}): its slot lives on server {host}, which served it since the \
+             failover; its new mirrors are being resynchronised (shoal status)"
+        );
     }
     Ok(())
 }

@@ -40,6 +40,9 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
         if let Some(to) = e.moving_to {
             v.push(format!("moving to s{to}"));
         }
+        if e.draining {
+            v.push("draining".to_string());
+        }
         v.join(", ")
     };
     if a.json {
@@ -58,6 +61,7 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                         "errors": s.counters.errors,
                         "mirrors": s.mirrors.iter().map(mirror_json).collect::<Vec<_>>(),
                         "host": map.server(*id).and_then(|e| e.host),
+                        "draining": map.server(*id).is_some_and(|e| e.draining),
                         "moving_to": map.server(*id).and_then(|e| e.moving_to),
                         "ops": s.counters.ops.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
                     }),

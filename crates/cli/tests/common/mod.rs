@@ -307,19 +307,22 @@ impl Cluster {
     /// Wait up to `timeout` for server `id` to exit on its own (a failpoint that kills it);
     /// reap it and say whether it did.
     pub fn wait_exit(&mut self, id: u32, timeout: Duration) -> bool {
+        self.children[id as usize].is_none() || self.wait_exit_status(id, timeout).is_some()
+    }
+
+    /// Wait up to `timeout` for the running server `id` to exit on its own; reap it and
+    /// return how it ended (`None`: still running).
+    pub fn wait_exit_status(&mut self, id: u32, timeout: Duration) -> Option<std::process::ExitStatus> {
         let start = Instant::now();
         while start.elapsed() < timeout {
-            if let Some(child) = self.children[id as usize].as_mut() {
-                if let Ok(Some(_)) = child.try_wait() {
-                    self.children[id as usize] = None;
-                    return true;
-                }
-            } else {
-                return true;
+            let child = self.children[id as usize].as_mut()?;
+            if let Ok(Some(status)) = child.try_wait() {
+                self.children[id as usize] = None;
+                return Some(status);
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        false
+        None
     }
 
     pub fn options(&self) -> ClientOptions {
