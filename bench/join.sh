@@ -12,6 +12,7 @@
 #   JOIN_GIB      GiB written before the join (default 4)
 #   JOIN_CLUSTER  the cluster's directory, removed first and at the end (default /tmp/shoal-join)
 #   JOIN_JSON     where the JSON summary goes (default /tmp/shoal-join.json)
+#   JOIN_RESYNC_MB_S  the servers' resync rate, MiB/s (shoald --resync-mb-s; default 32)
 # Only 127.0.0.1 is used. Needs about twice JOIN_GIB of free disk under /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Every shoald started below (cluster up, server add --start) reads it.
+export SHOALD_RESYNC_MB_S=${JOIN_RESYNC_MB_S:-32}
 "$SHOAL" cluster up -n 4 --slots 16 --dir "$DIR" >/dev/null
 export SHOAL_CONFIG="$DIR/cluster.toml"
 echo "== filling: ${GIB} GiB in 4 files striped over all 16 slots"

@@ -101,6 +101,14 @@ pub struct ServerEntry {
     /// (docs/failover.md, "Rejoining").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub home: Option<String>,
+    /// While the slot is served from a copy (`served_by`) and no `home` is recorded yet: the
+    /// address its own process had before the failover (where it listens again when started
+    /// again). Messages for that process rather than its slot (the map group's, a mirror's
+    /// shipping) go there: a voter started again must be reachable by the group before it
+    /// can record its home through the group (else two voters down of three, one of them
+    /// back, could never commit again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_at: Option<String>,
     /// A slot without a process of its own: it lives on server `host` (its stores under
     /// that server's data directory, served on a port of its own there). A cluster made
     /// with several slots per server has such slots from the start; a slot moved between
@@ -543,6 +551,7 @@ impl ClusterMap {
                     served_by: None,
                     behind: Vec::new(),
                     home: None,
+                    member_at: None,
                     host: None,
                     moving_to: None,
                     placed: true,
@@ -646,6 +655,14 @@ impl ClusterMap {
                 if !is_process(t) || t == self.process_of(s.server_id()).0 || drained {
                     return Err(format!(
                         "server {}: moving_to {t} must be another server of the map that has no host itself and is not being drained",
+                        s.id
+                    ));
+                }
+            }
+            if let Some(at) = &s.member_at {
+                if s.served_by.is_none() || !is_host_port(at) {
+                    return Err(format!(
+                        "server {}: member_at {at:?} must be host:port, and only for a slot served from a copy (served_by)",
                         s.id
                     ));
                 }
@@ -791,6 +808,7 @@ impl ClusterMap {
         e.moving_to = None;
         e.served_by = None;
         e.home = None;
+        e.member_at = None;
         e.draining = false;
         e.data_dir = None;
         e.http = None;
@@ -851,11 +869,12 @@ impl ClusterMap {
     }
 
     /// This map with every slot that has a `home` (its own server standing by to take it
-    /// back) routed there: what the serving copy and the map group reach that server by.
+    /// back), or else a `member_at`, routed there: what the serving copy and the map group
+    /// reach that server's process by.
     pub fn homes_routed(&self) -> ClusterMap {
         let mut m = self.clone();
         for e in &mut m.servers {
-            if let Some(h) = e.home.take() {
+            if let Some(h) = e.home.take().or(e.member_at.take()) {
                 e.addr = h;
             }
         }

@@ -728,8 +728,19 @@ impl Pool {
         self.stats.lock().clone()
     }
 
-    async fn conn(&self, server: ServerId, live: &Arc<Liveness>) -> Result<Arc<Conn>, CallError> {
-        let slot = (self.rr.fetch_add(1, Ordering::Relaxed) as usize) % self.opts.connections_per_server.max(1);
+    /// A connection to `server`: one of `connections_per_server` in turn, or for the map
+    /// group's messages (`raft`) one of their own. Why their own: a server reads a
+    /// connection's requests only while the connection has budget left (`MAX_IN_FLIGHT` in
+    /// the server's `net.rs`), and requests whose replies wait for the group (a primary
+    /// waiting for the consent to go on without a mirror) can hold all of it; the group's
+    /// heartbeats and appends queued behind them would then never be read, and the group
+    /// never commit that consent (seen: a map group stalled for minutes, docs/testing.md).
+    async fn conn(&self, server: ServerId, live: &Arc<Liveness>, raft: bool) -> Result<Arc<Conn>, CallError> {
+        let spread = self.opts.connections_per_server.max(1);
+        let slot = match raft {
+            true => spread,
+            false => (self.rr.fetch_add(1, Ordering::Relaxed) as usize) % spread,
+        };
         let key = (server, slot);
         if let Some(c) = self.conns.lock().get(&key) {
             if !c.broken.load(Ordering::SeqCst) {
@@ -764,7 +775,7 @@ impl Pool {
     /// caller checks before sending an operation that older servers do not know.
     pub async fn features(&self, server: ServerId) -> Result<u64, CallError> {
         let live = self.liveness_of(server)?;
-        match tokio::time::timeout(self.opts.timeout, self.conn(server, &live)).await {
+        match tokio::time::timeout(self.opts.timeout, self.conn(server, &live, false)).await {
             Ok(conn) => Ok(conn?.features),
             Err(_) => Err(CallError::transport(Errno::ETIMEDOUT, format!("no answer within {:?}", self.opts.timeout))),
         }
@@ -905,19 +916,22 @@ impl Pool {
         let frame = Frame::request(id, req, data)
             .map_err(|e| CallError::transport(Errno::EINVAL, format!("cannot encode the request: {e}")))?;
         let sent = (frame.body.len() + frame.data.len()) as u64;
-        let conn = self.conn(server, live).await?;
+        let raft = matches!(req.op, Op::PeerRaft { .. });
+        let conn = self.conn(server, live, raft).await?;
         let reply = match exchange(conn, frame.clone()).await {
             // The connection was lost with the request sent or about to be: send it again,
             // same id, on a new connection; the server's reply cache (keyed by session and
             // id) applies it once. Without a session there is no cache: no retry. If no new
             // connection can be made, the first error says what happened.
-            Err(e) if self.opts.session != 0 && e.errno() == Errno::ENOTCONN => match self.conn(server, live).await {
-                Ok(conn) => {
-                    tracing::debug!("request {id} to server {server}: {e}; sent again on a new connection");
-                    exchange(conn, frame).await?
+            Err(e) if self.opts.session != 0 && e.errno() == Errno::ENOTCONN => {
+                match self.conn(server, live, raft).await {
+                    Ok(conn) => {
+                        tracing::debug!("request {id} to server {server}: {e}; sent again on a new connection");
+                        exchange(conn, frame).await?
+                    }
+                    Err(_) => return Err(e),
                 }
-                Err(_) => return Err(e),
-            },
+            }
             r => r?,
         };
         {

@@ -161,7 +161,7 @@ fn promoted_map(
         return Some(map);
     }
     let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
-    e.addr = addr.to_string();
+    let was_at = std::mem::replace(&mut e.addr, addr.to_string());
     e.state = ServerState::Up;
     if e.host.is_some() {
         // A slot without a process of its own has no server to come back for it: it lives
@@ -170,6 +170,8 @@ fn promoted_map(
         e.moving_to = None;
     } else {
         e.served_by = Some(host.0);
+        // Where its process comes back (`member_at`): the group reaches it there meanwhile.
+        e.member_at = Some(was_at).filter(|a| !a.is_empty());
     }
     e.http = None;
     e.behind.clear();

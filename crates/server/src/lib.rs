@@ -18,6 +18,7 @@
 //!     max_connections: 0, handshake_timeout: std::time::Duration::from_secs(10),
 //!     orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
 //!     lease_max: shoal_server::leases::DEFAULT_MAX, throttle_mb_s: None,
+//!     resync_mib_s: shoal_server::RESYNC_MIB_PER_S,
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
@@ -47,6 +48,7 @@ mod partitions;
 mod perm;
 mod rejoin;
 mod replica;
+pub use replica::resync::RESYNC_MIB_PER_S;
 mod replies;
 mod scrub;
 mod scrub_repair;
@@ -104,6 +106,10 @@ pub struct ServerOptions {
     /// Limit this server's data reads and writes to this many MB/s (`shoald --throttle`:
     /// a tool for tests and benchmarks of load-aware placement, `load.rs`).
     pub throttle_mb_s: Option<f64>,
+    /// Most MiB per second a resync ships to one mirror (`shoald --resync-mb-s`; default
+    /// [`RESYNC_MIB_PER_S`]): a move, a new mirror or a returning server is
+    /// copied at this rate, so that foreground I/O keeps most of its speed.
+    pub resync_mib_s: u32,
 }
 
 pub use orphans::DEFAULT_GRACE as DEFAULT_ORPHAN_GRACE;
@@ -638,7 +644,7 @@ fn conn_limits(opts: &ServerOptions, servers: usize) -> limits::ConnLimits {
         "up to {max_connections} connections (descriptor limit {nofile}), handshake timeout {:?}",
         opts.handshake_timeout
     );
-    limits::ConnLimits { max_connections, handshake_timeout: opts.handshake_timeout, peer_reserve: 2 * servers }
+    limits::ConnLimits { max_connections, handshake_timeout: opts.handshake_timeout, peer_reserve: 3 * servers }
 }
 
 fn now_secs() -> i64 {

@@ -51,8 +51,9 @@ pub fn raise_nofile() -> u64 {
 
 /// Descriptors the server keeps for itself in a cluster of `servers` servers.
 pub fn reserved(servers: usize) -> u64 {
-    // Its pools hold 2 connections to each peer and the peers' pools 2 to it.
-    OBJECT_FILES + ROCKSDB_FILES + REFUSING as u64 + 4 * servers as u64 + MISC
+    // Its pools hold 3 connections to each peer (2 for requests, 1 for the map group's
+    // messages: `shoal_rpc::Pool`) and the peers' pools 3 to it.
+    OBJECT_FILES + ROCKSDB_FILES + REFUSING as u64 + 6 * servers as u64 + MISC
 }
 
 /// The default connection limit for a descriptor limit of `nofile`: what is left after the

@@ -123,7 +123,7 @@ pub fn reopen_as(st: &State, mode: Mode, why: String) {
 /// copy serving its slot reaches it.
 pub fn pool_to(st: &State, server: ServerId) -> &Pool {
     let map = st.map.get();
-    if map.server(server).and_then(|e| e.home.as_ref()).is_none() {
+    if map.server(server).is_none_or(|e| e.home.is_none() && e.member_at.is_none()) {
         return &st.pool;
     }
     st.rejoin.home_pool.get_or_init(|| crate::peer_pool(map.homes_routed(), st.id, &st.rejoin.cell))
@@ -431,6 +431,10 @@ const DRAIN_WITHIN: Duration = Duration::from_secs(10);
 /// How long the log must stay still before the copy counts as drained (work a cancelled
 /// request left on a blocking thread may still append).
 const DRAIN_QUIET: Duration = Duration::from_millis(50);
+/// Longest the target may go without applying anything more while it has not applied the
+/// whole log: it died or stalled meanwhile (killed while the slot was being handed to it,
+/// say), and waiting out [`DRAIN_WITHIN`] would leave the slot unserved for that long.
+const DRAIN_STUCK: Duration = Duration::from_secs(2);
 
 /// After a copy stopped taking requests to hand its slot back: wait until no request runs
 /// and the home mirror has applied the whole log. True when it has (the handback goes on).
@@ -440,9 +444,22 @@ pub async fn drain_for_handback(st: &State) -> bool {
     let target = st.rejoin.handing_to.lock().unwrap_or(st.id);
     let deadline = Instant::now() + DRAIN_WITHIN;
     let mut still_since: Option<(u64, Instant)> = None;
+    let mut progress: Option<(u64, Instant)> = None;
     while Instant::now() < deadline {
         let last = log.last();
         let home = log.mirrors().get(&target).copied();
+        let at = home.map_or(0, |p| p.applied);
+        match progress {
+            Some((a, since)) if a == at && at < last && since.elapsed() >= DRAIN_STUCK => {
+                tracing::warn!(
+                    "server {}: server {target} applied nothing for {DRAIN_STUCK:?} while the slot was handed to it",
+                    st.id
+                );
+                return false;
+            }
+            Some((a, _)) if a == at && at < last => {}
+            _ => progress = Some((at, Instant::now())),
+        }
         let idle = st.load.report().queue_depth == 0;
         if home.is_some_and(|p| p.state != MirrorState::InSync) {
             tracing::warn!("server {}: server {target} fell out of sync while the slot was handed to it", st.id);
@@ -487,6 +504,7 @@ async fn move_home(host: &Arc<State>, slot: ServerId) -> bool {
         let (Some(home), true) = (e.home.clone(), e.served_by == Some(host.id.0)) else { return false };
         e.addr = home;
         e.home = None;
+        e.member_at = None;
         e.served_by = None;
         true
     })

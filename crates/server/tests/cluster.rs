@@ -75,6 +75,7 @@ impl Cluster {
             orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
             lease_max: shoal_server::leases::DEFAULT_MAX,
             throttle_mb_s: None,
+            resync_mib_s: shoal_server::RESYNC_MIB_PER_S,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let h = tokio::spawn(shoal_server::serve_with_listener(opts, l, async move {

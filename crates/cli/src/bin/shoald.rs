@@ -78,6 +78,14 @@ struct Args {
     /// placement (docs/architecture.md, "Load-aware placement"), not a quality of service.
     #[arg(long, value_name = "MB_PER_S", env = "SHOALD_THROTTLE", value_parser = parse_throttle)]
     throttle: Option<f64>,
+
+    /// Most MiB per second a resync ships to one mirror: a slot moving to another server
+    /// (`shoal server rebalance`, `drain`), a new mirror, a server back after a failure. Lower
+    /// keeps more of the foreground I/O's speed while slots move; higher moves them sooner.
+    #[arg(long = "resync-mb-s", value_name = "MIB_PER_S", env = "SHOALD_RESYNC_MB_S",
+          default_value_t = shoal_server::RESYNC_MIB_PER_S,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    resync_mib_s: u32,
 }
 
 /// A positive, finite number of MB/s.
@@ -136,6 +144,7 @@ fn main() -> ExitCode {
         orphan_grace: std::time::Duration::from_secs(args.orphan_grace),
         lease_max: std::time::Duration::from_millis(args.lease_max_ms),
         throttle_mb_s: args.throttle,
+        resync_mib_s: args.resync_mib_s,
     };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,

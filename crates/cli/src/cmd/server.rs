@@ -171,6 +171,7 @@ async fn add(ctx: &Ctx, a: AddArgs) -> Result<()> {
             served_by: None,
             behind: Vec::new(),
             home: None,
+            member_at: None,
             host: None,
             moving_to: None,
             // Nothing new is placed on its own slot: that would move existing inodes.

@@ -20,7 +20,8 @@
 //!    already hold leaves the stores as the primary's. Once the mirror has applied the last
 //!    position it is `InSync` again ([`ReplLog::ack`]).
 //!
-//! Shipping is throttled to [`RESYNC_BYTES_PER_S`] with one request in flight, so that the
+//! Shipping is throttled (`shoald --resync-mb-s`, [`RESYNC_MIB_PER_S`] MiB/s by default)
+//! with one request in flight, so that the
 //! foreground I/O of both servers keeps most of its speed. A resync that fails (the mirror
 //! went away, an error) leaves the mirror out of sync; the shipper starts over later, and
 //! the comparison makes the second attempt cheap for what the first already copied.
@@ -40,8 +41,9 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Most bytes per second a resync ships to one mirror (metadata values and data blocks).
-pub const RESYNC_BYTES_PER_S: u32 = 32 << 20;
+/// Most MiB per second a resync ships to one mirror (metadata values and data blocks)
+/// unless `shoald --resync-mb-s` says otherwise.
+pub const RESYNC_MIB_PER_S: u32 = 32;
 
 /// Bytes of changes gathered before one `PeerResyncApply` goes.
 const APPLY_MAX_BYTES: usize = 4 << 20;
@@ -129,7 +131,9 @@ struct Resync<'a> {
 
 impl<'a> Resync<'a> {
     fn new(st: &'a Arc<State>, log: &'a ReplLog, mirror: ServerId, total: u64) -> Resync<'a> {
-        let per_s = (RESYNC_BYTES_PER_S as u64 / UNIT) as u32;
+        let mib_s = st.failover.options.get().map_or(RESYNC_MIB_PER_S, |o| o.resync_mib_s).max(1);
+        let per_s = ((mib_s as u64) << 20) / UNIT;
+        let per_s = u32::try_from(per_s).unwrap_or(u32::MAX);
         // A tenth of a second's worth: a larger burst would let a resync starting on an
         // idle server take the disk from requests arriving right after.
         let burst = (per_s / 10).max(1);
