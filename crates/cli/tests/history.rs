@@ -51,7 +51,7 @@ fn history_with_replicas_and_pauses_has_no_client_error() {
 /// (docs/failover.md, "A server restarted after a crash hands its slot off first").
 /// 45 s in CI; `SHOAL_HISTORY_SECS=600` for the long run (docs/testing.md).
 #[test]
-#[ignore = "the map group can still lose its leader for good after a 2 s pause (docs/testing.md, open)"]
+#[ignore = "a handback can wait for requests that wait for another failed server (docs/testing.md, open)"]
 fn history_with_replicas_kills_and_pauses_has_no_client_error() {
     let _one = one_run();
     let mut cluster = Cluster::start_with(4, |m| m.cluster.replicas = 2);

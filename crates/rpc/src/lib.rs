@@ -581,6 +581,7 @@ impl IntoSink for TlsWriteHalf {
 }
 
 /// A pool's TLS settings (`[security] tls = true`).
+#[derive(Clone)]
 struct ClientTls {
     config: Arc<rustls::ClientConfig>,
     security: shoal_placement::map::Security,
@@ -624,7 +625,8 @@ pub struct Pool {
     map: parking_lot::RwLock<Arc<ClusterMap>>,
     opts: PoolOptions,
     rr: AtomicU64,
-    conns: Mutex<HashMap<Slot, Arc<Conn>>>,
+    /// Shared with the tasks that open connections (`conn`).
+    conns: Arc<Mutex<HashMap<Slot, Arc<Conn>>>>,
     /// Serialises connection set-up per slot so a burst of calls opens one connection.
     connecting: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
     stats: Mutex<HashMap<ServerId, (u64, u64, u64)>>,
@@ -643,7 +645,7 @@ impl Pool {
             map: parking_lot::RwLock::new(Arc::new(map)),
             opts,
             rr: AtomicU64::new(0),
-            conns: Mutex::new(HashMap::new()),
+            conns: Arc::new(Mutex::new(HashMap::new())),
             connecting: Mutex::new(HashMap::new()),
             stats: Mutex::new(HashMap::new()),
             tls: std::sync::OnceLock::new(),
@@ -748,27 +750,46 @@ impl Pool {
             }
         }
         let gate = self.connecting.lock().entry(key).or_default().clone();
-        let _g = gate.lock().await;
-        if let Some(c) = self.conns.lock().get(&key) {
-            if !c.broken.load(Ordering::SeqCst) {
-                return Ok(c.clone());
-            }
-        }
         let map = self.map();
         let entry = map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
-        let tls = self.tls()?;
-        // Boxed: connecting (TCP, TLS handshake, Hello, authentication) is a large state
-        // machine; inline, it made every request's future as large, and moving those futures
-        // (into a task, through `FuturesUnordered`) cost a `memcpy` of that size per call:
-        // 10 % of a client's CPU on md-easy creates (`perf`). It runs once per connection.
-        let (conn, id) = Box::pin(Conn::open(&entry.addr, &self.opts, &map, live.clone(), tls)).await?;
-        if id != server {
-            tracing::warn!("{} answered as {id}, the map says {server}", entry.addr);
-            return Err(CallError::transport(Errno::EIO, format!("{} answered as server {id}", entry.addr)));
-        }
-        let conn = Arc::new(conn);
-        self.conns.lock().insert(key, conn.clone());
-        Ok(conn)
+        let (addr, opts, live, conns) = (entry.addr.clone(), self.opts.clone(), live.clone(), self.conns.clone());
+        let tls = self.tls()?.cloned();
+        // Opened by a task of its own, bounded by the pool's timeout, which the caller
+        // awaits: a caller that gives up (the map group's calls give up after 150 ms) does
+        // not cancel the opening half way, so that a connection slower to open than one
+        // call's patience still opens for the calls after it (seen: a server that resumed
+        // from a pause never heard from the group's leader again, every attempt cut off
+        // before authenticating).
+        let open = tokio::spawn(async move {
+            let _g = gate.lock_owned().await;
+            if let Some(c) = conns.lock().get(&key) {
+                if !c.broken.load(Ordering::SeqCst) {
+                    return Ok(c.clone());
+                }
+            }
+            // Boxed: connecting (TCP, TLS handshake, Hello, authentication) is a large
+            // state machine; inline, it made every request's future as large, and moving
+            // those futures (into a task, through `FuturesUnordered`) cost a `memcpy` of that
+            // size per call: 10 % of a client's CPU on md-easy creates (`perf`).
+            let opening = Box::pin(Conn::open(&addr, &opts, &map, live, tls.as_ref()));
+            let (conn, id) = match tokio::time::timeout(opts.timeout, opening).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(CallError::transport(
+                        Errno::ETIMEDOUT,
+                        format!("connecting to {addr}: no answer within {:?}", opts.timeout),
+                    ))
+                }
+            };
+            if id != server {
+                tracing::warn!("{addr} answered as {id}, the map says {server}");
+                return Err(CallError::transport(Errno::EIO, format!("{addr} answered as server {id}")));
+            }
+            let conn = Arc::new(conn);
+            conns.lock().insert(key, conn.clone());
+            Ok(conn)
+        });
+        open.await.map_err(|e| CallError::transport(Errno::EIO, format!("connecting to server {server}: {e}")))?
     }
 
     /// The feature bits `server` agreed on in `Hello` (connecting to it if need be): what a
@@ -1144,9 +1165,11 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         tokio::spawn(async move {
             let (sock, _) = listener.accept().await.unwrap();
-            // Wait for the hello, leave it unread and reset the connection, as the kernel
-            // does for a process killed with unread input.
-            sock.readable().await.unwrap();
+            // Wait for the hello (its first byte: `readable` may report a new socket ready
+            // before anything came), leave it unread and reset the connection, as the
+            // kernel does for a process killed with unread input.
+            let mut first = [0u8; 1];
+            sock.peek(&mut first).await.unwrap();
             // Zero linger resets at once; nothing blocks on drop.
             #[allow(deprecated)]
             sock.set_linger(Some(Duration::ZERO)).unwrap();
