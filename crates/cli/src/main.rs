@@ -45,7 +45,7 @@ enum Command {
     /// The replicated cluster map: show it, change a server's state or weight.
     #[command(subcommand)]
     Map(cmd::map::MapCmd),
-    /// Add a server to a running cluster, move slots between servers, rebalance.
+    /// Add, drain or remove a server of a running cluster, move slots between servers, rebalance.
     #[command(subcommand)]
     Server(cmd::server::ServerCmd),
     /// Servers, whether they answer, their capacity, contents and requests served.
