@@ -51,7 +51,6 @@ fn history_with_replicas_and_pauses_has_no_client_error() {
 /// (docs/failover.md, "A server restarted after a crash hands its slot off first").
 /// 45 s in CI; `SHOAL_HISTORY_SECS=600` for the long run (docs/testing.md).
 #[test]
-#[ignore = "a handback can wait for requests that wait for another failed server (docs/testing.md, open)"]
 fn history_with_replicas_kills_and_pauses_has_no_client_error() {
     let _one = one_run();
     let mut cluster = Cluster::start_with(4, |m| m.cluster.replicas = 2);

@@ -48,7 +48,17 @@ pub async fn handle(
     }
     let _timed = (!exchange).then(|| st.metrics.request(name));
     let data_bytes = crate::load::data_bytes(&req.op, &data);
-    let _busy = (!exchange).then(|| st.load.begin(data_bytes.is_some()));
+    let mut _busy = (!exchange).then(|| st.load.begin(data_bytes.is_some()));
+    // The slot is changing hands (`quiesce.rs`): wait, uncounted, until it is released or
+    // stopped. Counted first and checked after, so the hand-over sees this request either
+    // running or held.
+    while !crate::rejoin::answers_in_standby(&req.op) && st.quiesce.holding() {
+        _busy = None;
+        if !st.quiesce.wait(&st.stop).await {
+            return (Reply::StaleMap { current: st.map.version() }, Payload::none());
+        }
+        _busy = Some(st.load.begin(data_bytes.is_some()));
+    }
     if let Some(n) = data_bytes {
         st.load.throttle(n).await;
     }

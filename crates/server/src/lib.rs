@@ -46,6 +46,7 @@ mod ops;
 mod orphans;
 mod partitions;
 mod perm;
+mod quiesce;
 mod rejoin;
 mod replica;
 pub use replica::resync::RESYNC_MIB_PER_S;

@@ -152,8 +152,15 @@ impl Load {
 
     /// A request starts; `data` when it moves file bytes (its service time is measured).
     pub fn begin(&self, data: bool) -> InFlight<'_> {
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        // SeqCst: a slot changing hands reads the count after holding new requests
+        // (`quiesce.rs`), and a request checks the hold after counting itself.
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
         InFlight { load: self, started: data.then(Instant::now) }
+    }
+
+    /// Requests being served now (see [`Load::begin`]).
+    pub fn in_flight(&self) -> u32 {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Wait until the throttle (if any) lets `bytes` of data through.

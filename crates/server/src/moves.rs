@@ -12,8 +12,9 @@
 //!    a crash of either side the next resync compares again and sends only what differs),
 //!    then follows the log.
 //! 3. **Switch.** Once the destination is in sync ([`hand_over`], called by the shipper), the
-//!    slot's server stops taking requests, waits until none runs and the destination has
-//!    applied every change (`rejoin::drain_for_handback`), and closes its stores. Its
+//!    slot's server holds new requests until none runs and the destination has applied
+//!    every change (`quiesce.rs`; tried again later if requests keep running), stops
+//!    serving (`rejoin::drain_for_handback` checks again), and closes its stores. Its
 //!    process then moves the slot by compare-and-set ([`after_move`]): `host` = the
 //!    destination, no `moving_to`, the slot's other mirrors `behind` (the destination's new
 //!    incarnation resynchronises them).
@@ -51,11 +52,19 @@ pub fn hand_over(st: &Arc<State>, mirror: ServerId) {
         tracing::info!("server {}: its own slot moves once no other slot is served here", st.id);
         return;
     }
-    if st.rejoin.handing_back.swap(true, Ordering::SeqCst) {
+    // A try that found requests running waits a little before the next (`quiesce.rs`).
+    if !st.quiesce.may_try() || st.rejoin.handing_back.swap(true, Ordering::SeqCst) {
         return;
     }
     *st.rejoin.handing_to.lock() = Some(mirror);
-    st.stop_serving(format!("server {}: moving the slot to server {mirror}, which is in sync", st.id));
+    let st = st.clone();
+    tokio::spawn(async move {
+        let why = format!("server {}: moving the slot to server {mirror}, which is in sync", st.id);
+        if crate::quiesce::stop_when_quiet(&st, mirror, why).await.is_err() {
+            *st.rejoin.handing_to.lock() = None;
+            st.rejoin.handing_back.store(false, Ordering::SeqCst);
+        }
+    });
 }
 
 /// Tries of the switch's map change (it keeps losing compare-and-set races, or the group is

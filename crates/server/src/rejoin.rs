@@ -12,9 +12,10 @@
 //! 3. **Resync.** The serving copy adds the home as a mirror of the slot, reached at `home`
 //!    ([`pool_to`]), resynchronises it by digest (only what changed since it was away
 //!    travels: docs/resync.md) and ships it the log.
-//! 4. **Handback.** Once that mirror is in sync, the copy stops taking requests, waits until
-//!    none runs and the home has applied every change ([`drain_for_handback`]), closes its
-//!    stores (its host keeps them as a mirror again) and moves the slot back by
+//! 4. **Handback.** Once that mirror is in sync, the copy holds new requests until none
+//!    runs and the home has applied every change (`quiesce.rs`: if requests keep running
+//!    for 2 s, the held ones run and it tries again later), stops serving, checks again
+//!    ([`drain_for_handback`]), closes its stores (its host keeps them as a mirror again) and moves the slot back by
 //!    compare-and-set ([`after_handback`]): `addr` = home, no `served_by`, the host and the
 //!    slot's other mirrors `behind` (they are resynced by the server's next incarnation).
 //! 5. **Serving again.** The standing-by server sees that map and opens again as the slot's
@@ -416,13 +417,24 @@ pub fn stop_home_shipper(st: &State) {
 }
 
 /// The slot's own server holds everything (its mirror is in sync): stop serving the slot
-/// here, to hand it back once nothing runs (`Server::serve` drains, the host finishes).
+/// here once nothing runs (`quiesce.rs`; `Server::serve` checks again, the host finishes),
+/// or, while requests keep running, try again later as long as the home stays in sync.
 pub fn hand_back(st: Arc<State>) {
     if st.rejoin.handing_back.swap(true, Ordering::SeqCst) {
         return;
     }
-    let home = st.map.get().server(st.id).and_then(|e| e.home.clone()).unwrap_or_default();
-    st.stop_serving(format!("server {}: handing the slot back to its own process at {home}", st.id));
+    tokio::spawn(async move {
+        let home = st.map.get().server(st.id).and_then(|e| e.home.clone()).unwrap_or_default();
+        let why = format!("server {}: handing the slot back to its own process at {home}", st.id);
+        let Err(pause) = crate::quiesce::stop_when_quiet(&st, st.id, why).await else { return };
+        st.rejoin.handing_back.store(false, Ordering::SeqCst);
+        tokio::time::sleep(pause).await;
+        let in_sync =
+            st.replica.log.as_ref().and_then(|l| l.mirrors().get(&st.id).map(|p| p.state)) == Some(MirrorState::InSync);
+        if in_sync && st.stop.borrow().is_none() {
+            hand_back(st);
+        }
+    });
 }
 
 /// Longest wait, once a copy stopped taking requests, for the last ones to finish and the

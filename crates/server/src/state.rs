@@ -83,6 +83,8 @@ pub struct State {
     /// Standing by to take this server's slot back after a failover, and handing a slot
     /// served here back to its own server (`rejoin.rs`).
     pub rejoin: crate::rejoin::Rejoin,
+    /// New requests held while the slot changes hands (`quiesce.rs`).
+    pub quiesce: crate::quiesce::Quiesce,
     /// Set to a reason when this server must stop serving (its slot failed over while it
     /// was away, or its host process stops): the accept loop ends on it.
     pub stop: tokio::sync::watch::Sender<Option<String>>,
@@ -156,6 +158,7 @@ impl State {
             replica: Default::default(),
             failover: Default::default(),
             rejoin: Default::default(),
+            quiesce: Default::default(),
             stop: tokio::sync::watch::channel(None).0,
             cuts: Default::default(),
         }
