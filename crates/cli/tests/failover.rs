@@ -407,3 +407,131 @@ fn a_rename_across_servers_whose_coordinator_dies_mid_way_is_answered_done_after
         assert!(m.server(shoal_proto::ServerId(coord)).and_then(|e| e.served_by).is_some(), "the slot failed over");
     });
 }
+
+/// Bytes of the objects (not their checksums or marks) under `dir`, and how many marks of
+/// objects kept elsewhere (`<object>.unkept`, docs/replicas.md).
+fn object_bytes(dir: &std::path::Path) -> (u64, usize) {
+    let (mut bytes, mut marks) = (0, 0);
+    let Ok(rd) = std::fs::read_dir(dir) else { return (0, 0) };
+    for e in rd.flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            let (b, m) = object_bytes(&p);
+            bytes += b;
+            marks += m;
+        } else if name.ends_with(".unkept") {
+            marks += 1;
+        } else if name.split_once('.').is_some_and(|(i, x)| i.len() == 16 && x.bytes().all(|c| c.is_ascii_digit())) {
+            bytes += e.metadata().unwrap().len();
+        }
+    }
+    (bytes, marks)
+}
+
+/// Read every stripe of `path` (1 MiB each): how many failed with `EIO`; every other one
+/// must hold `want`'s bytes (a stripe kept nowhere that is up is never zeros).
+async fn stripes_lost(client: &Client, path: &str, want: &[u8]) -> usize {
+    let f = client.open(path, OpenFlags::read_only()).await.unwrap();
+    let mut lost = 0;
+    for (k, chunk) in want.chunks(1 << 20).enumerate() {
+        match f.read_at((k as u64) << 20, 1 << 20).await {
+            Ok(got) => assert!(got[..] == chunk[..], "{path}: stripe {k} differs ({} bytes read)", got.len()),
+            Err(e) => {
+                assert_eq!(e.errno, shoal_proto::Errno::EIO, "{path}: stripe {k}: {e}");
+                lost += 1;
+            }
+        }
+    }
+    let _ = f.close().await;
+    lost
+}
+
+/// A file asking for one copy in a cluster keeping two (docs/replicas.md, "Fewer copies than
+/// the cluster's"): its bytes are on one server only, the mirrors hold marks; while that
+/// server is away its stripes there read `EIO`, never zeros, and the file of two copies
+/// reads whole; a file of one copy written meanwhile is kept in full by the copy; once the
+/// server has taken its slot back, every file reads whole again.
+#[test]
+fn a_file_of_one_copy_is_kept_once_and_reads_eio_while_its_server_is_away() {
+    let mut c = Cluster::start_with(3, |m| m.cluster.replicas = 2);
+    let rt = runtime();
+    let layout = |replicas| LayoutSpec {
+        stripe_size: Some(1 << 20),
+        stripe_count: Some(u32::MAX),
+        replicas: Some(replicas),
+        ..Default::default()
+    };
+    let (one, two, during) = (pattern(1, 0, 6 << 20), pattern(2, 0, 6 << 20), pattern(3, 0, 6 << 20));
+    rt.block_on(async {
+        let client = c.client();
+        for (path, data, copies) in [("/one", &one, 1), ("/two", &two, 2)] {
+            let f = client.create(path, 0o644, Some(layout(copies))).await.unwrap();
+            f.write_at(0, data).await.unwrap();
+            f.close().await.unwrap();
+        }
+    });
+    // Acknowledged, so applied by every mirror: the servers' own stores hold both files, the
+    // mirrors only the file of two copies and marks of the other's objects.
+    let (mut own, mut mirrored, mut marks) = (0, 0, 0);
+    for id in 0..3 {
+        own += object_bytes(&c.path().join(format!("s{id}/objects"))).0;
+        for m in 0..3 {
+            let (b, k) = object_bytes(&c.path().join(format!("s{id}/mirror-{m}/objects")));
+            mirrored += b;
+            marks += k;
+        }
+    }
+    assert_eq!(own, 12 << 20, "the servers' own objects");
+    assert_eq!(mirrored, 6 << 20, "the mirrors' objects: the file of two copies only");
+    // One object per server per file (its stripes there, one after the other).
+    assert_eq!(marks, 3, "a mark for each object of the file of one copy");
+
+    // A server that neither leads the map group nor holds the root dies.
+    let victim = rt.block_on(async {
+        let root_home = c.map.home_of(shoal_proto::ROOT_INO).0;
+        loop {
+            let (_, _, leader, voters) = c.client().get_map(shoal_proto::ServerId(0)).await.unwrap();
+            if let Some(l) = leader {
+                break voters.into_iter().find(|v| *v != l && *v != root_home).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let original = c.map.server(shoal_proto::ServerId(victim)).unwrap().addr.clone();
+    c.kill9(victim);
+    rt.block_on(async {
+        let client = c.client();
+        let moved = wait_map(&client, victim, Duration::from_secs(30), |e| e.served_by).await;
+        assert!(moved.is_some(), "server {victim}'s slot was not failed over:\n{}", c.log(victim));
+        let client = c.uncached_client();
+        assert_eq!(stripes_lost(&client, "/one", &one).await, 2, "the stripes of /one on server {victim}");
+        assert_eq!(stripes_lost(&client, "/two", &two).await, 0);
+        // Writing into a stripe kept nowhere that is up is refused too (the same byte again,
+        // so that the file is as it was wherever the write lands).
+        let mut refused = 0;
+        for k in 0..6usize {
+            let f = client.open("/one", OpenFlags::read_write()).await.unwrap();
+            let wrote = f.write_at((k as u64) << 20, &one[k << 20..(k << 20) + 1]).await;
+            let closed = f.close().await;
+            if wrote.is_err() || closed.is_err() {
+                refused += 1;
+            }
+        }
+        assert_eq!(refused, 2, "writes into the stripes of /one on server {victim}");
+        let f = client.create("/during", 0o644, Some(layout(1))).await.unwrap();
+        f.write_at(0, &during).await.unwrap();
+        f.close().await.unwrap();
+    });
+    c.spawn_with_env(victim, &[]);
+    rt.block_on(async {
+        let client = c.client();
+        let home =
+            wait_map(&client, victim, Duration::from_secs(60), |e| e.served_by.is_none().then(|| e.addr.clone())).await;
+        assert_eq!(home.as_deref(), Some(original.as_str()), "server {victim} took its slot back:\n{}", c.log(victim));
+        let client = c.uncached_client();
+        for (path, data) in [("/one", &one), ("/two", &two), ("/during", &during)] {
+            assert_eq!(stripes_lost(&client, path, data).await, 0, "{path} after the handback");
+        }
+    });
+}

@@ -878,12 +878,34 @@ pub enum ResyncAnswer {
 pub enum ReplChange {
     /// A RocksDB write batch exactly as the primary committed it (its `data()` bytes).
     Meta { len: u32 },
-    /// Bytes written into object `index` of `ino` at `offset`.
-    Write { ino: Ino, index: u32, offset: u64, len: u32 },
-    /// Object `index` of `ino` cut (or extended) to `len` bytes.
-    Truncate { ino: Ino, index: u32, len: u64 },
-    /// Objects deleted.
+    /// Bytes written into object `index` of `ino` at `offset`. `copies`: how many copies
+    /// of the object its file wants (the request's `copies`), which the primary's shipper
+    /// reads to keep fewer copies than the slot has mirrors (`replica/thin.rs`); a mirror
+    /// applies the bytes whatever it says.
+    Write {
+        ino: Ino,
+        index: u32,
+        offset: u64,
+        len: u32,
+        #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+        copies: u8,
+    },
+    /// Object `index` of `ino` cut (or extended) to `len` bytes; `copies` as in `Write`.
+    Truncate {
+        ino: Ino,
+        index: u32,
+        len: u64,
+        #[serde(default = "one_copy", skip_serializing_if = "is_one_copy")]
+        copies: u8,
+    },
+    /// Objects deleted (and the marks of those kept elsewhere: `Unkept`).
     Delete { objects: Vec<(Ino, u32)> },
+    /// Object `index` of `ino` is kept by fewer copies than the slot has, and not by this
+    /// mirror: it drops any bytes of it and keeps a mark instead, so that, served after a
+    /// failover, it answers `EIO` for the object rather than zeros (docs/replicas.md,
+    /// "Fewer copies than the cluster's"). What a `Write` or `Truncate` of such an object
+    /// becomes on its way to a mirror past the file's count.
+    Unkept { ino: Ino, index: u32 },
     /// The reply the primary cached for request `request` of client `session` (so that a
     /// retry after a failover is answered, not applied twice).
     Reply { session: u64, request: u64, reply: Box<Reply> },

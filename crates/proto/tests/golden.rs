@@ -217,8 +217,8 @@ fn ops() -> Vec<Op> {
             first: 17,
             changes: vec![
                 ReplChange::Meta { len: 120 },
-                ReplChange::Write { ino: FILE, index: 1, offset: 1 << 20, len: 4096 },
-                ReplChange::Truncate { ino: FILE, index: 0, len: 100 },
+                ReplChange::Write { ino: FILE, index: 1, offset: 1 << 20, len: 4096, copies: 1 },
+                ReplChange::Truncate { ino: FILE, index: 0, len: 100, copies: 1 },
                 ReplChange::Delete { objects: vec![(FILE, 0), (FILE, 1)] },
                 ReplChange::Reply { session: 7, request: 9, reply: Box::new(Reply::Written { len: 4096 }) },
             ],
@@ -231,7 +231,7 @@ fn ops() -> Vec<Op> {
             slot: ServerId(2),
             changes: vec![
                 ReplChange::Meta { len: 64 },
-                ReplChange::Write { ino: FILE, index: 1, offset: 65536, len: 65536 },
+                ReplChange::Write { ino: FILE, index: 1, offset: 65536, len: 65536, copies: 1 },
             ],
         },
         Op::PeerResyncDone { slot: ServerId(2), incarnation: 0x0a0b_0c0d_0e0f_1011, applied: 40 },
@@ -488,6 +488,21 @@ fn samples() -> Vec<(String, Sample)> {
     v.push((
         "Op.SetDirLayout+replicas".into(),
         replicated(Op::SetDirLayout { ino: DIR, spec: LayoutSpec { replicas: Some(2), ..spec() } }),
+    ));
+    // Files of fewer copies than the slot (docs/replicas.md): the counts a primary's changes
+    // carry, and the mark a mirror past the count gets instead.
+    v.push((
+        "Op.PeerReplicate+copies".into(),
+        replicated(Op::PeerReplicate {
+            slot: ServerId(2),
+            incarnation: 0x0a0b_0c0d_0e0f_1011,
+            first: 17,
+            changes: vec![
+                ReplChange::Write { ino: FILE, index: 1, offset: 0, len: 4096, copies: 2 },
+                ReplChange::Truncate { ino: FILE, index: 1, len: 10, copies: 2 },
+                ReplChange::Unkept { ino: FILE, index: 0 },
+            ],
+        }),
     ));
     let mut three = attr();
     three.layout.as_mut().unwrap().replicas = 3;

@@ -530,6 +530,7 @@ async fn serve_conn(
         leases: agreed.features & FEATURE_LEASES != 0,
         attr_leases: agreed.features & FEATURE_LEASES != 0 && agreed.features & FEATURE_ATTR_LEASES != 0,
         partitions: from_peer || agreed.features & FEATURE_PARTITIONS != 0,
+        counts_copies: agreed.version >= COPIES_SINCE,
     };
     // While this connection lasts, the client session's orphans stay (orphans.rs).
     let _connected = st.sessions.connected(session);
@@ -597,6 +598,27 @@ struct ConnInfo {
     attr_leases: bool,
     /// The sender routes names of split directories itself (`FEATURE_PARTITIONS`, or a peer).
     partitions: bool,
+    /// The sender's requests say how many copies a file wants (protocol 7 and later): of an
+    /// older one, a request's absent count means "not said", not one copy.
+    counts_copies: bool,
+}
+
+/// The protocol version from which requests changing an object carry the file's count of
+/// copies (docs/protocol.md, version history).
+const COPIES_SINCE: u32 = 7;
+
+/// A request from a sender that cannot say how many copies a file wants: every copy the
+/// cluster keeps, since a file of fewer copies than the cluster's has mirrors thinned to
+/// marks (`replica/thin.rs`), and an absent count read as one would keep a file of two
+/// copies once.
+fn assume_every_copy(op: &mut Op) {
+    if let Op::Write { copies, .. }
+    | Op::WriteList { copies, .. }
+    | Op::FetchInto { copies, .. }
+    | Op::PeerTruncateObject { copies, .. } = op
+    {
+        *copies = shoal_proto::msg::REPLICAS_MAX;
+    }
 }
 
 /// The connection's halves once its first byte says which protocol it speaks: TLS (a
@@ -717,6 +739,9 @@ async fn read_requests(
                 break;
             }
         };
+        if !conn.counts_copies {
+            assume_every_copy(&mut req.op);
+        }
         // Invariant: no byte of a data section is written before its wire CRC is verified.
         // A `Write` whose data fails its checksum is refused here, before it is dispatched
         // (so before its capability, its space or its object is even looked at), exactly

@@ -9,7 +9,8 @@
 //!   size and block checksums; per object, the size and the CRC32C of each 64 KiB block,
 //!   read from the checksums kept with the object (`store/checksums.rs`), so comparing
 //!   costs no read of the data. An empty object and a missing one are the same to a
-//!   reader (both read as nothing) and are not compared.
+//!   reader (both read as nothing) and are not compared. The mark of an object the store
+//!   keeps no bytes of (its file keeps fewer copies, `thin.rs`) is listed as [`UNKEPT`].
 
 use crate::error::R;
 use crate::store::data::DataStore;
@@ -85,18 +86,28 @@ pub fn object_digest(size: u64, crcs: &[u32]) -> u64 {
     xxh3_64(&b)
 }
 
-/// Every non-empty object of bucket `b` with its digest and size, sorted. Blocks.
+/// The digest an object stands for whose store keeps only its mark (no bytes: its file
+/// keeps fewer copies than the slot, `DataStore::mark_unkept`). No digest of a size and
+/// checksums is this value but by a 1 in 2^64 chance.
+pub const UNKEPT: u64 = u64::MAX;
+
+/// Every non-empty object of bucket `b` with its digest and size, and every mark of an
+/// object kept elsewhere with [`UNKEPT`] and size 0 (an object with both, left by a crash,
+/// is its mark), sorted. Blocks.
 pub fn objects(data: &DataStore, b: u8) -> R<Vec<(Ino, u32, u64, u64)>> {
-    let mut list = data.list_bucket(b);
-    list.sort();
-    let mut out = Vec::with_capacity(list.len());
-    for (ino, index) in list {
-        // Deleted since it was listed: nothing to compare.
-        if let Some((size, crcs)) = data.block_sums(ino, index)? {
-            if size > 0 {
-                out.push((ino, index, object_digest(size, &crcs), size));
-            }
+    let (list, marks) = data.scan_bucket(b);
+    let marked: std::collections::HashSet<(Ino, u32)> = marks.iter().copied().collect();
+    let mut out = Vec::with_capacity(list.len() + marks.len());
+    for (ino, index) in list.into_iter().filter(|o| !marked.contains(o)) {
+        // Deleted or marked since it was listed: nothing to compare (the log carries it).
+        match data.block_sums(ino, index) {
+            Ok(Some((size, crcs))) if size > 0 => out.push((ino, index, object_digest(size, &crcs), size)),
+            Ok(_) => {}
+            Err(_) if data.is_unkept(ino, index) => {}
+            Err(e) => return Err(e),
         }
     }
+    out.extend(marks.into_iter().map(|(ino, index)| (ino, index, UNKEPT, 0)));
+    out.sort();
     Ok(out)
 }

@@ -474,7 +474,7 @@ mod tests {
     use shoal_proto::Ino;
 
     fn write(n: u32) -> (ReplChange, Bytes) {
-        (ReplChange::Write { ino: Ino(7), index: 0, offset: 0, len: n }, Bytes::from(vec![1u8; n as usize]))
+        (ReplChange::Write { ino: Ino(7), index: 0, offset: 0, len: n, copies: 1 }, Bytes::from(vec![1u8; n as usize]))
     }
 
     #[test]
@@ -483,7 +483,10 @@ mod tests {
         let log = ReplLog::resume(&[m], 0x77, 10);
         assert_eq!((log.incarnation, log.last(), log.base()), (0x77, 10, 11));
         assert!(log.is_acked(10) && !log.is_acked(11));
-        assert_eq!(log.append(ReplChange::Truncate { ino: shoal_proto::Ino(1), index: 0, len: 0 }, Bytes::new()), 11);
+        assert_eq!(
+            log.append(ReplChange::Truncate { ino: shoal_proto::Ino(1), index: 0, len: 0, copies: 1 }, Bytes::new()),
+            11
+        );
         // A mirror that holds position 10 is shipped 11; one that holds less finds nothing
         // (it is then resynchronised).
         let (first, changes, _) = log.take(10);
@@ -600,7 +603,8 @@ mod tests {
     #[tokio::test]
     async fn a_stopped_log_lets_its_waiters_go_unacknowledged() {
         let log = std::sync::Arc::new(ReplLog::new(&[ServerId(1)]));
-        let pos = log.append(ReplChange::Truncate { ino: shoal_proto::Ino(1), index: 0, len: 0 }, Bytes::new());
+        let pos =
+            log.append(ReplChange::Truncate { ino: shoal_proto::Ino(1), index: 0, len: 0, copies: 1 }, Bytes::new());
         let l = log.clone();
         let waiter = tokio::spawn(async move { l.wait_acked(pos).await });
         tokio::time::sleep(Duration::from_millis(20)).await;

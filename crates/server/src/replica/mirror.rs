@@ -192,13 +192,31 @@ impl Mirror {
     fn apply_one(&self, change: ReplChange, bytes: &[u8], position: &[u8]) -> R<()> {
         match change {
             ReplChange::Meta { .. } => self.meta.apply_replicated(bytes, position),
-            ReplChange::Write { ino, index, offset, .. } => self.data.write(ino, index, offset, bytes, 1),
-            ReplChange::Truncate { ino, index, len } => self.data.truncate(ino, index, len, 1),
+            // An object this copy keeps only the mark of stays so (the store refuses it): bytes
+            // written into it would read as zeros around them (`replica/thin.rs`). A cut to
+            // nothing clears the mark.
+            ReplChange::Write { ino, index, offset, .. } => {
+                self.data.write(ino, index, offset, bytes, 1).or_else(|f| self.unless_unkept(ino, index, f))
+            }
+            ReplChange::Truncate { ino, index, len, .. } => {
+                self.data.truncate(ino, index, len, 1).or_else(|f| self.unless_unkept(ino, index, f))
+            }
             ReplChange::Delete { objects } => self.data.delete_objects(&objects),
+            ReplChange::Unkept { ino, index } => self.data.mark_unkept(ino, index),
             ReplChange::Reply { session, request, reply } => {
                 self.replies.keep(session, request, *reply);
                 Ok(())
             }
+        }
+    }
+
+    /// A change of an object that failed: done all the same if this copy keeps only the
+    /// object's mark (nothing to apply), else the failure.
+    fn unless_unkept(&self, ino: shoal_proto::Ino, index: u32, f: Fail) -> R<()> {
+        if self.data.is_unkept(ino, index) {
+            Ok(())
+        } else {
+            Err(f)
         }
     }
 
@@ -307,7 +325,7 @@ mod tests {
         let (meta, data) = (meta_batch(b"ka"), Bytes::from_static(b"0123456789"));
         let changes = vec![
             ReplChange::Meta { len: meta.len() as u32 },
-            ReplChange::Write { ino: Ino(9), index: 0, offset: 0, len: data.len() as u32 },
+            ReplChange::Write { ino: Ino(9), index: 0, offset: 0, len: data.len() as u32, copies: 1 },
         ];
         let both = [meta.as_ref(), data.as_ref()].concat();
         m.apply(inc, 1, changes, Bytes::from(both)).await.unwrap();
@@ -323,12 +341,37 @@ mod tests {
         let m = reopen(m);
         assert_eq!(m.position().await, (inc, 4));
         // A batch of object changes only.
-        let changes = vec![ReplChange::Truncate { ino: Ino(9), index: 0, len: 4 }];
+        let changes = vec![ReplChange::Truncate { ino: Ino(9), index: 0, len: 4, copies: 1 }];
         m.apply(inc, 5, changes, Bytes::new()).await.unwrap();
         let m = reopen(m);
         assert_eq!(m.position().await, (inc, 5));
         // The probe a primary sends at start changes nothing.
         m.apply(inc, 1, Vec::new(), Bytes::new()).await.unwrap();
         assert_eq!(reopen(m).position().await, (inc, 5));
+    }
+
+    /// A mark (an object of a file of fewer copies, `thin.rs`) drops the copy's bytes; later
+    /// writes and cuts of the object apply as nothing, in order, so the copy never holds
+    /// part of it; a cut to nothing clears the mark.
+    #[tokio::test]
+    async fn a_marked_object_takes_no_bytes_until_cut_to_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = Arc::new(Mirror::open(dir.path(), ServerId(3)).unwrap());
+        let inc = 0x51;
+        let (ino, data) = (Ino(9), Bytes::from_static(b"0123456789"));
+        let write = |offset| ReplChange::Write { ino, index: 0, offset, len: data.len() as u32, copies: 2 };
+        m.apply(inc, 1, vec![write(0)], data.clone()).await.unwrap();
+        let changes = vec![
+            ReplChange::Unkept { ino, index: 0 },
+            write(100),
+            ReplChange::Truncate { ino, index: 0, len: 5, copies: 1 },
+        ];
+        let reply = m.apply(inc, 2, changes, data.clone()).await.unwrap();
+        assert_eq!(reply, Reply::Replicated { incarnation: inc, applied: 4, in_sync: true });
+        assert!(m.data.is_unkept(ino, 0) && !m.data.path(ino, 0).exists());
+        assert_eq!(m.data.read(ino, 0, 0, 10).unwrap_err().errno, Errno::EIO);
+        let changes = vec![ReplChange::Truncate { ino, index: 0, len: 0, copies: 1 }, write(0)];
+        m.apply(inc, 5, changes, data.clone()).await.unwrap();
+        assert_eq!(&m.data.read(ino, 0, 0, 10).unwrap()[..], b"0123456789");
     }
 }

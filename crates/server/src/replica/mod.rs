@@ -15,6 +15,7 @@ pub mod log;
 pub mod mirror;
 pub mod resync;
 pub mod ship;
+pub mod thin;
 
 use log::ReplLog;
 use mirror::Mirror;

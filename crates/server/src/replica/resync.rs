@@ -52,6 +52,11 @@ const APPLY_MAX_BYTES: usize = 4 << 20;
 /// their checksums).
 const ANSWER_WITHIN: Duration = Duration::from_secs(60);
 
+/// The `copies` of the writes and cuts a resync sends: they go straight to the mirror, never
+/// through the shipper's thinning (the comparison decides what the mirror keeps), so the
+/// count is not read; the most there is.
+const RESYNC_COPIES: u8 = shoal_proto::msg::REPLICAS_MAX;
+
 /// The throttle's unit: rates in KiB keep the bucket within `u32`.
 const UNIT: u64 = 1024;
 
@@ -123,6 +128,9 @@ struct Resync<'a> {
     changes: Vec<ReplChange>,
     data: Vec<Bytes>,
     pending: usize,
+    /// The mirror's changes are thinned by the shipper (`thin::rank_of`): a mark of an
+    /// object there is this primary's doing, not a copy to fill.
+    thinned: bool,
     /// Bytes compared so far, of `total`; bytes shipped.
     done: u64,
     total: u64,
@@ -148,6 +156,7 @@ impl<'a> Resync<'a> {
             changes: Vec::new(),
             data: Vec::new(),
             pending: 0,
+            thinned: super::thin::rank_of(st, mirror).is_some(),
             done: 0,
             total,
             shipped: 0,
@@ -298,8 +307,24 @@ impl<'a> Resync<'a> {
             let mut gone: Vec<(Ino, u32)> =
                 theirs.keys().filter(|k| ours.binary_search_by(|o| (o.0, o.1).cmp(k)).is_err()).copied().collect();
             for (ino, index, ours_digest, size) in ours {
-                if theirs.get(&(ino, index)) != Some(&ours_digest) {
-                    self.object(ino, index, theirs.contains_key(&(ino, index))).await?;
+                let their_digest = theirs.get(&(ino, index)).copied();
+                match (ours_digest == digest::UNKEPT, their_digest) {
+                    // The same, or both hold only the mark.
+                    (_, Some(d)) if d == ours_digest => {}
+                    // This copy keeps no bytes of it: the mirror keeps what it holds (the
+                    // slot's own server taking its slot back holds the one copy), and one
+                    // that holds nothing gets the mark, not zeros (`thin.rs`).
+                    (true, Some(_)) => {}
+                    (true, None) => self.push(ReplChange::Unkept { ino, index }, Bytes::new()).await?,
+                    // The mirror holds only the mark: left so where the shipper thins this
+                    // mirror's changes (it made the mark), replaced by the bytes where the
+                    // mirror must hold every object (the slot's destination, its own server).
+                    (false, Some(digest::UNKEPT)) if self.thinned => {}
+                    (false, Some(digest::UNKEPT)) => {
+                        self.push(ReplChange::Delete { objects: vec![(ino, index)] }, Bytes::new()).await?;
+                        self.object(ino, index, false).await?;
+                    }
+                    (false, theirs) => self.object(ino, index, theirs.is_some()).await?,
                 }
                 self.compared(size);
             }
@@ -326,7 +351,7 @@ impl<'a> Resync<'a> {
             return Ok(());
         };
         if their_size > size {
-            self.push(ReplChange::Truncate { ino, index, len: size }, Bytes::new()).await?;
+            self.push(ReplChange::Truncate { ino, index, len: size, copies: RESYNC_COPIES }, Bytes::new()).await?;
         }
         for (k, crc) in crcs.iter().enumerate() {
             // A block the mirror has the same (its last block compared as cut: a block
@@ -340,7 +365,8 @@ impl<'a> Resync<'a> {
             if bytes.is_empty() {
                 break;
             }
-            self.push(ReplChange::Write { ino, index, offset, len: bytes.len() as u32 }, bytes).await?;
+            let len = bytes.len() as u32;
+            self.push(ReplChange::Write { ino, index, offset, len, copies: RESYNC_COPIES }, bytes).await?;
         }
         Ok(())
     }

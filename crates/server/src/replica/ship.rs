@@ -160,6 +160,11 @@ async fn follow(st: &Arc<State>, log: &ReplLog, mirror: ServerId, mut applied: u
             go_on_without(st, log, mirror).await;
             return;
         }
+        // A mirror past a file's count of copies gets marks of its objects, not their bytes.
+        let (changes, data) = match super::thin::rank_of(st, mirror) {
+            Some(rank) => super::thin::thin(changes, data, rank),
+            None => (changes, data),
+        };
         let payload = concat(&data);
         let op = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first, changes };
         // Bounded by the out-of-sync delay, not the peer timeout: a frozen mirror must not

@@ -139,6 +139,58 @@ impl DataStore {
         self.bucket(ino).join(format!("{:016x}.{index}.crc", ino.0))
     }
 
+    /// The mark of an object this store keeps no bytes of ([`DataStore::mark_unkept`]).
+    pub fn unkept_path(&self, ino: Ino, index: u32) -> PathBuf {
+        self.bucket(ino).join(format!("{:016x}.{index}{UNKEPT_SUFFIX}", ino.0))
+    }
+
+    /// Whether this store keeps no bytes of the object, only its mark (one `stat`).
+    pub fn is_unkept(&self, ino: Ino, index: u32) -> bool {
+        std::fs::symlink_metadata(self.unkept_path(ino, index)).is_ok()
+    }
+
+    /// Keep no bytes of object `index` of `ino`, only a mark saying so: a mirror past the
+    /// count of copies the object's file wants (`ReplChange::Unkept`, `replica/thin.rs`).
+    /// Served after a failover, the store answers `EIO` for the object rather than the
+    /// zeros a missing object reads as. The mark is made before the bytes go: a crash in
+    /// between leaves both, and the mark wins (every open checks it first). Blocks.
+    pub fn mark_unkept(&self, ino: Ino, index: u32) -> R<()> {
+        let _g = self.lock(ino, index).write();
+        let mark = self.unkept_path(ino, index);
+        if std::fs::symlink_metadata(&mark).is_err() {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .mode(0o600)
+                .open(&mark)
+                .map_err(|e| Fail::io(format_args!("mark {}", mark.display()), &e))?;
+        }
+        self.fds.lock().map.remove(&(ino.0, index));
+        if let Some(indices) = self.dirty.lock().get_mut(&ino.0) {
+            indices.retain(|&i| i != index);
+        }
+        for p in [self.path(ino, index), self.sums_path(ino, index)] {
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(Fail::io(format_args!("drop {}", p.display()), &e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The answer to any use of an object this store holds only the mark of.
+    fn unkept_fail(&self, ino: Ino, index: u32) -> Fail {
+        Fail::new(
+            Errno::EIO,
+            format!(
+                "object {ino}.{index} has no copy on this server: its file keeps fewer copies than the cluster, \
+                 and the server holding them is away (docs/replicas.md)"
+            ),
+        )
+    }
+
     fn lock(&self, ino: Ino, index: u32) -> &RwLock<()> {
         let h = (ino.0 ^ (index as u64).rotate_left(32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         &self.locks[(h >> 32) as usize % LOCK_STRIPES]
@@ -164,6 +216,9 @@ impl DataStore {
             }
         }
         self.fd_cache.miss();
+        if self.is_unkept(ino, index) {
+            return Err(self.unkept_fail(ino, index));
+        }
         let path = self.path(ino, index);
         let sums_path = self.sums_path(ino, index);
         let open = |create: bool| OpenOptions::new().read(true).write(true).create(create).mode(0o600).open(&path);
@@ -331,11 +386,10 @@ impl DataStore {
     /// invariant of `checksums.rs` holds at every instant).
     ///
     /// `copies` is how many copies of the object its file wants (the layout's `replicas`,
-    /// carried by the request). This store keeps one, on this server; the others are the
-    /// replication log's to make (`replica/`). Today the log ships every change of every
-    /// object to every mirror whatever `copies` says — more copies than asked, never fewer:
-    /// a mirror skipping the data of a file whose metadata it holds would serve zeros for
-    /// it after a failover. Keeping fewer copies of a file that asks for fewer is open.
+    /// carried by the request). This store keeps one, on this server; the change goes into
+    /// the replication log with the count, and the shipper sends mirrors past it a mark
+    /// instead of the bytes (`replica/thin.rs`). An object this store holds only the mark
+    /// of is refused (`EIO`): writing into it would make it read as zeros around the write.
     pub fn write(&self, ino: Ino, index: u32, offset: u64, data: &[u8], copies: u8) -> R<()> {
         self.write_with_crcs(ino, index, offset, data, None, copies)
     }
@@ -352,8 +406,6 @@ impl DataStore {
         crcs: Option<&PieceCrcs>,
         copies: u8,
     ) -> R<()> {
-        // One copy here, and the log ships to every mirror, whatever `copies` says; see `write`.
-        let _ = copies;
         let end = offset.saturating_add(data.len() as u64);
         if end > i64::MAX as u64 {
             return Err(Fail::new(Errno::EFBIG, format!("write at {offset} beyond the largest object size")));
@@ -372,12 +424,12 @@ impl DataStore {
             }
         };
         let _g = self.lock(ino, index).write();
-        self.write_locked(ino, index, offset, data, piece_crcs)
+        self.write_locked(ino, index, offset, data, piece_crcs, copies)
     }
 
     /// The part of [`DataStore::write_with_crcs`] made under the object's exclusive lock
     /// (held by the caller), with the CRC32C of the write's block pieces.
-    fn write_locked(&self, ino: Ino, index: u32, offset: u64, data: &[u8], piece_crcs: &[u32]) -> R<()> {
+    fn write_locked(&self, ino: Ino, index: u32, offset: u64, data: &[u8], piece_crcs: &[u32], copies: u8) -> R<()> {
         let end = offset + data.len() as u64;
         let obj = self
             .open_object(ino, index, true)?
@@ -444,7 +496,7 @@ impl DataStore {
             start_writeback(&obj.data, offset, end);
         }
         let len = data.len() as u32;
-        self.replicate(shoal_proto::msg::ReplChange::Write { ino, index, offset, len }, || {
+        self.replicate(shoal_proto::msg::ReplChange::Write { ino, index, offset, len, copies }, || {
             Bytes::copy_from_slice(data)
         });
         Ok(())
@@ -530,10 +582,17 @@ impl DataStore {
     /// it reads as zeros anyway). The checksums follow the crash invariant: the blocks that
     /// change (the one cut in the middle, those dropped) are pending before the cut, the
     /// cut block settled and the dropped entries removed after. `copies` as in
-    /// [`DataStore::write`]: the replication layer cuts the other copies.
+    /// [`DataStore::write`]: the replication layer cuts the other copies. An object this
+    /// store holds only the mark of may be cut to nothing (its bytes are zeros from now on,
+    /// wherever they were kept: the mark goes), not to any other length (`EIO`).
     pub fn truncate(&self, ino: Ino, index: u32, len: u64, copies: u8) -> R<()> {
-        let _ = copies;
         let _g = self.lock(ino, index).write();
+        if len == 0 && self.is_unkept(ino, index) {
+            let mark = self.unkept_path(ino, index);
+            std::fs::remove_file(&mark).map_err(|e| Fail::io(format_args!("drop {}", mark.display()), &e))?;
+            self.replicate(shoal_proto::msg::ReplChange::Truncate { ino, index, len, copies }, Bytes::new);
+            return Ok(());
+        }
         let Some(obj) = self.open_object(ino, index, false)? else { return Ok(()) };
         let mut mem = obj.mem.lock();
         if mem.size <= len {
@@ -559,7 +618,7 @@ impl DataStore {
         let res = res.map(|_| ());
         if res.is_ok() {
             self.mark_dirty(ino, index);
-            self.replicate(shoal_proto::msg::ReplChange::Truncate { ino, index, len }, Bytes::new);
+            self.replicate(shoal_proto::msg::ReplChange::Truncate { ino, index, len, copies }, Bytes::new);
         }
         res
     }
@@ -612,7 +671,7 @@ impl DataStore {
             self.fds.lock().map.remove(&(ino.0, index));
             // The data first: a crash in between leaves a checksum file alone, which the
             // next delete (the gc record is still there) or create replaces.
-            for p in [self.path(ino, index), self.sums_path(ino, index)] {
+            for p in [self.path(ino, index), self.sums_path(ino, index), self.unkept_path(ino, index)] {
                 match std::fs::remove_file(&p) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -666,8 +725,23 @@ impl DataStore {
 
     /// The objects of bucket `b` (files whose inode number's low byte is `b`), unsorted.
     pub fn list_bucket(&self, b: u8) -> Vec<(Ino, u32)> {
-        let Ok(rd) = std::fs::read_dir(self.root.join(format!("{b:02x}"))) else { return Vec::new() };
-        rd.flatten().filter_map(|e| e.file_name().to_str().and_then(parse_object_name)).collect()
+        self.scan_bucket(b).0
+    }
+
+    /// The objects of bucket `b` and the marks of those kept elsewhere
+    /// ([`DataStore::mark_unkept`]), unsorted.
+    pub fn scan_bucket(&self, b: u8) -> (Vec<ObjectId>, Vec<ObjectId>) {
+        let (mut objects, mut marks) = (Vec::new(), Vec::new());
+        let Ok(rd) = std::fs::read_dir(self.root.join(format!("{b:02x}"))) else { return (objects, marks) };
+        for e in rd.flatten() {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            match name.strip_suffix(UNKEPT_SUFFIX) {
+                Some(object) => marks.extend(parse_object_name(object)),
+                None => objects.extend(parse_object_name(name)),
+            }
+        }
+        (objects, marks)
     }
 
     /// An object's size and the CRC32C of each of its blocks (as [`block_crc`] computes
@@ -886,7 +960,10 @@ impl RepairLock<'_> {
             self.store.uncache(self.ino, self.index);
         }
         let crcs = PieceCrcs::compute(offset, data);
-        self.store.write_locked(self.ino, self.index, offset, data, crcs.pieces())
+        // The file's count of copies is not known here: shipped to every mirror as it is
+        // (one that holds only the object's mark keeps it: `replica/mirror.rs`).
+        let copies = shoal_proto::msg::REPLICAS_MAX;
+        self.store.write_locked(self.ino, self.index, offset, data, crcs.pieces(), copies)
     }
 }
 
@@ -960,6 +1037,12 @@ fn pread_uninit(f: &File, buf: &mut [std::mem::MaybeUninit<u8>], offset: u64) ->
 
 /// The (file, object index) an object file's name stands for (`<16 hex digits>.<index>`);
 /// `None` for anything else (checksum files, temporary files).
+/// An object: its file and its index in the file.
+pub type ObjectId = (Ino, u32);
+
+/// How the mark of an object kept elsewhere is named: the object's name and this.
+const UNKEPT_SUFFIX: &str = ".unkept";
+
 pub fn parse_object_name(name: &str) -> Option<(Ino, u32)> {
     let (ino, index) = name.split_once('.')?;
     if ino.len() != 16 || !index.bytes().all(|c| c.is_ascii_digit()) {
@@ -1007,6 +1090,61 @@ mod tests {
 
     fn rd(d: &DataStore, ino: Ino, index: u32, offset: u64, len: usize) -> Vec<u8> {
         d.read(ino, index, offset, len).unwrap().to_vec()
+    }
+
+    /// An object this store keeps only the mark of (a mirror past its file's count of
+    /// copies): its bytes are gone, reads, writes and cuts to a length are `EIO` (never the
+    /// zeros of a missing object), also after the store is opened again; a cut to nothing or
+    /// a deletion clears the mark, after which the object is written and read as any other.
+    #[test]
+    fn a_marked_object_is_refused_until_cut_to_nothing_or_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
+        let (ino, other) = (Ino(0x2a), Ino(0x12a));
+        d.write(ino, 0, 0, b"kept elsewhere", 1).unwrap();
+        d.write(ino, 1, 0, b"kept here", 2).unwrap();
+        d.write(other, 0, 0, b"other", 1).unwrap();
+        d.mark_unkept(ino, 0).unwrap();
+        d.mark_unkept(other, 0).unwrap();
+        d.mark_unkept(other, 0).unwrap(); // again: nothing changes
+        assert!(!d.path(ino, 0).exists() && !d.sums_path(ino, 0).exists(), "its bytes and checksums are gone");
+        let (mut objects, mut marks) = d.scan_bucket(0x2a);
+        objects.sort();
+        marks.sort();
+        assert_eq!(objects, vec![(ino, 1)]);
+        assert_eq!(marks, vec![(ino, 0), (other, 0)]);
+        let d = DataStore::open(dir.path()).unwrap();
+        for e in [
+            d.read(ino, 0, 0, 10).map(|_| ()).unwrap_err(),
+            d.write(ino, 0, 100, b"x", 1).unwrap_err(),
+            d.truncate(ino, 0, 5, 1).unwrap_err(),
+        ] {
+            assert_eq!(e.errno, Errno::EIO);
+            assert!(e.to_string().contains("has no copy on this server"), "{e}");
+        }
+        assert_eq!(rd(&d, ino, 1, 0, 100), b"kept here");
+        d.truncate(ino, 0, 0, 1).unwrap();
+        assert!(!d.is_unkept(ino, 0));
+        assert_eq!(rd(&d, ino, 0, 0, 10), b"");
+        d.write(ino, 0, 0, b"again", 1).unwrap();
+        assert_eq!(rd(&d, ino, 0, 0, 10), b"again");
+        d.delete_objects(&[(other, 0)]).unwrap();
+        assert!(!d.is_unkept(other, 0));
+        assert_eq!(d.scan_bucket(0x2a).1, Vec::<(Ino, u32)>::new());
+    }
+
+    /// A crash between the mark and the removal of the bytes leaves both: the mark wins.
+    #[test]
+    fn a_mark_beside_left_over_bytes_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
+        let ino = Ino(7);
+        d.write(ino, 0, 0, b"stale", 1).unwrap();
+        std::fs::write(d.unkept_path(ino, 0), b"").unwrap();
+        let d = DataStore::open(dir.path()).unwrap();
+        assert_eq!(d.read(ino, 0, 0, 5).unwrap_err().errno, Errno::EIO);
+        let listed = crate::replica::digest::objects(&d, 7).unwrap();
+        assert_eq!(listed, vec![(ino, 0, crate::replica::digest::UNKEPT, 0)]);
     }
 
     /// A mirror's store writes the aligned part of each write around the page cache: what
