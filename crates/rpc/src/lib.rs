@@ -635,6 +635,8 @@ pub struct Pool {
     /// Under `[security] tls`: the client configuration, read from the CA file at the first
     /// connection (a missing file fails every call with a message naming it).
     tls: std::sync::OnceLock<Result<ClientTls, String>>,
+    /// Set once by [`Pool::close`]: every call fails at once from then on.
+    closed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Pool {
@@ -649,7 +651,30 @@ impl Pool {
             connecting: Mutex::new(HashMap::new()),
             stats: Mutex::new(HashMap::new()),
             tls: std::sync::OnceLock::new(),
+            closed: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Close the pool for good: calls under way (waiting for a reply, or for a failover)
+    /// fail now with ENOTCONN, and so does every later call. What a server does with its
+    /// pool when it stops: a request still running would otherwise wait out a peer's
+    /// failover (15 s) and hold the server's stores open meanwhile, so that a copy of the
+    /// same slot promoted again in this process could not open them (seen: a slot left
+    /// unserved after a handback, docs/testing.md).
+    pub fn close(&self) {
+        self.closed.send_replace(true);
+        let gone: Vec<Arc<Conn>> = self.conns.lock().drain().map(|(_, c)| c).collect();
+        for c in gone {
+            fail_all(&c.broken, &c.pending, Self::closed_error());
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        *self.closed.borrow()
+    }
+
+    fn closed_error() -> CallError {
+        CallError::transport(Errno::ENOTCONN, "this side is shutting down (its connections are closed)")
     }
 
     /// The TLS settings connections use, `None` without `[security] tls`.
@@ -744,6 +769,9 @@ impl Pool {
             false => (self.rr.fetch_add(1, Ordering::Relaxed) as usize) % spread,
         };
         let key = (server, slot);
+        if self.is_closed() {
+            return Err(Self::closed_error());
+        }
         if let Some(c) = self.conns.lock().get(&key) {
             if !c.broken.load(Ordering::SeqCst) {
                 return Ok(c.clone());
@@ -754,6 +782,7 @@ impl Pool {
         let entry = map.server(server).ok_or_else(|| CallError::transport(Errno::EIO, "not in the cluster map"))?;
         let (addr, opts, live, conns) = (entry.addr.clone(), self.opts.clone(), live.clone(), self.conns.clone());
         let tls = self.tls()?.cloned();
+        let closed = self.closed.subscribe();
         // Opened by a task of its own, bounded by the pool's timeout, which the caller
         // awaits: a caller that gives up (the map group's calls give up after 150 ms) does
         // not cancel the opening half way, so that a connection slower to open than one
@@ -786,7 +815,12 @@ impl Pool {
                 return Err(CallError::transport(Errno::EIO, format!("{addr} answered as server {id}")));
             }
             let conn = Arc::new(conn);
-            conns.lock().insert(key, conn.clone());
+            let mut conns = conns.lock();
+            // Closed while this one opened: `close` did not see it, so it is not kept.
+            if *closed.borrow() {
+                return Err(Pool::closed_error());
+            }
+            conns.insert(key, conn.clone());
             Ok(conn)
         });
         open.await.map_err(|e| CallError::transport(Errno::EIO, format!("connecting to server {server}: {e}")))?
@@ -828,6 +862,9 @@ impl Pool {
         op: Op,
         data: Bytes,
     ) -> Result<(Reply, Bytes), CallError> {
+        if self.is_closed() {
+            return Err(Self::closed_error());
+        }
         let req = Request { cred: cred.clone(), map_version: self.map.read().version(), op };
         let id = NEXT_REQUEST_ID.fetch_add(1, Ordering::Relaxed);
         match self.request_once(server, &req, &data, id).await {
@@ -871,11 +908,16 @@ impl Pool {
         tracing::info!("server {server}: {first}; waiting up to {:?} for a failover", failover.wait);
         let mut last = first;
         let mut pause = Duration::from_millis(50);
+        let mut closed = self.closed.subscribe();
         while Instant::now() < deadline {
             if let Some(refresh) = &failover.refresh {
                 refresh().await;
             }
-            tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+            let wait = tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            tokio::select! {
+                _ = wait => {}
+                _ = closed.wait_for(|c| *c) => return Err(Self::closed_error()),
+            }
             pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
             req.map_version = self.map().version();
             match self.request_once(server, &req, &data, id).await {
@@ -1281,5 +1323,57 @@ mod tests {
         let pool = Pool::new(open_map(port), PoolOptions::default());
         let r = pool.call(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await;
         assert_eq!(r.unwrap_err(), Errno::ENOTCONN);
+    }
+
+    /// A server that answers the handshake and then reads requests without ever replying.
+    async fn silent_server(listener: TcpListener) {
+        let (sock, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr) = sock.into_split();
+        answer_hello_plainly(&mut rd, &mut wr).await;
+        while let Ok(Some(_)) = Frame::read_from(&mut rd).await {}
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn closing_the_pool_fails_a_call_waiting_for_its_reply_at_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(silent_server(listener));
+        let opts = PoolOptions { timeout: Duration::from_secs(30), ..PoolOptions::default() };
+        let pool = Arc::new(Pool::new(open_map(port), opts));
+        let call = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        pool.close();
+        let e = tokio::time::timeout(Duration::from_secs(2), call).await.expect("the call ends").unwrap().unwrap_err();
+        assert_eq!(e.errno(), Errno::ENOTCONN, "{e}");
+        assert!(e.to_string().contains("shutting down"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // And every later call, without trying to connect.
+        let later = pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await.unwrap_err();
+        assert!(later.to_string().contains("shutting down"), "{later}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn closing_the_pool_ends_a_wait_for_a_failover() {
+        // Nothing listens there: the call waits for a failover (replicas = 2).
+        let port = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+        let mut map = open_map(port);
+        map.cluster.replicas = 2;
+        let failover = Some(Failover { wait: Duration::from_secs(30), refresh: None });
+        let pool = Arc::new(Pool::new(map, PoolOptions { failover, ..PoolOptions::default() }));
+        let call = tokio::spawn({
+            let pool = pool.clone();
+            async move { pool.request(ServerId(0), &Cred::root(), Op::StatFs, Bytes::new()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!call.is_finished(), "the call waits for a failover");
+        let started = Instant::now();
+        pool.close();
+        let e = tokio::time::timeout(Duration::from_secs(2), call).await.expect("the call ends").unwrap().unwrap_err();
+        assert!(e.to_string().contains("shutting down"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

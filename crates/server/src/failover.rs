@@ -21,6 +21,7 @@ use shoal_placement::ClusterMap;
 use shoal_proto::ServerId;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -61,6 +62,10 @@ impl Failover {
 
 /// Tries of a map change that keeps losing the compare-and-set race.
 const PROPOSE_TRIES: usize = 20;
+/// The first pause before a promotion that failed is tried again; it doubles up to
+/// [`PROMOTE_RETRY_MAX`] while the map still wants the slot served here.
+const PROMOTE_RETRY_FIRST: Duration = Duration::from_millis(200);
+const PROMOTE_RETRY_MAX: Duration = Duration::from_secs(5);
 /// How long a mirror being promoted may still be busy applying a batch.
 const MIRROR_QUIET_WAIT: Duration = Duration::from_secs(5);
 
@@ -98,27 +103,30 @@ pub fn on_map(st: &Arc<State>) {
         );
         return;
     }
-    if st.failover.held.load(std::sync::atomic::Ordering::SeqCst) || st.stop.borrow().is_some() {
+    if st.failover.held.load(Ordering::SeqCst) || st.stop.borrow().is_some() {
         return;
     }
     let served = st.failover.served();
-    let standby = st.rejoin.standby;
-    let wanted = map.servers.iter().map(|e| e.server_id()).filter(|&slot| {
-        // A new promotion only while serving (the map never picks a server standing by for
-        // its slot; one handing its slot off after a crash is about to be marked down).
-        (!standby && map.promotion_of(slot) == Some(st.id))
-            // Served here before this process restarted or opened again (a copy it took
-            // over, or a slot living here): serve it again.
-            || (slot != st.id
-                && map.serving_process(slot) == st.id
-                && map.server(slot).is_some_and(|e| e.state != ServerState::Out)
-                && !served.contains(&slot))
-    });
+    let wanted = map.servers.iter().map(|e| e.server_id()).filter(|&slot| wanted_here(st, &map, &served, slot));
     for slot in wanted.collect::<Vec<_>>() {
         if st.failover.promoting.lock().insert(slot) {
             tokio::spawn(promote(st.clone(), slot));
         }
     }
+}
+
+/// Whether `map` wants `slot` served from this server's copy and it is not served yet
+/// (`served`: the slots served here now).
+fn wanted_here(st: &State, map: &ClusterMap, served: &[ServerId], slot: ServerId) -> bool {
+    // A new promotion only while serving (the map never picks a server standing by for its
+    // slot; one handing its slot off after a crash is about to be marked down).
+    (!st.rejoin.standby && map.promotion_of(slot) == Some(st.id))
+        // Served here before this process restarted or opened again (a copy it took over,
+        // or a slot living here): serve it again.
+        || (slot != st.id
+            && map.serving_process(slot) == st.id
+            && map.server(slot).is_some_and(|e| e.state != ServerState::Out)
+            && !served.contains(&slot))
 }
 
 async fn promote(host: Arc<State>, slot: ServerId) {
@@ -128,10 +136,25 @@ async fn promote(host: Arc<State>, slot: ServerId) {
         tracing::warn!("server {slot} is down: serving it from the mirror this server keeps");
     }
     let started = std::time::Instant::now();
-    match promote_inner(&host, slot).await {
-        Ok(true) => tracing::warn!("server {slot} is served here now (promoted in {:?})", started.elapsed()),
-        Ok(false) => tracing::info!("server {slot} needs no promotion here any more"),
-        Err(e) => tracing::error!("promoting the mirror of server {slot}: {e:#}"),
+    let mut pause = PROMOTE_RETRY_FIRST;
+    loop {
+        match promote_inner(&host, slot).await {
+            Ok(true) => tracing::warn!("server {slot} is served here now (promoted in {:?})", started.elapsed()),
+            Ok(false) => tracing::info!("server {slot} needs no promotion here any more"),
+            Err(e) => {
+                // Nothing else would try again before the next map: the slot would stay
+                // unserved (seen: the copy's stores still held by the copy served here
+                // before, closing; docs/testing.md).
+                tracing::error!("promoting the mirror of server {slot}: {e:#}; trying again in {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(PROMOTE_RETRY_MAX);
+                let stopping = host.stop.borrow().is_some() || host.failover.held.load(Ordering::SeqCst);
+                if !stopping && wanted_here(&host, &host.map.get(), &host.failover.served(), slot) {
+                    continue;
+                }
+            }
+        }
+        break;
     }
     host.failover.promoting.lock().remove(&slot);
 }
@@ -333,7 +356,7 @@ async fn promote_inner(host: &Arc<State>, slot: ServerId) -> anyhow::Result<bool
             let _ = stop.wait_for(|r| r.is_some()).await;
         };
         let served = server.serve(listener, shutdown).await;
-        let handback = handed_back.load(std::sync::atomic::Ordering::SeqCst);
+        let handback = handed_back.load(Ordering::SeqCst);
         match served {
             Err(_) if handback || host2.stop.borrow().is_none() => {
                 // Stopped to hand the slot back (or the handback did not drain): finish it.

@@ -393,6 +393,7 @@ impl Server {
     /// Close the stores without serving (a promotion that did not happen).
     pub(crate) async fn close(self) {
         let st = self.state;
+        st.pool.close();
         let _ = st.blocking(|st| st.meta.sync_wal()).await;
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut st = st;
@@ -537,6 +538,11 @@ impl Server {
         let _ = wal.await;
         let _ = recovery.await;
         let _ = gc.await;
+        // Requests still running cannot reply any more (`replica_settle`): their calls to
+        // other servers fail now rather than wait out a failover, so that they let the
+        // state go (a copy of a slot promoted again in this process opens the same stores).
+        st.pool.close();
+        rejoin::close_home_pool(&st);
         if let Err(e) = st.blocking(|st| st.meta.sync_wal()).await {
             tracing::warn!("final WAL sync: {e}");
         }

@@ -33,16 +33,19 @@ impl RaftTransport for PeerTransport {
         Box::pin(async move {
             let st = st.ok_or_else(|| Undelivered::other("this server is stopping"))?;
             let server = ServerId(target);
-            let failed = |e: shoal_rpc::CallError| Undelivered { reason: e.to_string(), refused: e.is_refused() };
+            // The member of a server standing by is at its home (`rejoin.rs`); the failure
+            // detector's ping goes where the slot is served (a slot served from a copy is
+            // alive).
+            let pool = if kind == shoal_membership::network::KIND_PING {
+                &st.pool
+            } else {
+                crate::rejoin::pool_to(&st, server)
+            };
+            // Where the message goes, said in every failure: a route gone stale shows.
+            let at = pool.map().server(server).map_or_else(|| "no address".to_string(), |e| e.addr.clone());
+            let failed =
+                |e: shoal_rpc::CallError| Undelivered { reason: format!("{e} (at {at})"), refused: e.is_refused() };
             let exchange = async {
-                // The member of a server standing by is at its home (`rejoin.rs`); the
-                // failure detector's ping goes where the slot is served (a slot served from a
-                // copy is alive).
-                let pool = if kind == shoal_membership::network::KIND_PING {
-                    &st.pool
-                } else {
-                    crate::rejoin::pool_to(&st, server)
-                };
                 // An older server would close the connection on a message it cannot decode.
                 let features = pool.features(server).await.map_err(failed)?;
                 if features & FEATURE_MEMBERSHIP == 0 {
@@ -62,7 +65,7 @@ impl RaftTransport for PeerTransport {
             };
             match tokio::time::timeout(timeout, exchange).await {
                 Ok(r) => r,
-                Err(_) => Err(Undelivered::other(format!("server {target}: no answer within {timeout:?}"))),
+                Err(_) => Err(Undelivered::other(format!("server {target} at {at}: no answer within {timeout:?}"))),
             }
         })
     }

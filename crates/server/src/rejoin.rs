@@ -130,6 +130,13 @@ pub fn pool_to(st: &State, server: ServerId) -> &Pool {
     st.rejoin.home_pool.get_or_init(|| crate::peer_pool(map.homes_routed(), st.id, &st.rejoin.cell))
 }
 
+/// Close the pool to homes (the server stops: `Pool::close`).
+pub fn close_home_pool(st: &State) {
+    if let Some(p) = st.rejoin.home_pool.get() {
+        p.close();
+    }
+}
+
 /// Follow a newer map in the pool to homes (a home that moved is reached at its new address).
 pub fn follow_map(st: &State, map: &ClusterMap) {
     if let Some(p) = st.rejoin.home_pool.get() {
