@@ -20,6 +20,15 @@ use tokio::sync::watch;
 /// healthy leader, short enough that a dead one is replaced in a few seconds.
 pub const HEARTBEAT_MS: u64 = 150;
 
+/// Entries per append (see `MapGroup::start`).
+const MAX_PAYLOAD_ENTRIES: u64 = 32;
+/// Entries between snapshots; a follower twice as far behind is sent the snapshot.
+const SNAPSHOT_EVERY: u64 = 1000;
+
+/// How long a proposal that lost the compare-and-set waits for this member to apply the
+/// map it lost to, so that the caller's next try is made against it.
+const CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+
 /// How long a proposal waits for a leader to exist before it answers `NoLeader`.
 const LEADER_WAIT: Duration = Duration::from_secs(5);
 
@@ -113,6 +122,15 @@ impl MapGroup {
             heartbeat_interval: HEARTBEAT_MS,
             election_timeout_min: HEARTBEAT_MS * 5,
             election_timeout_max: HEARTBEAT_MS * 10,
+            // openraft gives every append one heartbeat interval (150 ms) to be answered.
+            // Each entry is a whole map, so its default batch of 300 did not fit in that
+            // on a loaded machine: a follower far behind timed out on the same batch again
+            // and again and never caught up (seen in the 10-minute kills run, docs/testing.md).
+            // Small batches fit; a follower further behind than a snapshot's worth gets the
+            // snapshot (one map) instead of the entries.
+            max_payload_entries: MAX_PAYLOAD_ENTRIES,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+            replication_lag_threshold: 2 * SNAPSHOT_EVERY,
             ..Default::default()
         };
         let config = Arc::new(config.validate().map_err(|e| anyhow::anyhow!("map group configuration: {e}"))?);
@@ -219,6 +237,15 @@ impl MapGroup {
                     tokio::time::sleep(Duration::from_millis(HEARTBEAT_MS)).await;
                 }
                 Err(ProposeError::NotLeader) => return Err(ProposeError::NoLeader),
+                Err(ProposeError::Conflict { current }) => {
+                    // Callers read `current()` and try again at once: made against this
+                    // member's map until it has applied the newer one, each try would lose
+                    // again, as fast as the leader answers (a member behind, whose caller
+                    // retried thousands of times, filled the log: docs/testing.md).
+                    let mut docs = self.inner.docs.clone();
+                    let _ = tokio::time::timeout(CATCH_UP_WAIT, docs.wait_for(|d| d.version >= current)).await;
+                    return Err(ProposeError::Conflict { current });
+                }
                 Err(e) => return Err(e),
             }
         };
@@ -252,6 +279,12 @@ impl MapGroup {
 
     /// Commit a proposal as the leader.
     async fn propose_here(&self, expect_version: u64, toml: String) -> Result<u64, ProposeError> {
+        // A change made against an older version than this leader applied can only lose:
+        // answered without an entry (every entry goes to every member's log).
+        let applied = self.current().version;
+        if expect_version < applied {
+            return Err(ProposeError::Conflict { current: applied });
+        }
         // Bounded: a leader cut off from its quorum does not know it and would wait forever.
         let write = self.inner.raft.client_write(Command::Replace { expect_version, toml });
         let Ok(written) = tokio::time::timeout(COMMIT_WAIT, write).await else {

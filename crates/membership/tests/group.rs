@@ -156,3 +156,45 @@ async fn a_one_member_group_keeps_its_map_across_a_restart() {
     assert_eq!(g.propose(2, doc(1, 3, |_| {}).toml).await.unwrap(), 3);
     g.shutdown().await;
 }
+
+/// A member that missed more changes than the log keeps (it was stopped) catches up from
+/// the snapshot when it starts again: openraft purges entries a snapshot holds, and a batch
+/// of thousands of whole maps would not fit in an append's 150 ms anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_far_behind_catches_up_from_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let wires = Arc::new(Wires::default());
+    let mut groups = Vec::new();
+    for id in 0..3 {
+        groups.push(start(&wires, dir.path(), id, 3).await);
+    }
+    until("a leader", 10, || groups[0].leader()).await;
+    // Stop a member that does not lead.
+    let leader = groups[0].leader().unwrap();
+    let away = (0..3).find(|&i| i != leader).unwrap();
+    wires.groups.lock().remove(&away);
+    groups[away as usize].shutdown().await;
+    let from = (0..3).find(|&i| i != leader && i != away).unwrap();
+    // More changes than two snapshots' worth (`SNAPSHOT_EVERY` is 1000 entries).
+    let mut version = groups[from as usize].current().version;
+    for i in 0..2100u64 {
+        let next = doc(3, version + 1, |m| m.servers[0].weight = 1.0 + (i % 7) as f64);
+        version = groups[from as usize].propose(version, next.toml).await.unwrap();
+    }
+    let back = start(&wires, dir.path(), away, 3).await;
+    until("the stopped member caught up", 30, || (back.current().version == version).then_some(())).await;
+    assert_eq!(back.current().map().unwrap().servers[0].weight, 1.0 + (2099 % 7) as f64);
+    // Changes made against an old version lose without adding to the log: a proposer whose
+    // member is behind, trying again at once, must not fill the log every member gets.
+    let lead = groups.iter().find(|g| g.node() == leader).unwrap();
+    let before = lead.status().last_log_index;
+    for _ in 0..50 {
+        let stale = back.propose(version - 5, doc(3, version - 4, |_| {}).toml).await.unwrap_err();
+        assert_eq!(stale, ProposeError::Conflict { current: version });
+    }
+    assert_eq!(lead.status().last_log_index, before);
+    for g in groups.iter().filter(|g| g.node() != away) {
+        g.shutdown().await;
+    }
+    back.shutdown().await;
+}
