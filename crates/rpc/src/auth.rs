@@ -309,9 +309,13 @@ impl Claim {
                 ),
             ));
         }
+        // A server that refuses says so (`Error` with EACCES) before it closes; one that closes
+        // without a word is going away (stopping, opening again in its process), and a
+        // failover retries such a call: not a refusal (seen: a rename failed with EACCES
+        // when the server it needed was restarting, docs/testing.md).
         let reply = reply?.ok_or_else(|| {
             CallError::transport(
-                Errno::EACCES,
+                Errno::ENOTCONN,
                 format!("server {server} at {addr} closed the connection during authentication"),
             )
         })?;
