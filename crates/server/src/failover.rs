@@ -107,7 +107,7 @@ pub fn on_map(st: &Arc<State>) {
         return;
     }
     let served = st.failover.served();
-    let wanted = map.servers.iter().map(|e| e.server_id()).filter(|&slot| wanted_here(st, &map, &served, slot));
+    let wanted = map.servers.iter().map(|e| e.server_id()).filter(|&slot| wanted_here(st, map, &served, slot));
     for slot in wanted.collect::<Vec<_>>() {
         if st.failover.promoting.lock().insert(slot) {
             tokio::spawn(promote(st.clone(), slot));
@@ -149,7 +149,7 @@ async fn promote(host: Arc<State>, slot: ServerId) {
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(PROMOTE_RETRY_MAX);
                 let stopping = host.stop.borrow().is_some() || host.failover.held.load(Ordering::SeqCst);
-                if !stopping && wanted_here(&host, &host.map.get(), &host.failover.served(), slot) {
+                if !stopping && wanted_here(&host, host.map.get(), &host.failover.served(), slot) {
                     continue;
                 }
             }
