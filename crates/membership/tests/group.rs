@@ -175,24 +175,36 @@ async fn a_member_far_behind_catches_up_from_the_snapshot() {
     wires.groups.lock().remove(&away);
     groups[away as usize].shutdown().await;
     let from = (0..3).find(|&i| i != leader && i != away).unwrap();
-    // More changes than two snapshots' worth (`SNAPSHOT_EVERY` is 1000 entries).
+    // More changes than two snapshots' worth (`SNAPSHOT_EVERY` is 1000 entries). The
+    // leader's failure detector marks the stopped member down meanwhile, a change of its
+    // own: a proposal that loses to it is made again on the newer map, as servers do.
     let mut version = groups[from as usize].current().version;
-    for i in 0..2100u64 {
-        let next = doc(3, version + 1, |m| m.servers[0].weight = 1.0 + (i % 7) as f64);
-        version = groups[from as usize].propose(version, next.toml).await.unwrap();
+    let mut made = 0u64;
+    while made < 2100 {
+        let next = doc(3, version + 1, |m| m.servers[0].weight = 1.0 + (made % 7) as f64);
+        match groups[from as usize].propose(version, next.toml).await {
+            Ok(v) => {
+                version = v;
+                made += 1;
+            }
+            Err(ProposeError::Conflict { current }) => version = current,
+            Err(e) => panic!("change {made} against version {version}: {e:?}"),
+        }
     }
     let back = start(&wires, dir.path(), away, 3).await;
-    until("the stopped member caught up", 30, || (back.current().version == version).then_some(())).await;
+    until("the stopped member caught up", 30, || (back.current().version >= version).then_some(())).await;
     assert_eq!(back.current().map().unwrap().servers[0].weight, 1.0 + (2099 % 7) as f64);
     // Changes made against an old version lose without adding to the log: a proposer whose
-    // member is behind, trying again at once, must not fill the log every member gets.
+    // member is behind, trying again at once, must not fill the log every member gets. (The
+    // detector may add an entry or two meanwhile, marking the member up again.)
     let lead = groups.iter().find(|g| g.node() == leader).unwrap();
     let before = lead.status().last_log_index;
     for _ in 0..50 {
         let stale = back.propose(version - 5, doc(3, version - 4, |_| {}).toml).await.unwrap_err();
-        assert_eq!(stale, ProposeError::Conflict { current: version });
+        assert!(matches!(stale, ProposeError::Conflict { current } if current >= version), "{stale:?}");
     }
-    assert_eq!(lead.status().last_log_index, before);
+    let added = lead.status().last_log_index.unwrap_or(0) - before.unwrap_or(0);
+    assert!(added < 10, "50 stale proposals added {added} entries to the leader's log");
     for g in groups.iter().filter(|g| g.node() != away) {
         g.shutdown().await;
     }
