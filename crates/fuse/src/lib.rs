@@ -309,11 +309,30 @@ pub fn serve(client_config: &Path, mountpoint: &Path, opts: MountOptions, ready:
     // at once (a stat of the mount point waits for an answer).
     let background = session.spawn().context("cannot start the session threads")?;
     ready(&mp);
-    let result = background.join();
+    let result = session_end(background.join(), &mp);
     prepared.finish();
     result.with_context(|| format!("serving {}", mp.display()))?;
     tracing::info!("unmounted {}", mp.display());
     Ok(())
+}
+
+/// How a session's end reads. The kernel tears the connection down when the file system
+/// is unmounted, and a thread reading a request at that moment gets ECONNABORTED instead of
+/// ENODEV (fuse_dev_do_read: "must not put request on fpq->io queue after having been shut
+/// down"); fuser passes it on as an error. Once the mount is gone that is a normal end. A
+/// connection aborted while still mounted (through /sys/fs/fuse/connections) stays an error.
+fn session_end(result: std::io::Result<()>, mountpoint: &Path) -> std::io::Result<()> {
+    match result {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) && !fuse_mount_at(mountpoint) => {
+            tracing::debug!("the connection ended with ECONNABORTED during the unmount");
+            Ok(())
+        }
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Err(std::io::Error::new(
+            e.kind(),
+            "the FUSE connection was aborted (the mount point stays until it is unmounted)",
+        )),
+        other => other,
+    }
 }
 
 /// A mount served by a background thread ([`spawn`]). Dropping it unmounts.
@@ -371,7 +390,7 @@ impl Mounted {
                 None => tracing::warn!("cannot abort the FUSE connection of {}", self.mountpoint.display()),
             }
         }
-        let joined = bg.join();
+        let joined = session_end(bg.join(), &self.mountpoint);
         if let Some(p) = self.prepared.take() {
             p.finish();
         }
@@ -391,7 +410,12 @@ impl Drop for Mounted {
 /// Whether `path` is the mount point of a FUSE file system (of any kind) in this mount
 /// namespace.
 pub fn is_mounted(path: &Path) -> bool {
-    let Ok(path) = path.canonicalize() else { return false };
+    path.canonicalize().is_ok_and(|p| fuse_mount_at(&p))
+}
+
+/// Whether /proc/self/mountinfo lists a FUSE mount at `path` (already canonical: resolving
+/// it would stat the mount point, which fails on an aborted connection).
+fn fuse_mount_at(path: &Path) -> bool {
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return false };
     info.lines().any(|l| {
         let fields: Vec<&str> = l.split(' ').collect();
@@ -457,6 +481,15 @@ mod tests {
         assert_eq!(unescape(r"/tmp/a\040b"), "/tmp/a b");
         assert_eq!(unescape(r"/plain"), "/plain");
         assert_eq!(unescape(r"/x\134y"), "/x\\y");
+    }
+
+    #[test]
+    fn an_aborted_connection_is_a_normal_end_once_unmounted_only() {
+        let aborted = || Err(std::io::Error::from_raw_os_error(libc::ECONNABORTED));
+        assert!(session_end(aborted(), Path::new("/nonexistent/mount")).is_ok());
+        let other = session_end(Err(std::io::Error::from_raw_os_error(libc::EIO)), Path::new("/nonexistent"));
+        assert_eq!(other.unwrap_err().raw_os_error(), Some(libc::EIO));
+        assert!(session_end(Ok(()), Path::new("/")).is_ok());
     }
 
     #[test]
