@@ -138,11 +138,13 @@ async fn recorded<T>(shared: &Shared, f: impl std::future::Future<Output = Resul
     r
 }
 
-/// Two free ports on `host` (protocol, HTTP), chosen by the kernel.
-fn free_ports(host: &str) -> Result<(u16, u16)> {
-    let a = std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot bind a port on {host}"))?;
-    let b = std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot bind a port on {host}"))?;
-    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+/// Two free ports on `host` (protocol, HTTP), chosen by the kernel, still bound: the caller
+/// holds them until every rank has chosen its own. Released earlier, the kernel could hand
+/// the same port to another rank on the same node (CI saw rank 0's HTTP port chosen again as
+/// rank 1's protocol port).
+fn free_ports(host: &str) -> Result<[std::net::TcpListener; 2]> {
+    let bind = || std::net::TcpListener::bind((host, 0)).with_context(|| format!("cannot bind a port on {host}"));
+    Ok([bind()?, bind()?])
 }
 
 fn host_port(host: &str, port: u16) -> String {
@@ -210,6 +212,7 @@ async fn up_steps(
     std::fs::create_dir_all(&local_dir).with_context(|| format!("cannot create {}", local_dir.display()))?;
     // From here a failure removes the folder (stop_own).
     let host = a.bind.clone().unwrap_or_else(shoal_bench::mpi::hostname);
+    let mut held = None;
     let (port, http) = match a.port {
         Some(p) => {
             let p = p as u32 + 2 * launch.local_rank;
@@ -218,7 +221,12 @@ async fn up_steps(
             }
             (p as u16, p as u16 + 1)
         }
-        None => free_ports(&host)?,
+        None => {
+            let [proto, web] = free_ports(&host)?;
+            let ports = (proto.local_addr()?.port(), web.local_addr()?.port());
+            held = Some([proto, web]);
+            ports
+        }
     };
     let rec = RankRecord {
         rank,
@@ -233,6 +241,8 @@ async fn up_steps(
     *mine = Some(rec.clone());
     write_atomic(&Shared::record_path(dir, rank), &serde_json::to_vec_pretty(&rec)?)?;
     blocking(|| shared.barrier("arrived")).await?;
+    // Every rank has chosen its ports: this node's server binds them from here on.
+    drop(held);
 
     // Rank 0 writes the map and the keys; the others wait for them.
     if rank == 0 {
