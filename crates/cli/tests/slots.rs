@@ -67,7 +67,9 @@ impl Worker {
     /// that it met no error and did work.
     fn finish(self) {
         let (at, start) = (self.rounds.load(Ordering::SeqCst), Instant::now());
-        while self.rounds.load(Ordering::SeqCst) < at + 3 && start.elapsed() < Duration::from_secs(60) {
+        // At least five rounds in all: a worker held up by the failover may have done none yet.
+        let want = (at + 3).max(5);
+        while self.rounds.load(Ordering::SeqCst) < want && start.elapsed() < Duration::from_secs(60) {
             std::thread::sleep(Duration::from_millis(50));
         }
         self.stop.store(true, Ordering::SeqCst);

@@ -29,12 +29,19 @@ pub struct Cluster {
 /// this pick and the server's own bind, any outgoing connection of the machine (the other
 /// tests' clients make thousands) may take it, and the server fails to start with "Address
 /// already in use" (seen in CI). The pick starts at a place of its own per process and call,
-/// and holds what it found until all `n` are found (no port twice).
+/// and holds what it found until all `n` are found (no port twice). A port is handed out
+/// once per process: the tests of one binary run in parallel, and a cluster's servers bind
+/// their ports only after the pick let them go, so a second pick could otherwise hand the
+/// same port to another cluster (its server then fails to bind, and its readiness check
+/// reaches the other cluster's server).
 pub fn free_ports(n: usize) -> Vec<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
     const FIRST: u32 = 20_000;
     const SPAN: u32 = 12_000;
     static CALLS: AtomicU32 = AtomicU32::new(0);
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let mut at =
         (std::process::id().wrapping_mul(7919) ^ nanos ^ CALLS.fetch_add(1, Ordering::Relaxed).wrapping_mul(977))
@@ -44,13 +51,18 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         if held.len() == n {
             break;
         }
-        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", (FIRST + at) as u16)) {
-            held.push(l);
+        let port = (FIRST + at) as u16;
+        if !handed_out.contains(&port) {
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                held.push(l);
+            }
         }
         at = (at + 1 + n as u32) % SPAN;
     }
     assert_eq!(held.len(), n, "no {n} free ports between {FIRST} and {}", FIRST + SPAN);
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+    let ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
+    handed_out.extend(&ports);
+    ports
 }
 
 impl Cluster {
@@ -230,13 +242,16 @@ impl Cluster {
                 Ok(a) => TcpStream::connect_timeout(&a, Duration::from_secs(1)).is_ok(),
                 Err(_) => TcpStream::connect(self.addr(id)).is_ok(),
             };
+            let exited = match self.children.get_mut(id as usize) {
+                Some(Some(child)) => child.try_wait().ok().flatten(),
+                _ => None,
+            };
+            if let Some(status) = exited {
+                // Also when the port answered: then something else listens there.
+                panic!("shoald {id} exited ({status}) during start-up:\n{}", self.log(id));
+            }
             if up {
                 return;
-            }
-            if let Some(Some(child)) = self.children.get_mut(id as usize) {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!("shoald {id} exited ({status}) during start-up:\n{}", self.log(id));
-                }
             }
             assert!(start.elapsed() < Duration::from_secs(30), "shoald {id} not ready:\n{}", self.log(id));
             std::thread::sleep(Duration::from_millis(20));
@@ -359,11 +374,23 @@ impl Cluster {
     }
 }
 
+/// Lines of each server's log a failed test shows.
+const LOG_TAIL_LINES: usize = 25;
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         for c in self.children.iter_mut().flatten() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // A failed test shows the end of each server's log (CI keeps only the test's output).
+        if std::thread::panicking() {
+            for i in 0..self.children.len() {
+                let log = self.log(i as u32);
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
+                eprintln!("---- the last lines of server {i}'s log ----\n{tail}");
+            }
         }
         // A failed test's server logs, kept where `SHOAL_TEST_KEEP_LOGS` says (docs/testing.md).
         if let (true, Some(to)) = (std::thread::panicking(), std::env::var_os("SHOAL_TEST_KEEP_LOGS")) {
