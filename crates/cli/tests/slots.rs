@@ -210,6 +210,61 @@ fn join_under_load(replicas: u8) {
     }
 }
 
+/// A server restarted at once after `kill -9`, before the failure detector takes it for dead,
+/// does not serve the slots living on it from stores that may hold a change it never
+/// acknowledged (a client's retry of that request would be applied twice): it marks them
+/// down, their mirrors serve them from then on, and nothing written before is lost
+/// (docs/failover.md, "The slots living on it too").
+#[test]
+fn a_host_restarted_after_a_crash_hands_the_slots_living_on_it_to_their_mirrors() {
+    let mut cluster = Cluster::start_with(3, |m| {
+        m.add_spare_slots(6);
+        m.cluster.replicas = 2;
+        // Only the restart hands anything off: the detector would wait two minutes.
+        m.membership.down_after_ms = 120_000;
+        m.membership.refused_down_after_ms = 0;
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = cluster.client();
+    let before = rt.block_on(all_slots_served(&client));
+    let hosted: Vec<_> = before.slots_on(shoal_proto::ServerId(1)).into_iter().filter(|s| s.0 != 1).collect();
+    assert_eq!(hosted.len(), 1, "{:?}", before.servers);
+    let want = rt.block_on(write_files(&client, 12));
+
+    cluster.kill9(1);
+    cluster.restart(1);
+    let fresh = cluster.client();
+    let start = Instant::now();
+    let after = loop {
+        let map = rt.block_on(all_slots_served(&fresh));
+        let moved = hosted.iter().all(|&s| map.server(s).unwrap().host == Some(before.mirrors_of(s)[0].0));
+        if moved {
+            break map;
+        }
+        assert!(start.elapsed() < Duration::from_secs(60), "not handed off: {:?}\n{}", map.servers, cluster.log(1));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for &s in &hosted {
+        assert_eq!(after.server(s).unwrap().served_by, None, "{:?}", after.servers);
+    }
+    assert!(cluster.log(1).contains("living here are marked down"), "{}", cluster.log(1));
+    rt.block_on(check_files(&fresh, &want));
+    // Clients go on writing everywhere, the moved slots included.
+    let more = rt.block_on(async {
+        let mut more = Vec::new();
+        for i in 0..12u64 {
+            let path = format!("/d/after{i}");
+            let data = pattern(500 + i, 0, 30_000);
+            let f = fresh.create(&path, 0o644, None).await.unwrap();
+            f.write_at(0, &data).await.unwrap();
+            f.close().await.unwrap();
+            more.push((path, data));
+        }
+        more
+    });
+    rt.block_on(check_files(&cluster.client(), &more));
+}
+
 /// `shoal server drain`: a running server's slots move off it, its own last, while clients
 /// keep working; it leaves the map group's voters and stops, and will not serve again.
 #[test]

@@ -126,7 +126,18 @@ fn wanted_here(st: &State, map: &ClusterMap, served: &[ServerId], slot: ServerId
         || (slot != st.id
             && map.serving_process(slot) == st.id
             && map.server(slot).is_some_and(|e| e.state != ServerState::Out)
+            && !left_to_mirror(map, st.id, slot)
             && !served.contains(&slot))
+}
+
+/// A slot living on `here` that the map has `down` while a mirror of it can be promoted: that
+/// mirror serves it, not this server's stores. This server marked it so itself, started
+/// after a crash (`rejoin::hand_off_hosted`), or the failure detector did while it was away;
+/// either way the mirror holds every acknowledged change and its reply. Should no mirror be
+/// promotable any more (the map marks them down or behind), the slot is served here again.
+fn left_to_mirror(map: &ClusterMap, here: ServerId, slot: ServerId) -> bool {
+    map.server(slot).is_some_and(|e| e.host == Some(here.0) && e.state == ServerState::Down)
+        && map.promotion_of(slot).is_some_and(|m| m != here)
 }
 
 async fn promote(host: Arc<State>, slot: ServerId) {

@@ -270,6 +270,7 @@ impl Server {
         membership::catch_up_at_start(&state, &opts.config).await;
         refuse_if_retired(state.map.get(), id)?;
         if may_hand_off && state.stop.borrow().is_none() {
+            rejoin::hand_off_hosted(&state, &failover::map_base(&state)).await;
             let handing_off = rejoin::mirror_to_hand_off(&state).await;
             if handing_off.is_none() {
                 // Serving: promote what the map wants promoted here, held back meanwhile.

@@ -286,15 +286,21 @@ pub async fn mirror_to_hand_off(st: &Arc<State>) -> Option<ServerId> {
     if map.server(st.id)?.served_by.is_some() {
         return None;
     }
-    let mut if_down = (*map).clone();
-    if let Some(e) = if_down.servers.iter_mut().find(|e| e.id == st.id.0) {
+    let log = st.replica.log.as_ref()?;
+    mirror_to_take(st, &map, st.id, log.incarnation).await
+}
+
+/// The mirror that would be promoted if `slot` were down, if it holds changes of the slot
+/// (one added just now holds none: promoting it would show an empty slot). It is asked with
+/// the same empty batch a shipper probes with, of `incarnation` (0 when this process has
+/// not opened the slot's log: a mirror then answers its position and changes nothing).
+async fn mirror_to_take(st: &Arc<State>, map: &ClusterMap, slot: ServerId, incarnation: u64) -> Option<ServerId> {
+    let mut if_down = map.clone();
+    if let Some(e) = if_down.servers.iter_mut().find(|e| e.id == slot.0) {
         e.state = ServerState::Down;
     }
-    let mirror = if_down.promotion_of(st.id)?;
-    let log = st.replica.log.as_ref()?;
-    // The mirror must hold changes of this slot (one added just now holds none: promoting it
-    // would show an empty slot). The same empty batch a shipper probes with.
-    let probe = Op::PeerReplicate { slot: st.id, incarnation: log.incarnation, first: 1, changes: Vec::new() };
+    let mirror = if_down.promotion_of(slot)?;
+    let probe = Op::PeerReplicate { slot, incarnation, first: 1, changes: Vec::new() };
     let root = Cred::root();
     let asked = tokio::time::timeout(
         Duration::from_secs(2),
@@ -304,10 +310,61 @@ pub async fn mirror_to_hand_off(st: &Arc<State>) -> Option<ServerId> {
         Ok(Ok((Reply::Replicated { applied, .. }, _))) if applied > 0 => Some(mirror),
         other => {
             tracing::info!(
-                "server {}: after a crash, mirror {mirror} cannot take the slot ({other:?}): serving",
+                "server {}: after a crash, mirror {mirror} cannot take the slot {slot} ({other:?}): serving it here",
                 st.id
             );
             None
+        }
+    }
+}
+
+/// At the start after a crash, before anything is served: the slots living on this server
+/// (`host`) are handed to their mirrors as its own slot is ([`mirror_to_hand_off`]), and for
+/// the same reason: their stores here may hold a change the crash left unacknowledged, and
+/// the replies cached for them died with the process. Each whose mirror holds its changes is
+/// marked `down` (one map change for all); the mirror, which holds every acknowledged change
+/// and its reply, is promoted and the slot lives on the mirror's server from then on, as
+/// after any failover of a slot living on a server (it has no process of its own to be given
+/// back to). `failover::wanted_here` leaves such a slot to its mirror. The slots handed off;
+/// those not (no mirror with changes, or no map change committed) are served here as before.
+pub async fn hand_off_hosted(st: &Arc<State>, base: &Path) -> Vec<ServerId> {
+    let map = st.map.get();
+    let mut slots = Vec::new();
+    for slot in map.slots_on(st.id).into_iter().filter(|&s| s != st.id) {
+        // Served here before (it has an address), not failed over or moving already.
+        let hosted = map.server(slot).is_some_and(|e| {
+            e.served_by.is_none() && e.state == ServerState::Up && e.moving_to.is_none() && !e.addr.is_empty()
+        });
+        if hosted && mirror_to_take(st, &map, slot, 0).await.is_some() {
+            slots.push(slot);
+        }
+    }
+    if slots.is_empty() {
+        return slots;
+    }
+    let id = st.id;
+    let marked = propose_through_peers(st, base, |m| {
+        let mut changed = false;
+        for e in m.servers.iter_mut().filter(|e| slots.contains(&e.server_id())) {
+            if e.host == Some(id.0) && e.served_by.is_none() && e.state == ServerState::Up {
+                e.state = ServerState::Down;
+                changed = true;
+            }
+        }
+        changed
+    })
+    .await;
+    match marked {
+        Some(v) => {
+            tracing::warn!(
+                "server {id}: started after a crash; slots {slots:?} living here are marked down (map version {v}): \
+                 their mirrors, which hold every acknowledged change and its reply, are to serve them"
+            );
+            slots
+        }
+        None => {
+            tracing::warn!("server {id}: could not mark slots {slots:?} down after a crash: serving them here");
+            Vec::new()
         }
     }
 }
