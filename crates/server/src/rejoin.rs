@@ -287,7 +287,7 @@ pub async fn mirror_to_hand_off(st: &Arc<State>) -> Option<ServerId> {
         return None;
     }
     let log = st.replica.log.as_ref()?;
-    mirror_to_take(st, &map, st.id, log.incarnation).await
+    mirror_to_take(st, map, st.id, log.incarnation).await
 }
 
 /// The mirror that would be promoted if `slot` were down, if it holds changes of the slot
@@ -335,7 +335,7 @@ pub async fn hand_off_hosted(st: &Arc<State>, base: &Path) -> Vec<ServerId> {
         let hosted = map.server(slot).is_some_and(|e| {
             e.served_by.is_none() && e.state == ServerState::Up && e.moving_to.is_none() && !e.addr.is_empty()
         });
-        if hosted && mirror_to_take(st, &map, slot, 0).await.is_some() {
+        if hosted && mirror_to_take(st, map, slot, 0).await.is_some() {
             slots.push(slot);
         }
     }
