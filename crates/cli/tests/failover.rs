@@ -535,3 +535,98 @@ fn a_file_of_one_copy_is_kept_once_and_reads_eio_while_its_server_is_away() {
         }
     });
 }
+
+/// A server gone for longer than `[membership] absent_after_ms` is marked absent: every slot
+/// it held a copy of gets a new mirror, resynchronised, and the map group replaces it among
+/// its voters, so that a second failure loses nothing: here the very server that took its
+/// slot over dies too, and a third server serves both slots.
+#[test]
+fn a_server_gone_for_long_has_its_copies_made_again_so_a_second_failure_loses_nothing() {
+    let mut c = Cluster::start_with(4, |m| {
+        m.cluster.replicas = 2;
+        m.membership.absent_after_ms = 3000;
+    });
+    let rt = runtime();
+    let all = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(u32::MAX), ..Default::default() };
+    let want: Vec<(String, Vec<u8>)> = rt.block_on(async {
+        let client = c.client();
+        let mut want = Vec::new();
+        for i in 0..16u64 {
+            let path = format!("/f{i}");
+            let data = pattern(i, 0, [3000, 200_000, 1 << 20][i as usize % 3]);
+            let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
+            f.write_at(0, &data).await.unwrap();
+            f.close().await.unwrap();
+            want.push((path, data));
+        }
+        want
+    });
+    // Server 1 dies: its mirror, server 2, serves its slot; once it has been away for the
+    // grace period it is absent, and its slot gets a new mirror: server 3.
+    c.kill9(1);
+    rt.block_on(async {
+        let client = c.client();
+        let absent = wait_map(&client, 1, Duration::from_secs(30), |e| e.absent.then_some(e.served_by)).await;
+        assert_eq!(absent, Some(Some(2)), "server 1 not marked absent: {:?}", client.map().servers);
+        let map = client.map();
+        assert_eq!(map.mirrors_of(shoal_proto::ServerId(1)), vec![shoal_proto::ServerId(3)]);
+        assert_eq!(map.mirrors_of(shoal_proto::ServerId(0)), vec![shoal_proto::ServerId(2)], "in place of 1");
+        assert!(!map.voters().contains(&1), "an absent server is no voter: {:?}", map.voters());
+        // Every new mirror resynchronised: nothing behind any more.
+        let synced = wait_map(&client, 1, Duration::from_secs(60), |_| {
+            client.map().servers.iter().all(|e| e.behind.is_empty()).then_some(())
+        })
+        .await;
+        assert!(synced.is_some(), "new mirrors not in sync: {:?}", client.map().servers);
+    });
+    let (code, out, err) = c.shoal(&["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("absent: its copies are made elsewhere"), "{out}");
+
+    // The server serving slot 1 dies too: server 3 holds both slots it served.
+    c.kill9(2);
+    rt.block_on(async {
+        let client = c.client();
+        for slot in [1, 2] {
+            let by = wait_map(&client, slot, Duration::from_secs(30), |e| {
+                (e.served_by == Some(3) && e.state == shoal_placement::map::ServerState::Up).then_some(())
+            })
+            .await;
+            assert!(by.is_some(), "slot {slot} not served by server 3: {:?}\n{}", client.map().servers, c.log(3));
+        }
+        let fresh = c.uncached_client();
+        for (path, data) in &want {
+            let f = fresh.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+            let got = f.read_at(0, data.len() + 1).await.unwrap();
+            assert!(got[..] == data[..], "{path}: other bytes after two failures");
+        }
+        let f = fresh.create("/after", 0o644, Some(all.clone())).await.unwrap();
+        f.write_at(0, &pattern(99, 0, 300_000)).await.unwrap();
+        f.close().await.unwrap();
+        assert_eq!(fresh.readdir("/").await.unwrap().len(), want.len() + 1);
+    });
+
+    // Both come back: each takes its slot back, server 1 is no longer absent, the mirror sets
+    // are as at the start and every copy is in sync again.
+    c.restart(1);
+    c.restart(2);
+    rt.block_on(async {
+        let client = c.client();
+        let back = wait_map(&client, 0, Duration::from_secs(60), |_| {
+            let map = client.map();
+            let home = map.servers.iter().all(|e| e.served_by.is_none() && !e.absent && e.behind.is_empty());
+            home.then_some(())
+        })
+        .await;
+        assert!(back.is_some(), "not back to normal: {:?}\n{}\n{}", client.map().servers, c.log(1), c.log(3));
+        let map = client.map();
+        assert_eq!(map.mirrors_of(shoal_proto::ServerId(0)), vec![shoal_proto::ServerId(1)]);
+        assert!(map.voters().contains(&1), "{:?}", map.voters());
+        let fresh = c.uncached_client();
+        for (path, data) in &want {
+            let f = fresh.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+            let got = f.read_at(0, data.len() + 1).await.unwrap();
+            assert!(got[..] == data[..], "{path}: other bytes after the servers came back");
+        }
+    });
+}

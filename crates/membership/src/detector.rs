@@ -16,6 +16,11 @@
 //!
 //! Never marked `up` here: a server that comes back proposes that itself, once it has
 //! caught up. Never more than a minority marked `down`: see [`to_mark_down`].
+//!
+//! A server away for `[membership] absent_after_ms` is marked `absent` ([`to_mark_absent`]):
+//! mirror sets then skip it, and every slot it held a copy of gets a new mirror, so that a
+//! server gone for good does not leave the cluster with one copy fewer until somebody runs
+//! `shoal server remove`. It clears that itself when it serves again.
 
 use crate::doc::MapDoc;
 use crate::network::{RaftTransport, KIND_PING};
@@ -81,7 +86,7 @@ impl Heard {
 
 /// The servers to mark `down` now: `up`, not `me`, unheard for `down_after`, or unheard and
 /// refusing connections for `refused_down_after` (when that is not 0). None at all when
-/// that would leave a majority of the map's servers down: a leader cut off from most of the
+/// that would leave half or more of the map's servers (processes) down: a leader cut off from most of the
 /// cluster sees all of them silent, and must not declare the majority dead. (Such a leader
 /// could not commit the change anyway, having no quorum of voters; refusing here keeps the
 /// rule independent of where the voters are, and says why in the log.)
@@ -106,13 +111,23 @@ pub fn to_mark_down(doc: &MapDoc, me: u32, heard: &Heard, now: Instant) -> Vec<u
     if silent.is_empty() {
         return silent;
     }
-    let already = map.servers.iter().filter(|s| s.state == ServerState::Down).count();
-    if 2 * (already + silent.len()) >= map.servers.len() {
+    // Counted in processes, the slots' serving ones: a process serving several slots (its
+    // own, slots living on it, copies it took over) is one server that died or is cut off.
+    // Absent ones are not counted: they are gone, not cut off.
+    let process = |id: u32| map.serving_process(shoal_proto::ServerId(id)).0;
+    let down: std::collections::BTreeSet<u32> = map
+        .servers
+        .iter()
+        .filter(|s| s.state == ServerState::Down)
+        .map(|s| process(s.id))
+        .chain(silent.iter().map(|&id| process(id)))
+        .collect();
+    let present = map.processes().filter(|p| !p.absent).count();
+    if 2 * down.len() >= present {
         tracing::warn!(
-            "servers {silent:?} are silent, but marking them down would leave {} of {} servers down: \
+            "servers {silent:?} are silent, but marking them down would leave {} of {present} servers down: \
              not marking (this leader is more likely cut off than they are dead)",
-            already + silent.len(),
-            map.servers.len()
+            down.len(),
         );
         return Vec::new();
     }
@@ -126,6 +141,45 @@ pub fn marked_down(doc: &MapDoc, servers: &[u32]) -> Result<String, String> {
         s.state = ServerState::Down;
     }
     map.cluster.version = doc.version + 1;
+    Ok(map.to_toml())
+}
+
+/// The servers (processes) to mark `absent` now: away — down, or their slot served from a
+/// copy while their own process has not come back to stand by (no `home`) — for
+/// `[membership] absent_after_ms` (not 0) in a row as this leader saw it, with more than
+/// one copy per slot. `away` holds since when each was first seen away; a server seen back
+/// leaves it (a new leader starts with an empty table: its clock starts afresh).
+///
+/// Not measured by silence as `down` is: a slot served from a copy answers for its server
+/// (the copy answers the detector's pings), so the map says whether its process is back.
+pub fn to_mark_absent(doc: &MapDoc, away: &mut HashMap<u32, Instant>, now: Instant) -> Vec<u32> {
+    let Ok(map) = doc.map() else { return Vec::new() };
+    let after = Duration::from_millis(map.membership.absent_after_ms);
+    let gone =
+        |s: &shoal_placement::ServerEntry| s.state == ServerState::Down || (s.served_by.is_some() && s.home.is_none());
+    let now_away: Vec<u32> = map.processes().filter(|s| gone(s)).map(|s| s.id).collect();
+    away.retain(|id, _| now_away.contains(id));
+    for id in &now_away {
+        away.entry(*id).or_insert(now);
+    }
+    if after.is_zero() || map.cluster.replicas < 2 {
+        return Vec::new();
+    }
+    map.processes()
+        .filter(|s| !s.absent && away.get(&s.id).is_some_and(|t| now.saturating_duration_since(*t) >= after))
+        .map(|s| s.id)
+        .collect()
+}
+
+/// The document with `servers` marked absent, as the next version (their slots' and the
+/// other slots' new mirrors `behind`: [`shoal_placement::ClusterMap::set_absent`]).
+pub fn marked_absent(doc: &MapDoc, servers: &[u32]) -> Result<String, String> {
+    let mut map = doc.map()?;
+    for s in servers {
+        map.set_absent(shoal_proto::ServerId(*s), true);
+    }
+    map.cluster.version = doc.version + 1;
+    map.validate()?;
     Ok(map.to_toml())
 }
 
@@ -223,5 +277,50 @@ mod tests {
         assert_eq!(to_mark_down(&off, 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
         // And with one copy (nothing to fail over to).
         assert_eq!(to_mark_down(&doc(5), 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn a_server_away_for_the_grace_period_is_marked_absent_and_one_back_is_not() {
+        let mut m = ClusterMap::local(4, 7000, Path::new("/tmp"));
+        m.cluster.replicas = 2;
+        m.membership.absent_after_ms = 10_000;
+        // 1 failed over to its mirror (2) and its process is not back; 3 is down.
+        m.servers[1].served_by = Some(2);
+        m.servers[1].member_at = Some("127.0.0.1:7001".into());
+        m.servers[1].addr = "127.0.0.1:7100".into();
+        m.servers[3].state = ServerState::Down;
+        let d = MapDoc::new(m.to_toml()).unwrap();
+        let (mut away, t0) = (HashMap::new(), Instant::now());
+        assert!(to_mark_absent(&d, &mut away, t0).is_empty());
+        assert!(to_mark_absent(&d, &mut away, t0 + Duration::from_millis(9_999)).is_empty());
+        assert_eq!(to_mark_absent(&d, &mut away, t0 + Duration::from_secs(10)), vec![1, 3]);
+
+        // 1's process came back and stands by (its home recorded): its clock stops, and
+        // starts afresh if it goes away again.
+        m.servers[1].home = Some("127.0.0.1:7001".into());
+        let back = MapDoc::new(m.to_toml()).unwrap();
+        assert_eq!(to_mark_absent(&back, &mut away, t0 + Duration::from_secs(11)), vec![3]);
+        assert_eq!(to_mark_absent(&d, &mut away, t0 + Duration::from_secs(12)), vec![3]);
+        assert_eq!(to_mark_absent(&d, &mut away, t0 + Duration::from_secs(22)), vec![1, 3]);
+
+        let next = MapDoc::new(marked_absent(&d, &[1, 3]).unwrap()).unwrap();
+        let map = next.map().unwrap();
+        assert_eq!(next.version, 2);
+        assert!(map.servers[1].absent && map.servers[3].absent && !map.servers[0].absent);
+        assert_eq!(to_mark_absent(&next, &mut away, t0 + Duration::from_secs(30)), Vec::<u32>::new(), "once");
+
+        // Off, and with one copy: never.
+        m.membership.absent_after_ms = 0;
+        let off = MapDoc::new(m.to_toml()).unwrap();
+        assert!(to_mark_absent(&off, &mut HashMap::new(), t0 + Duration::from_secs(3600)).is_empty());
+        let mut away = HashMap::new();
+        let one = MapDoc::new({
+            let mut m = ClusterMap::local(4, 7000, Path::new("/tmp"));
+            m.servers[3].state = ServerState::Down;
+            m.to_toml()
+        })
+        .unwrap();
+        assert!(to_mark_absent(&one, &mut away, t0).is_empty());
+        assert!(to_mark_absent(&one, &mut away, t0 + Duration::from_secs(3600)).is_empty());
     }
 }

@@ -409,12 +409,33 @@ async fn keep_members(group: std::sync::Weak<Inner>) {
 /// How long the leader waits for a change of the group's members to commit.
 const MEMBERSHIP_WAIT: Duration = Duration::from_secs(10);
 
-/// On the leader: mark silent servers down (`detector.rs`).
+/// Mark `servers` absent (`detector::to_mark_absent`): their copies are made elsewhere.
+async fn mark_absent(group: MapGroup, doc: &crate::doc::MapDoc, servers: &[u32]) {
+    let toml = match detector::marked_absent(doc, servers) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("cannot mark servers {servers:?} absent: {e}");
+            return;
+        }
+    };
+    match group.propose_here(doc.version, toml).await {
+        Ok(v) => tracing::warn!(
+            "servers {servers:?} away for longer than absent_after_ms: marked absent (map version {v}); the copies \
+             they held are made again on the other servers"
+        ),
+        // Someone changed the map meanwhile: judged again on the next round.
+        Err(e) => tracing::debug!("marking servers {servers:?} absent: {e}"),
+    }
+}
+
+/// On the leader: mark silent servers down, and servers away for long absent (`detector.rs`).
 async fn detect_failures(group: std::sync::Weak<Inner>) {
     let mut was_leader = false;
     // Each server's address in the last map seen: a server that moved (its slot failed over
     // to a mirror's host) is another process, judged afresh from its move on.
     let mut addrs: HashMap<u32, String> = HashMap::new();
+    // Since when each server has been away, as this member saw it while leading (`detector::to_mark_absent`).
+    let mut away: HashMap<u32, Instant> = HashMap::new();
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let Some(g) = group.upgrade() else { return };
@@ -437,11 +458,16 @@ async fn detect_failures(group: std::sync::Weak<Inner>) {
             if let Ok(map) = doc.map() {
                 g.heard.reset(map.servers.iter().map(|s| s.id));
             }
+            away.clear();
             continue;
         }
         detector::ping_silent(&doc, g.node, &g.heard, &g.transport);
         let down = detector::to_mark_down(&doc, g.node, &g.heard, Instant::now());
+        let absent = detector::to_mark_absent(&doc, &mut away, Instant::now());
         if down.is_empty() {
+            if !absent.is_empty() {
+                mark_absent(MapGroup { inner: g }, &doc, &absent).await;
+            }
             continue;
         }
         let toml = match detector::marked_down(&doc, &down) {

@@ -27,6 +27,7 @@
 //! voters = [0, 1, 2]                 # the Raft group's voters; default: the first 3 ids (5 from 7 servers)
 //! down_after_ms = 3000               # unheard this long: marked down by the group's leader
 //! refused_down_after_ms = 1000       # unheard and refusing connections this long: down (0: off)
+//! absent_after_ms = 600000           # away this long: its copies are made elsewhere (0: never)
 //!
 //! [security]                         # optional; these are the defaults
 //! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
@@ -134,6 +135,14 @@ pub struct ServerEntry {
     /// "Draining and removing a server").
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub draining: bool,
+    /// This server (a process) has been away (down, or its slot served from a copy while
+    /// its process is not back) for `[membership] absent_after_ms`: the copies it held are
+    /// made again on the other servers. Mirror
+    /// sets skip it ([`ClusterMap::mirrors_of`]), so that every slot gets its count of copies
+    /// back without it; cleared when it serves again (docs/membership.md, "A server gone
+    /// for long").
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub absent: bool,
 }
 
 fn yes() -> bool {
@@ -393,6 +402,10 @@ fn default_refused_down_after_ms() -> u64 {
     1000
 }
 
+fn default_absent_after_ms() -> u64 {
+    600_000
+}
+
 /// The `[membership]` table: who holds the replicated cluster map (docs/membership.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -412,6 +425,13 @@ pub struct Membership {
     /// taken for a death and its slot fails over.
     #[serde(default = "default_refused_down_after_ms")]
     pub refused_down_after_ms: u64,
+    /// A server (a process) away for this long (down, or its slot served from a copy while
+    /// its process has not come back) is marked `absent`: the copies it held are made again elsewhere, as Ceph marks a
+    /// down OSD `out` after `mon_osd_down_out_interval`. 0: never (copies stay one fewer
+    /// until the server returns or is removed). Long by default: making copies again costs
+    /// a full resync of each, which a reboot should not.
+    #[serde(default = "default_absent_after_ms")]
+    pub absent_after_ms: u64,
 }
 
 impl Default for Membership {
@@ -420,6 +440,7 @@ impl Default for Membership {
             voters: None,
             down_after_ms: default_down_after_ms(),
             refused_down_after_ms: default_refused_down_after_ms(),
+            absent_after_ms: default_absent_after_ms(),
         }
     }
 }
@@ -506,7 +527,9 @@ impl ClusterMap {
     pub fn voters(&self) -> Vec<u32> {
         // Voters are processes (a slot living on another server has no member of its own),
         // and not one being drained: it is about to leave.
-        let staying: Vec<u32> = self.processes().filter(|s| !s.draining).map(|s| s.id).collect();
+        // Nor one gone for long (`absent`): a voter that does not come back would leave the
+        // group one failure from losing its majority.
+        let staying: Vec<u32> = self.processes().filter(|s| !s.draining && !s.absent).map(|s| s.id).collect();
         if let Some(v) = &self.membership.voters {
             // A named voter being drained is replaced by the first other server, so that
             // the group keeps as many voters as it was given.
@@ -556,6 +579,7 @@ impl ClusterMap {
                     moving_to: None,
                     placed: true,
                     draining: false,
+                    absent: false,
                 })
                 .collect(),
             security: Security::default(),
@@ -646,6 +670,9 @@ impl ClusterMap {
                         s.id
                     ));
                 }
+            }
+            if s.absent && s.host.is_some() {
+                return Err(format!("server {}: absent is only for a server with a process of its own", s.id));
             }
             if s.draining && s.host.is_some() {
                 return Err(format!("server {}: draining is only for a server with a process of its own", s.id));
@@ -741,6 +768,13 @@ impl ClusterMap {
                 self.membership.down_after_ms
             ));
         }
+        let absent_after = self.membership.absent_after_ms;
+        if absent_after != 0 && absent_after < self.membership.down_after_ms {
+            return Err(format!(
+                "membership.absent_after_ms {absent_after} must be 0 (never) or at least down_after_ms ({})",
+                self.membership.down_after_ms
+            ));
+        }
         let sc = self.cluster.stripe_count;
         if sc as usize > placeable {
             return Err(format!(
@@ -778,16 +812,25 @@ impl ClusterMap {
     /// With slots living on other servers (`host`), "servers" are the processes: the next
     /// ones after the slot's host, so that no two copies share a process. A slot being
     /// moved (`moving_to`) has its destination as one more mirror.
+    ///
+    /// A server gone for long (`absent`) is skipped: the next server takes its place as a
+    /// mirror, and a slot whose own server is absent gets a mirror in place of the copy that
+    /// serves it (its count of copies back).
     pub fn mirrors_of(&self, slot: ServerId) -> Vec<ServerId> {
         let Some(entry) = self.server(slot) else { return Vec::new() };
-        let ring: Vec<u32> = self.processes().map(|e| e.id).collect();
+        let all: Vec<&ServerEntry> = self.processes().collect();
         let host = self.process_of(slot).0;
-        let Some(at) = ring.iter().position(|&p| p == host) else { return Vec::new() };
-        let n = ring.len();
-        let copies = (self.cluster.replicas as usize).clamp(1, n);
+        let Some(at) = all.iter().position(|p| p.id == host) else { return Vec::new() };
+        let n = all.len();
+        let present = all.iter().filter(|p| !p.absent).count();
+        let copies = (self.cluster.replicas as usize).clamp(1, present.max(1));
         let serving = entry.served_by;
-        let mut mirrors: Vec<ServerId> =
-            (1..copies).map(|k| ServerId(ring[(at + k) % n])).filter(|m| Some(m.0) != serving).collect();
+        let after = (1..n).map(|k| all[(at + k) % n]).filter(|p| !p.absent).map(|p| ServerId(p.id));
+        let mut mirrors: Vec<ServerId> = if all[at].absent {
+            after.filter(|m| Some(m.0) != serving).take(copies - 1).collect()
+        } else {
+            after.take(copies - 1).filter(|m| Some(m.0) != serving).collect()
+        };
         if let Some(to) = entry.moving_to.filter(|&t| t != host && Some(t) != serving) {
             if !mirrors.contains(&ServerId(to)) {
                 mirrors.push(ServerId(to));
@@ -802,29 +845,50 @@ impl ClusterMap {
     /// vote of its own. Mirrors the slot gains are `behind` until resynchronised, and no
     /// slot counts the retired process as behind any more (it mirrors nothing now).
     pub fn retire(&mut self, id: ServerId, to: ServerId) {
-        let before = self.mirrors_of(id);
-        let Some(e) = self.servers.iter_mut().find(|e| e.id == id.0) else { return };
-        e.host = Some(to.0);
-        e.moving_to = None;
-        e.served_by = None;
-        e.home = None;
-        e.member_at = None;
-        e.draining = false;
-        e.data_dir = None;
-        e.http = None;
-        if self.membership.voters.is_some() {
-            // The same number of voters, the retired one replaced (see `voters`).
-            self.membership.voters = Some(self.voters());
-        }
-        for e in &mut self.servers {
-            e.behind.retain(|&b| b != id.0);
-        }
-        let after = self.mirrors_of(id);
-        let Some(e) = self.servers.iter_mut().find(|e| e.id == id.0) else { return };
-        e.behind.retain(|b| after.contains(&ServerId(*b)));
-        for m in after.iter().filter(|m| !before.contains(m)) {
-            if !e.behind.contains(&m.0) {
-                e.behind.push(m.0);
+        self.changing_mirrors(|map| {
+            let Some(e) = map.servers.iter_mut().find(|e| e.id == id.0) else { return };
+            e.host = Some(to.0);
+            e.moving_to = None;
+            e.served_by = None;
+            e.home = None;
+            e.member_at = None;
+            e.draining = false;
+            e.absent = false;
+            e.data_dir = None;
+            e.http = None;
+            if map.membership.voters.is_some() {
+                // The same number of voters, the retired one replaced (see `voters`).
+                map.membership.voters = Some(map.voters());
+            }
+        });
+    }
+
+    /// Mark the process `id` absent (gone for long: its copies are made elsewhere) or
+    /// present again. Every slot's new mirrors are `behind` until resynchronised.
+    pub fn set_absent(&mut self, id: ServerId, absent: bool) {
+        self.changing_mirrors(|map| {
+            if let Some(e) = map.servers.iter_mut().find(|e| e.id == id.0 && e.host.is_none()) {
+                e.absent = absent;
+            }
+        });
+    }
+
+    /// Apply `change`, which may change mirror sets (a process leaves the ring, or is
+    /// skipped), and keep `behind` true: a server that becomes a mirror of a slot holds
+    /// nothing of it yet, so it is behind (never promoted) until the slot's server has
+    /// resynchronised it; a server that is no longer a mirror is no longer behind.
+    fn changing_mirrors(&mut self, change: impl FnOnce(&mut ClusterMap)) {
+        let before: Vec<(u32, Vec<ServerId>)> =
+            self.servers.iter().map(|e| (e.id, self.mirrors_of(e.server_id()))).collect();
+        change(self);
+        for (slot, was) in before {
+            let now = self.mirrors_of(ServerId(slot));
+            let Some(e) = self.servers.iter_mut().find(|e| e.id == slot) else { continue };
+            e.behind.retain(|b| now.contains(&ServerId(*b)));
+            for m in now.iter().filter(|m| !was.contains(m)) {
+                if !e.behind.contains(&m.0) {
+                    e.behind.push(m.0);
+                }
             }
         }
     }
@@ -855,11 +919,12 @@ impl ClusterMap {
     }
 
     /// The mirror to promote when `slot`'s primary is down: the first of its mirrors that is
-    /// up and not behind. `None` when the slot is up, already failed over, or has no such
-    /// mirror.
+    /// up and not behind. `None` when the slot is up or has no such mirror. A slot failed
+    /// over already, whose serving copy is down in turn, has a mirror only if copies are
+    /// made beyond it (three copies, or its own server `absent`).
     pub fn promotion_of(&self, slot: ServerId) -> Option<ServerId> {
         let entry = self.server(slot)?;
-        if entry.state != ServerState::Down || entry.served_by.is_some() {
+        if entry.state != ServerState::Down {
             return None;
         }
         self.mirrors_of(slot).into_iter().find(|m| {
@@ -1215,5 +1280,45 @@ mod mirror_tests {
         assert!(map.servers[4].behind.is_empty(), "the retired server mirrors nothing now");
         assert_eq!(map.mirrors_of(ServerId(1)), vec![ServerId(4)]);
         assert_eq!(e.behind, vec![4], "a new mirror is behind until resynchronised");
+        assert_eq!(map.server(ServerId(0)).unwrap().behind, vec![2], "so is every slot's");
+    }
+
+    #[test]
+    fn an_absent_server_is_skipped_so_every_slot_gets_its_copies_back() {
+        let mut map = ClusterMap::local(4, 7000, Path::new("/d"));
+        map.cluster.replicas = 2;
+        // Server 1 died: its slot failed over to its mirror, server 2, and runs with one copy.
+        map.servers[1].state = ServerState::Down;
+        map.servers[1].served_by = Some(2);
+        assert!(map.mirrors_of(ServerId(1)).is_empty());
+        assert_eq!(map.mirrors_of(ServerId(0)), vec![ServerId(1)], "a down mirror is not replaced");
+
+        map.set_absent(ServerId(1), true);
+        map.validate().unwrap();
+        assert_eq!(map.mirrors_of(ServerId(1)), vec![ServerId(3)], "the next server after the copy serving it");
+        assert_eq!(map.mirrors_of(ServerId(0)), vec![ServerId(2)], "the next server in place of the absent one");
+        assert_eq!(map.mirrors_of(ServerId(3)), vec![ServerId(0)], "unchanged");
+        assert_eq!(map.server(ServerId(1)).unwrap().behind, vec![3]);
+        assert_eq!(map.server(ServerId(0)).unwrap().behind, vec![2]);
+        assert!(map.server(ServerId(3)).unwrap().behind.is_empty());
+        assert!(map.mirrored_by(ServerId(1)).is_empty(), "an absent server mirrors nothing");
+
+        // Back: the mirror sets are as before, and it is behind where it mirrors again.
+        map.servers[1].served_by = None;
+        map.servers[1].state = ServerState::Up;
+        map.set_absent(ServerId(1), false);
+        assert_eq!(map.mirrors_of(ServerId(0)), vec![ServerId(1)]);
+        assert_eq!(map.server(ServerId(0)).unwrap().behind, vec![1]);
+        assert_eq!(map.mirrors_of(ServerId(1)), vec![ServerId(2)]);
+
+        // Only a process can be absent; the grace is at least the down delay.
+        map.servers[3].host = Some(0);
+        map.servers[3].data_dir = None;
+        map.servers[3].http = None;
+        map.servers[3].absent = true;
+        assert!(map.validate().unwrap_err().contains("absent is only for a server with a process"));
+        map.servers[3].absent = false;
+        map.membership.absent_after_ms = 1000;
+        assert!(map.validate().unwrap_err().contains("membership.absent_after_ms 1000"));
     }
 }

@@ -203,9 +203,12 @@ fn promoted_map(
         e.host = Some(host.0);
         e.moving_to = None;
     } else {
-        e.served_by = Some(host.0);
         // Where its process comes back (`member_at`): the group reaches it there meanwhile.
-        e.member_at = Some(was_at).filter(|a| !a.is_empty());
+        // Served from a copy before (that copy is down in turn): it comes back where it did.
+        if e.served_by.is_none() {
+            e.member_at = Some(was_at).filter(|a| !a.is_empty());
+        }
+        e.served_by = Some(host.0);
     }
     e.http = None;
     e.behind.clear();

@@ -306,6 +306,8 @@ async fn rejoin_loop(st: Weak<State>, base: PathBuf) {
             continue;
         }
         me.state = shoal_placement::map::ServerState::Up;
+        // Serving again: no longer gone for long (`ClusterMap::set_absent`).
+        map.set_absent(st.id, false);
         map.cluster.version = doc.version + 1;
         match group.propose(doc.version, map.to_toml()).await {
             Ok(v) => tracing::info!("marked up again in the cluster map (version {v})"),

@@ -582,6 +582,9 @@ async fn move_home(host: &Arc<State>, slot: ServerId) -> bool {
         e.home = None;
         e.member_at = None;
         e.served_by = None;
+        // Serving again: no longer gone (the mirrors made in its place are dropped, and
+        // it is behind where it mirrors again until resynchronised).
+        map.set_absent(slot, false);
         true
     })
     .await;

@@ -177,6 +177,7 @@ async fn add(ctx: &Ctx, a: AddArgs) -> Result<()> {
             // Nothing new is placed on its own slot: that would move existing inodes.
             placed: false,
             draining: false,
+            absent: false,
         });
         Ok(())
     })

@@ -43,6 +43,9 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
         if e.draining {
             v.push("draining".to_string());
         }
+        if e.absent {
+            v.push("absent: its copies are made elsewhere".to_string());
+        }
         v.join(", ")
     };
     if a.json {
@@ -62,6 +65,7 @@ pub async fn status(ctx: &Ctx, a: StatusArgs) -> Result<()> {
                         "mirrors": s.mirrors.iter().map(mirror_json).collect::<Vec<_>>(),
                         "host": map.server(*id).and_then(|e| e.host),
                         "draining": map.server(*id).is_some_and(|e| e.draining),
+                        "absent": map.server(*id).is_some_and(|e| e.absent),
                         "moving_to": map.server(*id).and_then(|e| e.moving_to),
                         "ops": s.counters.ops.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
                     }),
