@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{pattern, Cluster};
+use common::{check_files, pattern, write_files, Cluster};
 use shoal_client::{Client, OpenFlags};
 use shoal_proto::msg::LayoutSpec;
 use std::collections::BTreeMap;
@@ -548,19 +548,7 @@ fn a_server_gone_for_long_has_its_copies_made_again_so_a_second_failure_loses_no
     });
     let rt = runtime();
     let all = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(u32::MAX), ..Default::default() };
-    let want: Vec<(String, Vec<u8>)> = rt.block_on(async {
-        let client = c.client();
-        let mut want = Vec::new();
-        for i in 0..16u64 {
-            let path = format!("/f{i}");
-            let data = pattern(i, 0, [3000, 200_000, 1 << 20][i as usize % 3]);
-            let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
-            f.write_at(0, &data).await.unwrap();
-            f.close().await.unwrap();
-            want.push((path, data));
-        }
-        want
-    });
+    let want = rt.block_on(write_files(&c.client(), 16));
     // Server 1 dies: its mirror, server 2, serves its slot; once it has been away for the
     // grace period it is absent, and its slot gets a new mirror: server 3.
     c.kill9(1);
@@ -595,15 +583,11 @@ fn a_server_gone_for_long_has_its_copies_made_again_so_a_second_failure_loses_no
             assert!(by.is_some(), "slot {slot} not served by server 3: {:?}\n{}", client.map().servers, c.log(3));
         }
         let fresh = c.uncached_client();
-        for (path, data) in &want {
-            let f = fresh.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
-            let got = f.read_at(0, data.len() + 1).await.unwrap();
-            assert!(got[..] == data[..], "{path}: other bytes after two failures");
-        }
-        let f = fresh.create("/after", 0o644, Some(all.clone())).await.unwrap();
+        check_files(&fresh, &want).await;
+        let f = fresh.create("/d/after", 0o644, Some(all.clone())).await.unwrap();
         f.write_at(0, &pattern(99, 0, 300_000)).await.unwrap();
         f.close().await.unwrap();
-        assert_eq!(fresh.readdir("/").await.unwrap().len(), want.len() + 1);
+        assert_eq!(fresh.readdir("/d").await.unwrap().len(), want.len() + 1);
     });
 
     // Both come back: each takes its slot back, server 1 is no longer absent, the mirror sets
@@ -622,11 +606,6 @@ fn a_server_gone_for_long_has_its_copies_made_again_so_a_second_failure_loses_no
         let map = client.map();
         assert_eq!(map.mirrors_of(shoal_proto::ServerId(0)), vec![shoal_proto::ServerId(1)]);
         assert!(map.voters().contains(&1), "{:?}", map.voters());
-        let fresh = c.uncached_client();
-        for (path, data) in &want {
-            let f = fresh.open(path, OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
-            let got = f.read_at(0, data.len() + 1).await.unwrap();
-            assert!(got[..] == data[..], "{path}: other bytes after the servers came back");
-        }
+        check_files(&c.uncached_client(), &want).await;
     });
 }

@@ -5,10 +5,9 @@
 
 mod common;
 
-use common::{pattern, Cluster};
+use common::{check_files, pattern, write_files, Cluster};
 use shoal_client::{Client, OpenFlags};
 use shoal_placement::ClusterMap;
-use shoal_proto::msg::LayoutSpec;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -77,31 +76,6 @@ impl Worker {
         let errors = self.errors.lock().unwrap().clone();
         assert!(errors.is_empty(), "client errors during the moves: {errors:?}");
         assert!(self.rounds.load(Ordering::SeqCst) >= 5, "the worker hardly ran");
-    }
-}
-
-/// Files on every slot: single-object files spread by placement, and striped ones.
-async fn write_files(client: &Client, n: u64) -> Vec<(String, Vec<u8>)> {
-    let all = LayoutSpec { stripe_size: Some(64 << 10), stripe_count: Some(u32::MAX), ..Default::default() };
-    let mut want = Vec::new();
-    client.mkdir("/d", 0o755).await.unwrap();
-    for i in 0..n {
-        let path = format!("/d/f{i}");
-        let data = pattern(i, 0, [1000, 70_000, 1 << 20][i as usize % 3]);
-        let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
-        f.write_at(0, &data).await.unwrap();
-        f.close().await.unwrap();
-        want.push((path, data));
-    }
-    want
-}
-
-/// Every file of `want` reads back as written.
-async fn check_files(client: &Client, want: &[(String, Vec<u8>)]) {
-    for (path, data) in want {
-        let f = client.open(path, OpenFlags::read_only()).await.unwrap();
-        let got = f.read_at(0, data.len() + 1).await.unwrap();
-        assert!(got[..] == data[..], "{path}: other bytes after the moves");
     }
 }
 

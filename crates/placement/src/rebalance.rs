@@ -21,10 +21,15 @@ pub struct Move {
 
 /// The moves that empty the servers being drained and even out the slots over the servers
 /// that are up, in the order to make them. Slots already moving count where they go;
-/// servers down, out or being drained take nothing.
+/// servers down, out, being drained, absent or whose slot a copy serves take nothing.
 pub fn plan(map: &ClusterMap) -> Vec<Move> {
-    let servers: Vec<ServerId> =
-        map.processes().filter(|p| p.state == ServerState::Up && !p.draining).map(|p| p.server_id()).collect();
+    // Destinations: servers running as themselves (not one whose slot a copy serves, which
+    // is dead or standing by, nor one gone for long).
+    let servers: Vec<ServerId> = map
+        .processes()
+        .filter(|p| p.state == ServerState::Up && !p.draining && !p.absent && p.served_by.is_none())
+        .map(|p| p.server_id())
+        .collect();
     if servers.is_empty() {
         return Vec::new();
     }
@@ -117,6 +122,17 @@ mod tests {
         assert_eq!(plan(&map).len(), 1);
         map.servers.iter_mut().find(|e| e.id == 9).unwrap().state = ServerState::Down;
         assert!(plan(&map).iter().all(|m| m.to != ServerId(9)));
+        // Up in the map but served from a copy (its process dead or standing by), or absent.
+        let nine = map.servers.iter_mut().find(|e| e.id == 9).unwrap();
+        nine.state = ServerState::Up;
+        nine.served_by = Some(0);
+        assert!(plan(&map).iter().all(|m| m.to != ServerId(9)));
+        let nine = map.servers.iter_mut().find(|e| e.id == 9).unwrap();
+        nine.served_by = None;
+        nine.absent = true;
+        assert!(plan(&map).iter().all(|m| m.to != ServerId(9)));
+        map.servers.iter_mut().find(|e| e.id == 9).unwrap().absent = false;
+        assert!(plan(&map).iter().any(|m| m.to == ServerId(9)), "and one back takes slots again");
     }
 
     #[test]

@@ -616,3 +616,33 @@ pub fn build_c_library(package: &str, outputs: &[&str]) -> std::path::PathBuf {
     }
     dir
 }
+
+/// Files in `/d` on every slot: single-object files spread by placement, and striped ones
+/// (every fourth), of 1000 B, 70 kB and 1 MiB in turn: path and bytes of each.
+pub async fn write_files(client: &Client, n: u64) -> Vec<(String, Vec<u8>)> {
+    let all = shoal_proto::msg::LayoutSpec {
+        stripe_size: Some(64 << 10),
+        stripe_count: Some(u32::MAX),
+        ..Default::default()
+    };
+    let mut want = Vec::new();
+    client.mkdir("/d", 0o755).await.unwrap();
+    for i in 0..n {
+        let path = format!("/d/f{i}");
+        let data = pattern(i, 0, [1000, 70_000, 1 << 20][i as usize % 3]);
+        let f = client.create(&path, 0o644, (i % 4 == 0).then(|| all.clone())).await.unwrap();
+        f.write_at(0, &data).await.unwrap();
+        f.close().await.unwrap();
+        want.push((path, data));
+    }
+    want
+}
+
+/// Every file of `want` reads back as written.
+pub async fn check_files(client: &Client, want: &[(String, Vec<u8>)]) {
+    for (path, data) in want {
+        let f = client.open(path, shoal_client::OpenFlags::read_only()).await.unwrap_or_else(|e| panic!("{path}: {e}"));
+        let got = f.read_at(0, data.len() + 1).await.unwrap();
+        assert!(got[..] == data[..], "{path}: other bytes than written");
+    }
+}
