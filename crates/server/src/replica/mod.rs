@@ -295,7 +295,17 @@ pub fn follow_map(st: &Arc<crate::state::State>) {
 /// Keep the mirrors the map gives this server: open (make) the new ones; close and delete
 /// those it no longer gives, unless this process serves that slot (or is taking it over).
 async fn keep_mirrors(st: Arc<crate::state::State>) {
+    // A mirror dropped while a batch still held its stores is kept and dropped again a
+    // second later (else its directory would stay until some later map).
+    while keep_mirrors_once(&st).await && st.stop.borrow().is_none() {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// One round of [`keep_mirrors`]; true if a mirror to drop was still held.
+async fn keep_mirrors_once(st: &Arc<crate::state::State>) -> bool {
     let _one = st.replica.keeping.lock().await;
+    let mut again = false;
     let map = st.map.get();
     let wanted: Vec<ServerId> = map.mirrored_by(st.id).into_iter().filter(|&s| s != st.id).collect();
     let serving = |s: ServerId| {
@@ -329,7 +339,11 @@ async fn keep_mirrors(st: Arc<crate::state::State>) {
                     m = still;
                     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
-                Err(_) => break false,
+                Err(still) => {
+                    st.replica.give_back(slot, still);
+                    again = true;
+                    break false;
+                }
             }
         };
         let dir = mirror::dir_of(&st.data_dir, slot);
@@ -342,4 +356,5 @@ async fn keep_mirrors(st: Arc<crate::state::State>) {
             }
         }
     }
+    again
 }
