@@ -13,6 +13,7 @@
 #   JOIN_CLUSTER  the cluster's directory, removed first and at the end (default /tmp/shoal-join)
 #   JOIN_JSON     where the JSON summary goes (default /tmp/shoal-join.json)
 #   JOIN_RESYNC_MB_S  the servers' resync rate, MiB/s (shoald --resync-mb-s; default 32)
+#   JOIN_RESYNC_BUSY_MB_S  the same while clients use a server (--resync-busy-mb-s; default 8)
 # Only 127.0.0.1 is used. Needs about twice JOIN_GIB of free disk under /tmp.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,7 @@ trap cleanup EXIT
 
 # Every shoald started below (cluster up, server add --start) reads it.
 export SHOALD_RESYNC_MB_S=${JOIN_RESYNC_MB_S:-32}
+export SHOALD_RESYNC_BUSY_MB_S=${JOIN_RESYNC_BUSY_MB_S:-8}
 "$SHOAL" cluster up -n 4 --slots 16 --dir "$DIR" >/dev/null
 export SHOAL_CONFIG="$DIR/cluster.toml"
 echo "== filling: ${GIB} GiB in 4 files striped over all 16 slots"

@@ -2,12 +2,13 @@
 //! back from `kill -9` and every mirror of a restarted primary catch up by shipping what
 //! differs, not the whole slot, are in sync again (status), and then hold every
 //! acknowledged name and byte (the slot served from the mirror's copy, as in
-//! `replication.rs`); a primary stopped cleanly needs no resync at all.
+//! `replication.rs`); a primary stopped cleanly needs no resync at all; a resync ships at
+//! its busy rate while clients use the primary and at its full rate when they are quiet.
 
 mod common;
 
 use common::{pattern, Cluster};
-use shoal_client::{Client, OpenFlags};
+use shoal_client::{Client, ClientOptions, OpenFlags};
 use shoal_proto::msg::{LayoutSpec, MirrorStatus, MirrorSync, PlacementPolicy};
 use shoal_proto::{ServerId, ROOT_INO};
 use std::collections::BTreeMap;
@@ -296,4 +297,96 @@ fn a_primary_stopped_cleanly_goes_on_with_its_incarnation_and_resyncs_nothing() 
     wait_in_sync(&c, &rt, primary, &mirrors);
     // And the copies hold everything, before and after each restart.
     serve_from_mirror_and_check(&mut c, &rt, primary, mirrors[1], &want);
+}
+
+/// How long the primary's last finished resync of `mirror` took, from its log ("mirror M of
+/// server P: stores resynchronised in 1.2s (… bytes shipped)"), and the bytes it shipped.
+fn last_resync(c: &Cluster, primary: ServerId, mirror: ServerId) -> (Duration, u64) {
+    let log = c.log(primary.0);
+    let prefix = format!("mirror {mirror} of server {primary}: stores resynchronised in ");
+    let line = log.lines().filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest)).last();
+    let line = line.unwrap_or_else(|| panic!("no finished resync of mirror {mirror} in the log:\n{log}"));
+    // "1.234567s (123 of 456 bytes shipped); …" (Debug of a Duration: s, ms or µs).
+    let (took, rest) = line.split_once(' ').unwrap();
+    let took = if let Some(ms) = took.strip_suffix("ms") {
+        Duration::from_secs_f64(ms.parse::<f64>().unwrap() / 1e3)
+    } else if let Some(us) = took.strip_suffix("µs") {
+        Duration::from_secs_f64(us.parse::<f64>().unwrap() / 1e6)
+    } else {
+        Duration::from_secs_f64(took.strip_suffix('s').unwrap().parse().unwrap())
+    };
+    let shipped = rest.trim_start_matches('(').split(' ').next().unwrap().parse().unwrap();
+    (took, shipped)
+}
+
+#[test]
+fn a_resync_yields_to_clients_and_runs_at_full_speed_when_they_are_quiet() {
+    // 64 MiB/s when the primary's clients are quiet, 1 MiB/s while they read or write.
+    let mut c = Cluster::start_full(
+        3,
+        |m| {
+            m.cluster.replicas = 2;
+            m.membership.down_after_ms = 120_000;
+            m.membership.refused_down_after_ms = 0;
+        },
+        &["--resync-mb-s", "64", "--resync-busy-mb-s", "1"],
+    );
+    let primary = c.map.home_of(ROOT_INO);
+    let mirror = c.map.mirrors_of(primary)[0];
+    let rt = runtime();
+    let mut want = Expected::new();
+    const MISSED: usize = 6 << 20;
+    // The mirror misses 6 MiB (after the primary's 3 s of waiting for it), twice.
+    let miss = |c: &mut Cluster, round: u64, want: &mut Expected| {
+        c.kill9(mirror.0);
+        rt.block_on(async {
+            let client = c.client();
+            for i in 0..6 {
+                write_file(&client, &format!("r{round}-{i}"), &pattern(round * 10 + i, 0, MISSED / 6), want).await;
+            }
+        });
+    };
+
+    // Quiet: nothing but the resync runs (the writes ended more than a second before).
+    miss(&mut c, 1, &mut want);
+    std::thread::sleep(Duration::from_millis(1500));
+    c.restart(mirror.0);
+    wait_mirrors(&c, &rt, primary, &[mirror], 1);
+    let (quiet, shipped) = last_resync(&c, primary, mirror);
+    assert!(shipped >= MISSED as u64, "the quiet resync shipped {shipped} bytes");
+    // 6 MiB at 64 MiB/s is a tenth of a second; at the busy rate it would be six.
+    assert!(quiet < Duration::from_secs(3), "the quiet resync took {quiet:?} for {shipped} bytes");
+
+    // Busy: a client reads a file of the primary's slot the whole time.
+    miss(&mut c, 2, &mut want);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (stop, config) = (stop.clone(), c.path().join("cluster.toml"));
+        // No readahead: every read goes to the server.
+        let options = ClientOptions { readahead: 0, ..c.options() };
+        std::thread::spawn(move || {
+            runtime().block_on(async {
+                let client = Client::from_config(&config, options).unwrap();
+                let f = client.open("/r1-0", OpenFlags::read_only()).await.unwrap();
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    f.read_at((reads % 256) * 4096, 4096).await.unwrap();
+                    reads += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                reads
+            })
+        })
+    };
+    c.restart(mirror.0);
+    wait_mirrors(&c, &rt, primary, &[mirror], 2);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(reader.join().unwrap() > 0);
+    let (busy, shipped) = last_resync(&c, primary, mirror);
+    assert!(shipped >= MISSED as u64, "the busy resync shipped {shipped} bytes");
+    assert!(
+        busy > Duration::from_secs(4),
+        "the resync under client reads took {busy:?} for {shipped} bytes: not at the busy rate of 1 MiB/s"
+    );
+    rt.block_on(async { check(&c.client(), &want).await });
 }

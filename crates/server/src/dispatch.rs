@@ -60,6 +60,9 @@ pub async fn handle(
         _busy = Some(st.load.begin(data_bytes.is_some()));
     }
     if let Some(n) = data_bytes {
+        if !from_peer && !req.op.is_peer() {
+            st.load.client_data();
+        }
         st.load.throttle(n).await;
     }
     // 0 means "any map" (tools that do not route by the map, and local peer steps). The

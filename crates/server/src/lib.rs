@@ -19,6 +19,7 @@
 //!     orphan_grace: shoal_server::DEFAULT_ORPHAN_GRACE,
 //!     lease_max: shoal_server::leases::DEFAULT_MAX, throttle_mb_s: None,
 //!     resync_mib_s: shoal_server::RESYNC_MIB_PER_S,
+//!     resync_busy_mib_s: shoal_server::RESYNC_BUSY_MIB_PER_S,
 //! };
 //! shoal_server::run(opts).await // until SIGINT or SIGTERM
 //! # }
@@ -49,7 +50,7 @@ mod perm;
 mod quiesce;
 mod rejoin;
 mod replica;
-pub use replica::resync::RESYNC_MIB_PER_S;
+pub use replica::resync::{RESYNC_BUSY_MIB_PER_S, RESYNC_MIB_PER_S};
 mod replies;
 mod scrub;
 mod scrub_repair;
@@ -111,6 +112,10 @@ pub struct ServerOptions {
     /// [`RESYNC_MIB_PER_S`]): a move, a new mirror or a returning server is
     /// copied at this rate, so that foreground I/O keeps most of its speed.
     pub resync_mib_s: u32,
+    /// The same while clients read or write file data on this server (`shoald
+    /// --resync-busy-mb-s`; default [`RESYNC_BUSY_MIB_PER_S`], at most `resync_mib_s`):
+    /// recovery yields to the clients.
+    pub resync_busy_mib_s: u32,
 }
 
 pub use orphans::DEFAULT_GRACE as DEFAULT_ORPHAN_GRACE;

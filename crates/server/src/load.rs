@@ -37,7 +37,7 @@ use shoal_proto::msg::{Cred, LoadReport, Op, Reply};
 use shoal_proto::ServerId;
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,10 @@ const THROTTLE_UNIT: u64 = 1024;
 pub struct Load {
     me: ServerId,
     in_flight: AtomicU32,
+    /// When a client last read or wrote file data here, in ms since `born` (0: never). A
+    /// resync ships at its busy rate while this is recent (`replica/resync.rs`).
+    client_data_ms: AtomicU64,
+    born: Instant,
     inner: Mutex<Inner>,
     throttle: Option<Throttle>,
 }
@@ -147,7 +151,27 @@ impl Load {
             let _ = bucket.check_n(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
             Throttle { bucket, burst }
         });
-        Load { me, in_flight: AtomicU32::new(0), inner: Mutex::new(Inner::default()), throttle }
+        Load {
+            me,
+            in_flight: AtomicU32::new(0),
+            client_data_ms: AtomicU64::new(0),
+            born: Instant::now(),
+            inner: Mutex::new(Inner::default()),
+            throttle,
+        }
+    }
+
+    /// A client (not another server) reads or writes file data here now.
+    pub fn client_data(&self) {
+        // +1: 0 means "never".
+        let ms = self.born.elapsed().as_millis() as u64 + 1;
+        self.client_data_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether a client read or wrote file data here within `window`.
+    pub fn client_data_within(&self, window: Duration) -> bool {
+        let at = self.client_data_ms.load(Ordering::Relaxed);
+        at != 0 && (self.born.elapsed().as_millis() as u64 + 1).saturating_sub(at) <= window.as_millis() as u64
     }
 
     /// A request starts; `data` when it moves file bytes (its service time is measured).

@@ -76,6 +76,7 @@ impl Cluster {
             lease_max: shoal_server::leases::DEFAULT_MAX,
             throttle_mb_s: None,
             resync_mib_s: shoal_server::RESYNC_MIB_PER_S,
+            resync_busy_mib_s: shoal_server::RESYNC_BUSY_MIB_PER_S,
         };
         let (tx, rx) = oneshot::channel::<()>();
         let h = tokio::spawn(shoal_server::serve_with_listener(opts, l, async move {

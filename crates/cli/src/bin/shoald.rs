@@ -86,6 +86,14 @@ struct Args {
           default_value_t = shoal_server::RESYNC_MIB_PER_S,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     resync_mib_s: u32,
+
+    /// The same while clients read or write file data on this server (within the last
+    /// second): recovery yields to them, and runs at `--resync-mb-s` when they are quiet.
+    /// Capped at `--resync-mb-s`.
+    #[arg(long = "resync-busy-mb-s", value_name = "MIB_PER_S", env = "SHOALD_RESYNC_BUSY_MB_S",
+          default_value_t = shoal_server::RESYNC_BUSY_MIB_PER_S,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    resync_busy_mib_s: u32,
 }
 
 /// A positive, finite number of MB/s.
@@ -145,6 +153,7 @@ fn main() -> ExitCode {
         lease_max: std::time::Duration::from_millis(args.lease_max_ms),
         throttle_mb_s: args.throttle,
         resync_mib_s: args.resync_mib_s,
+        resync_busy_mib_s: args.resync_busy_mib_s,
     };
     match runtime.block_on(shoal_server::run(opts)) {
         Ok(()) => ExitCode::SUCCESS,

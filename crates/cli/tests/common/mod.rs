@@ -87,7 +87,9 @@ impl Cluster {
         Cluster::start_inner(n, |_| {}, &[], prepare)
     }
 
-    fn start_full(n: u32, tweak: impl FnOnce(&mut ClusterMap), args: &[&str]) -> Cluster {
+    /// Start `n` servers after letting `tweak` change the map, each with the extra `shoald`
+    /// arguments `args` (kept for restarts).
+    pub fn start_full(n: u32, tweak: impl FnOnce(&mut ClusterMap), args: &[&str]) -> Cluster {
         Cluster::start_inner(n, tweak, args, |_| {})
     }
 

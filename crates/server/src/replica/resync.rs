@@ -20,9 +20,12 @@
 //!    already hold leaves the stores as the primary's. Once the mirror has applied the last
 //!    position it is `InSync` again ([`ReplLog::ack`]).
 //!
-//! Shipping is throttled (`shoald --resync-mb-s`, [`RESYNC_MIB_PER_S`] MiB/s by default)
-//! with one request in flight, so that the
-//! foreground I/O of both servers keeps most of its speed. A resync that fails (the mirror
+//! Shipping is throttled with one request in flight, so that the foreground I/O of both
+//! servers keeps most of its speed: at most [`RESYNC_MIB_PER_S`] MiB/s by default
+//! (`shoald --resync-mb-s`), and at most [`RESYNC_BUSY_MIB_PER_S`] while a client read or
+//! wrote file data on this server within the last [`BUSY_WINDOW`]
+//! (`shoald --resync-busy-mb-s`): recovery yields to clients, and runs at full speed when
+//! they are quiet. A resync that fails (the mirror
 //! went away, an error) leaves the mirror out of sync; the shipper starts over later, and
 //! the comparison makes the second attempt cheap for what the first already copied.
 
@@ -45,6 +48,15 @@ use std::time::{Duration, Instant};
 /// unless `shoald --resync-mb-s` says otherwise.
 pub const RESYNC_MIB_PER_S: u32 = 32;
 
+/// Most MiB per second a resync ships to one mirror while clients read or write file data
+/// on this server, unless `shoald --resync-busy-mb-s` says otherwise. A join on this
+/// 2-core machine kept io-easy above 0.7× its quiet rate at 8 MiB/s and not reliably at 32
+/// (docs/benchmarks.md, "A server joins").
+pub const RESYNC_BUSY_MIB_PER_S: u32 = 8;
+
+/// A client data request this recent makes the resync ship at its busy rate.
+pub const BUSY_WINDOW: Duration = Duration::from_secs(1);
+
 /// Bytes of changes gathered before one `PeerResyncApply` goes.
 const APPLY_MAX_BYTES: usize = 4 << 20;
 
@@ -59,6 +71,31 @@ const RESYNC_COPIES: u8 = shoal_proto::msg::REPLICAS_MAX;
 
 /// The throttle's unit: rates in KiB keep the bucket within `u32`.
 const UNIT: u64 = 1024;
+
+/// A token bucket of `mib_s` MiB per second, counted in [`UNIT`]s.
+struct Bucket {
+    limiter: DefaultDirectRateLimiter,
+    /// A tenth of a second's worth: a larger burst would let a resync starting on an idle
+    /// server take the disk from requests arriving right after.
+    burst: u32,
+}
+
+impl Bucket {
+    fn new(mib_s: u32) -> Bucket {
+        let per_s = u32::try_from((u64::from(mib_s) << 20) / UNIT).unwrap_or(u32::MAX);
+        let burst = (per_s / 10).max(1);
+        let quota = Quota::per_second(NonZeroU32::new(per_s).unwrap_or(NonZeroU32::MIN))
+            .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
+        Bucket { limiter: RateLimiter::direct(quota), burst }
+    }
+
+    /// Wait until `units` (at most the burst) may go.
+    async fn wait(&self, units: u32) {
+        // Within the bucket's size, so this only waits.
+        let n = units.clamp(1, self.burst);
+        let _ = self.limiter.until_n_ready(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)).await;
+    }
+}
 
 /// Resync `mirror` of this server's slot. On success the mirror holds everything up to the
 /// returned position (and is `Resyncing` in `log`, to be shipped the rest); on failure it is
@@ -121,9 +158,10 @@ struct Resync<'a> {
     st: &'a Arc<State>,
     log: &'a ReplLog,
     mirror: ServerId,
-    limiter: DefaultDirectRateLimiter,
-    /// The throttle's burst, in units: the most one wait may ask for.
-    burst: u32,
+    /// The throttle at the full rate, and at the busy rate (waited for too while clients
+    /// are active); each with its burst in units, the most one wait may ask for.
+    limiter: Bucket,
+    busy_limiter: Bucket,
     /// Changes gathered for the next `PeerResyncApply`, and their bytes.
     changes: Vec<ReplChange>,
     data: Vec<Bytes>,
@@ -139,20 +177,15 @@ struct Resync<'a> {
 
 impl<'a> Resync<'a> {
     fn new(st: &'a Arc<State>, log: &'a ReplLog, mirror: ServerId, total: u64) -> Resync<'a> {
-        let mib_s = st.failover.options.get().map_or(RESYNC_MIB_PER_S, |o| o.resync_mib_s).max(1);
-        let per_s = ((mib_s as u64) << 20) / UNIT;
-        let per_s = u32::try_from(per_s).unwrap_or(u32::MAX);
-        // A tenth of a second's worth: a larger burst would let a resync starting on an
-        // idle server take the disk from requests arriving right after.
-        let burst = (per_s / 10).max(1);
-        let quota = Quota::per_second(NonZeroU32::new(per_s).unwrap_or(NonZeroU32::MIN))
-            .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
+        let options = st.failover.options.get();
+        let mib_s = options.map_or(RESYNC_MIB_PER_S, |o| o.resync_mib_s).max(1);
+        let busy_mib_s = options.map_or(RESYNC_BUSY_MIB_PER_S, |o| o.resync_busy_mib_s).clamp(1, mib_s);
         Resync {
             st,
             log,
             mirror,
-            limiter: RateLimiter::direct(quota),
-            burst,
+            limiter: Bucket::new(mib_s),
+            busy_limiter: Bucket::new(busy_mib_s),
             changes: Vec::new(),
             data: Vec::new(),
             pending: 0,
@@ -206,11 +239,17 @@ impl<'a> Resync<'a> {
         if self.changes.is_empty() {
             return Ok(());
         }
+        // A burst at a time, judging each anew whether clients are active: a long wait at the
+        // busy rate ends soon after they stop.
         let mut units = (self.pending as u64).div_ceil(UNIT);
+        let chunk = self.limiter.burst.min(self.busy_limiter.burst);
         while units > 0 {
-            let n = units.min(self.burst as u64) as u32;
-            let _ = self.limiter.until_n_ready(NonZeroU32::new(n).unwrap_or(NonZeroU32::MIN)).await;
-            units -= n as u64;
+            let n = units.min(u64::from(chunk)) as u32;
+            self.limiter.wait(n).await;
+            if self.st.load.client_data_within(BUSY_WINDOW) {
+                self.busy_limiter.wait(n).await;
+            }
+            units -= u64::from(n);
         }
         let mut payload = BytesMut::with_capacity(self.pending);
         for d in self.data.drain(..) {
