@@ -264,6 +264,16 @@ fn a_drained_server_hands_every_slot_over_while_clients_work_then_leaves_and_sta
     let status = cluster.wait_exit_status(0, Duration::from_secs(30));
     assert!(status.is_some_and(|s| s.success()), "server 0 did not stop cleanly: {status:?}\n{}", cluster.log(0));
     worker.finish();
+    // Server 0 mirrored slot 2: it kept that copy until server 1, which replaces it, was in
+    // sync, so slot 2 never had fewer copies in sync.
+    let synced = first_logged(&cluster.log(2), "mirror s1 of server s2 is in sync again");
+    let dropped = first_logged(&cluster.log(0), "server s0: no longer a mirror of server s2");
+    assert!(
+        synced.is_some() && dropped.is_some() && synced < dropped,
+        "server 0 dropped its copy of slot 2 at {dropped:?}, its replacement was in sync at {synced:?}\n{}\n{}",
+        cluster.log(0),
+        cluster.log(2)
+    );
 
     let fresh = cluster.client();
     rt.block_on(async {
@@ -351,4 +361,10 @@ fn a_removed_server_leaves_its_slot_to_the_copy_that_took_it_over_and_stays_out(
     let status = cluster.wait_exit_status(2, Duration::from_secs(30));
     assert!(status.is_some_and(|s| !s.success()), "a removed server started again: {status:?}");
     assert!(cluster.log(2).contains("was drained or removed"), "{}", cluster.log(2));
+}
+
+/// When a server's log first says `needle`: the line's timestamp (RFC 3339, which sorts as
+/// text).
+fn first_logged(log: &str, needle: &str) -> Option<String> {
+    log.lines().find(|l| l.contains(needle)).and_then(|l| l.split_whitespace().next()).map(str::to_string)
 }

@@ -816,6 +816,11 @@ impl ClusterMap {
     /// A server gone for long (`absent`) is skipped: the next server takes its place as a
     /// mirror, and a slot whose own server is absent gets a mirror in place of the copy that
     /// serves it (its count of copies back).
+    ///
+    /// A server being drained (`draining`) is skipped too, but keeps its copies until the
+    /// ones replacing them are in sync: it stays a mirror, after the others, of every slot
+    /// it mirrored while a mirror that replaces it is `behind`, or while there is no server
+    /// to replace it (so a drain never leaves a slot with fewer copies in sync).
     pub fn mirrors_of(&self, slot: ServerId) -> Vec<ServerId> {
         let Some(entry) = self.server(slot) else { return Vec::new() };
         let all: Vec<&ServerEntry> = self.processes().collect();
@@ -825,12 +830,25 @@ impl ClusterMap {
         let present = all.iter().filter(|p| !p.absent).count();
         let copies = (self.cluster.replicas as usize).clamp(1, present.max(1));
         let serving = entry.served_by;
-        let after = (1..n).map(|k| all[(at + k) % n]).filter(|p| !p.absent).map(|p| ServerId(p.id));
-        let mut mirrors: Vec<ServerId> = if all[at].absent {
-            after.filter(|m| Some(m.0) != serving).take(copies - 1).collect()
-        } else {
-            after.take(copies - 1).filter(|m| Some(m.0) != serving).collect()
+        let chosen = |skip: &dyn Fn(&ServerEntry) -> bool| -> Vec<ServerId> {
+            let after = (1..n).map(|k| all[(at + k) % n]).filter(|p| !skip(p)).map(|p| ServerId(p.id));
+            if all[at].absent {
+                after.filter(|m| Some(m.0) != serving).take(copies - 1).collect()
+            } else {
+                after.take(copies - 1).filter(|m| Some(m.0) != serving).collect()
+            }
         };
+        let mut mirrors = chosen(&|p| p.absent || p.draining);
+        let with_drained = chosen(&|p| p.absent);
+        let replacing = mirrors.len() < with_drained.len()
+            || mirrors.iter().any(|m| !with_drained.contains(m) && entry.behind.contains(&m.0));
+        if replacing {
+            for d in with_drained {
+                if !mirrors.contains(&d) {
+                    mirrors.push(d);
+                }
+            }
+        }
         if let Some(to) = entry.moving_to.filter(|&t| t != host && Some(t) != serving) {
             if !mirrors.contains(&ServerId(to)) {
                 mirrors.push(ServerId(to));
@@ -871,6 +889,51 @@ impl ClusterMap {
                 e.absent = absent;
             }
         });
+    }
+
+    /// Mark the process `id` as being drained: its slots are to move off it, and the slots
+    /// it mirrors get new mirrors, `behind` until resynchronised (it keeps its copies until
+    /// then, see [`ClusterMap::mirrors_of`]). Moves to it are called off.
+    pub fn set_draining(&mut self, id: ServerId) {
+        self.changing_mirrors(|map| {
+            for e in &mut map.servers {
+                if e.moving_to == Some(id.0) {
+                    e.moving_to = None;
+                }
+            }
+            if let Some(e) = map.servers.iter_mut().find(|e| e.id == id.0 && e.host.is_none()) {
+                e.draining = true;
+            }
+        });
+    }
+
+    /// The slots that keep a copy on the drained process `id` only until a mirror replacing
+    /// it is in sync (see [`ClusterMap::mirrors_of`]): what a drain waits for before `id`
+    /// leaves.
+    pub fn awaiting_replacement(&self, id: ServerId) -> Vec<ServerId> {
+        self.mirrored_by(id)
+            .into_iter()
+            .filter(|&slot| {
+                let mut synced = self.clone();
+                if let Some(e) = synced.servers.iter_mut().find(|e| e.id == slot.0) {
+                    e.behind.clear();
+                }
+                !synced.mirrors_of(slot).contains(&id)
+            })
+            .collect()
+    }
+
+    /// Mark every mirror of `slot` `behind`: they hold positions of an incarnation of the
+    /// slot that is over (a copy promoted, a slot switched to another process).
+    pub fn set_all_behind(&mut self, slot: ServerId) {
+        // Twice: with mirrors behind, a drained server keeps its copy (`mirrors_of`) and is
+        // behind too.
+        for _ in 0..2 {
+            let behind: Vec<u32> = self.mirrors_of(slot).into_iter().map(|m| m.0).collect();
+            if let Some(e) = self.servers.iter_mut().find(|e| e.id == slot.0) {
+                e.behind = behind;
+            }
+        }
     }
 
     /// Apply `change`, which may change mirror sets (a process leaves the ring, or is
@@ -1235,6 +1298,41 @@ mod mirror_tests {
     use super::*;
 
     #[test]
+    fn a_drained_server_keeps_its_copies_until_the_mirrors_replacing_it_are_in_sync() {
+        let mut map = ClusterMap::local(4, 7000, Path::new("/tmp"));
+        map.cluster.replicas = 2;
+        map.set_draining(ServerId(1));
+        // Slot 0's mirror was 1: server 2 replaces it, behind, and 1 keeps its copy after it.
+        assert_eq!(map.mirrors_of(ServerId(0)), vec![ServerId(2), ServerId(1)]);
+        assert_eq!(map.server(ServerId(0)).unwrap().behind, vec![2]);
+        assert_eq!(map.awaiting_replacement(ServerId(1)), vec![ServerId(0)]);
+        // Other slots are as before; slot 1's own mirror is 2.
+        assert_eq!(map.mirrors_of(ServerId(1)), vec![ServerId(2)]);
+        assert_eq!(map.mirrors_of(ServerId(3)), vec![ServerId(0)]);
+        // Server 0 down: its in-sync copy on the drained server is not promoted.
+        map.servers[0].state = ServerState::Down;
+        assert_eq!(map.promotion_of(ServerId(0)), None);
+        map.servers[0].state = ServerState::Up;
+        // Server 2 in sync: the drained server's copy goes.
+        map.servers[0].behind.clear();
+        assert_eq!(map.mirrors_of(ServerId(0)), vec![ServerId(2)]);
+        assert_eq!(map.mirrored_by(ServerId(1)), Vec::<ServerId>::new());
+        assert!(map.awaiting_replacement(ServerId(1)).is_empty());
+        // With no server to replace it, it keeps its copies until it leaves.
+        let mut two = ClusterMap::local(2, 7000, Path::new("/tmp"));
+        two.cluster.replicas = 2;
+        two.set_draining(ServerId(1));
+        assert_eq!(two.mirrors_of(ServerId(0)), vec![ServerId(1)]);
+        assert!(two.server(ServerId(0)).unwrap().behind.is_empty());
+        assert!(two.awaiting_replacement(ServerId(1)).is_empty(), "nothing to wait for");
+        // A new incarnation of slot 0 (promoted, say): every mirror behind, the kept copy too.
+        map.set_draining(ServerId(1));
+        map.servers[0].behind = vec![2];
+        map.set_all_behind(ServerId(0));
+        assert_eq!(map.server(ServerId(0)).unwrap().behind, vec![2, 1]);
+    }
+
+    #[test]
     fn mirrors_are_the_next_servers_and_the_inverse_agrees() {
         let mut map = ClusterMap::local(4, 7000, Path::new("/tmp"));
         assert!(map.mirrors_of(ServerId(2)).is_empty(), "one copy: no mirror");
@@ -1256,7 +1354,7 @@ mod mirror_tests {
         let mut map = ClusterMap::local(5, 7000, Path::new("/d"));
         map.cluster.replicas = 2;
         assert_eq!(map.voters(), vec![0, 1, 2]);
-        map.servers[1].draining = true;
+        map.set_draining(ServerId(1));
         map.validate().unwrap();
         assert_eq!(map.voters(), vec![0, 2, 3], "a drained server is replaced among the voters");
         map.membership.voters = Some(vec![1, 2, 4]);
@@ -1266,7 +1364,11 @@ mod mirror_tests {
         assert!(map.validate().unwrap_err().contains("moving_to 1"));
         map.servers[3].moving_to = None;
         map.servers[0].state = ServerState::Down;
-        assert_eq!(map.promotion_of(ServerId(0)), None, "the mirror of 0 is server 1, being drained");
+        assert_eq!(
+            map.promotion_of(ServerId(0)),
+            None,
+            "the mirror of 0 is server 1, being drained, and server 2 replacing it is behind"
+        );
 
         map.servers[0].state = ServerState::Up;
         map.servers[4].behind = vec![1];

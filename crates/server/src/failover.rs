@@ -214,8 +214,7 @@ fn promoted_map(
     e.behind.clear();
     // Every other mirror holds positions of the old primary's incarnation: behind the new
     // one until resynchronised.
-    let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
-    map.servers.iter_mut().find(|e| e.id == slot.0)?.behind = behind;
+    map.set_all_behind(slot);
     map.cluster.version = version + 1;
     Some(map)
 }

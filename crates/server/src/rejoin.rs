@@ -618,8 +618,7 @@ pub(crate) async fn switch_slot(
         }
         let e = map.servers.iter_mut().find(|e| e.id == slot.0)?;
         e.state = ServerState::Up;
-        let behind: Vec<u32> = map.mirrors_of(slot).into_iter().map(|m| m.0).collect();
-        map.servers.iter_mut().find(|e| e.id == slot.0)?.behind = behind;
+        map.set_all_behind(slot);
         map.cluster.version = doc.version + 1;
         match group.propose(doc.version, map.to_toml()).await {
             Ok(v) => return Some((v, map)),

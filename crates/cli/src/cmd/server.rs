@@ -393,15 +393,13 @@ async fn drain(ctx: &Ctx, a: DrainArgs) -> Result<()> {
     if staying == 0 {
         return Err(usage(format!("server {id} is the only server that is up: there is nowhere to move its slots")));
     }
-    // Mark it drained; moves to it are called off (their destination's copy is dropped).
+    // Mark it drained; moves to it are called off (their destination's copy is dropped), and
+    // the slots it mirrors get new mirrors (it keeps its copies until those are in sync).
     change_map(&client, |map| {
-        for e in &mut map.servers {
-            if e.moving_to == Some(id.0) {
-                e.moving_to = None;
-            }
+        if map.server(id).is_none() {
+            return Err(anyhow!("server {id} left the map"));
         }
-        let e = map.servers.iter_mut().find(|e| e.id == id.0).ok_or_else(|| anyhow!("server {id} left the map"))?;
-        e.draining = true;
+        map.set_draining(id);
         Ok(())
     })
     .await?;
@@ -415,6 +413,10 @@ async fn drain(ctx: &Ctx, a: DrainArgs) -> Result<()> {
         let Some(first) = moves.first().copied() else { break };
         // Its own slot only once nothing else lives on it.
         let next = if moves.len() > 1 && first.slot == id { moves[1] } else { first };
+        if next.slot == id {
+            // Moving its own slot retires it: first the mirrors replacing its copies.
+            wait_replaced(&client, id, wait).await?;
+        }
         done.extend(make_moves(&client, &[next], wait).await?);
     }
     let path = write_config(ctx, &client).await?;
@@ -428,6 +430,34 @@ async fn drain(ctx: &Ctx, a: DrainArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Wait until every slot that keeps a copy on the drained server `id` has the mirror
+/// replacing it in sync (`ClusterMap::awaiting_replacement`), so that leaving takes no copy
+/// away.
+async fn wait_replaced(client: &Client, id: ServerId, within: Duration) -> Result<()> {
+    let started = Instant::now();
+    let spinner = ProgressBar::new_spinner();
+    loop {
+        let (_, _, map) = current(client).await?;
+        let waiting = map.awaiting_replacement(id);
+        if waiting.is_empty() {
+            spinner.finish_and_clear();
+            return Ok(());
+        }
+        let slots: Vec<String> = waiting.iter().map(|s| s.to_string()).collect();
+        spinner.set_message(format!("waiting for the new mirrors of slots {} (shoal status)", slots.join(", ")));
+        spinner.tick();
+        if started.elapsed() > within {
+            spinner.finish_and_clear();
+            return Err(anyhow!(
+                "the mirrors replacing server {id}'s copies of slots {} are not in sync after {within:?} (see shoal status); \
+                 run the drain again to go on waiting",
+                slots.join(", ")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Wait until the map group's voters leave out `id` (the leader changes them once the map
