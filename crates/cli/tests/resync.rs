@@ -304,7 +304,7 @@ fn a_primary_stopped_cleanly_goes_on_with_its_incarnation_and_resyncs_nothing() 
 fn last_resync(c: &Cluster, primary: ServerId, mirror: ServerId) -> (Duration, u64) {
     let log = c.log(primary.0);
     let prefix = format!("mirror {mirror} of server {primary}: stores resynchronised in ");
-    let line = log.lines().filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest)).last();
+    let line = log.lines().filter_map(|l| l.split_once(&prefix).map(|(_, rest)| rest)).next_back();
     let line = line.unwrap_or_else(|| panic!("no finished resync of mirror {mirror} in the log:\n{log}"));
     // "1.234567s (123 of 456 bytes shipped); …" (Debug of a Duration: s, ms or µs).
     let (took, rest) = line.split_once(' ').unwrap();
