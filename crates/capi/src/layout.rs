@@ -193,6 +193,28 @@ pub extern "C" fn shoal_set_layout(c: *const shoal_client, path: *const c_char, 
     })
 }
 
+/// Mark the file or directory `path` read-mostly (`on` non-zero) or clear the mark
+/// (docs/loading.md): clients list a read-mostly directory whole and answer look-ups in it,
+/// missing names included, from that listing; what is created in it inherits the mark.
+/// Not recursive. 0 or -1 (EPERM: not the owner; ENOTSUP: a server that predates it).
+#[no_mangle]
+pub extern "C" fn shoal_set_read_mostly(c: *const shoal_client, path: *const c_char, on: c_int) -> c_int {
+    guard(-1, || {
+        let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
+        status(c.block(c.client.set_read_mostly(path, on != 0)).map(|_| ()))
+    })
+}
+
+/// 1 if `path` (following a final symbolic link) is marked read-mostly, 0 if not, -1 on
+/// failure.
+#[no_mangle]
+pub extern "C" fn shoal_is_read_mostly(c: *const shoal_client, path: *const c_char) -> c_int {
+    guard(-1, || {
+        let (Some(c), Some(path)) = (client(c), text(path, "the path")) else { return -1 };
+        c.block(c.client.stat(path)).map_or(-1, |a| c_int::from(a.read_mostly))
+    })
+}
+
 /// The layout of `path` (following a final symbolic link) into `*out`. For a file: its
 /// stripe size, stripe count, first server and replica count, and the ids of the servers holding objects
 /// 0, 1, … into `servers` (capacity `cap`); returns their number (at least 1). For a

@@ -89,6 +89,18 @@ during the import, a Shoal error); 2 usage error.")]
     Setstripe(cmd::stripe::SetstripeArgs),
     /// Show the stripe layout of a file or the default of a directory (like lfs getstripe).
     Getstripe(cmd::stripe::GetstripeArgs),
+    /// Mark files and directories read-mostly (whole-listing and negative caching for
+    /// library and module searches), clear the mark, or show it.
+    #[command(long_about = "Mark files and directories read-mostly, clear the mark (--off), or show it \
+(--show) (docs/loading.md). Clients list a read-mostly directory whole at its first look-up and \
+answer every later look-up in it, \"no such name\" included, from that listing while its lease \
+holds: a library search over 20 path entries then costs one request per directory, not one per \
+name. Files and directories created in a read-mostly directory inherit the mark. A change to a \
+marked file is seen by the next open, as for any file.\n\n\
+Owner or root only. -r walks the tree below each directory.\n\n\
+Exit status: 0 success; 1 failure (no such path, not the owner, a server that predates the \
+mark); 2 usage error.")]
+    Readmostly(cmd::readmostly::ReadMostlyArgs),
     /// Mount Shoal as a POSIX file system through FUSE.
     Mount(cmd::mount::MountArgs),
     /// Unmount a Shoal FUSE mount.
@@ -178,6 +190,7 @@ fn main() -> ExitCode {
             Command::Token(a) => cmd::token::token(&ctx, a),
             Command::Identityd(a) => cmd::identityd::identityd(&ctx, a).await,
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
+            Command::Readmostly(a) => cmd::readmostly::readmostly(&ctx, a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,
             Command::Bench(c) => cmd::bench::run(&ctx, c).await,

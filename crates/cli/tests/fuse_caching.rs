@@ -13,20 +13,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// Requests served so far, by operation, summed over the servers (without `status` and
-/// `hello`, which counting itself sends).
+/// Requests served so far, by operation, summed over the servers (`Cluster::ops`).
 fn ops(c: &Cluster) -> BTreeMap<String, u64> {
-    let client = c.uncached_client();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut all = BTreeMap::new();
-    for (_, st) in rt.block_on(client.status_all()) {
-        for (op, n) in st.unwrap().counters.ops {
-            if op != "status" && op != "hello" {
-                *all.entry(op).or_insert(0) += n;
-            }
-        }
-    }
-    all
+    c.ops()
 }
 
 fn exists(p: &Path) -> bool {

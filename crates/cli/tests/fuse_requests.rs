@@ -19,20 +19,9 @@ use std::time::{Duration, Instant};
 /// `a_create_costs_one_request_with_a_lease_on_the_parent`.
 const LONG: &[&str] = &["attr_timeout=600", "entry_timeout=600", "dir_lease=0"];
 
-/// Requests served so far, by operation, summed over the servers (without `status` and
-/// `hello`, which counting itself sends).
+/// Requests served so far, by operation, summed over the servers (`Cluster::ops`).
 fn ops(c: &Cluster) -> BTreeMap<String, u64> {
-    let client = c.uncached_client();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let mut all = BTreeMap::new();
-    for (_, st) in rt.block_on(client.status_all()) {
-        for (op, n) in st.unwrap().counters.ops {
-            if op != "status" && op != "hello" {
-                *all.entry(op).or_insert(0) += n;
-            }
-        }
-    }
-    all
+    c.ops()
 }
 
 /// Requests by operation that `f` caused, per call (`f` makes `n` calls).

@@ -300,6 +300,7 @@ fn touched(op: &Op, named: &impl Fn(Ino, &str) -> Option<Ino>) -> Option<Option<
         }
         Op::SetAttr { ino, .. }
         | Op::SetDirLayout { ino, .. }
+        | Op::SetReadMostly { ino, .. }
         | Op::ExtendSize { ino, .. }
         | Op::SetXattr { ino, .. }
         | Op::RemoveXattr { ino, .. }

@@ -179,6 +179,7 @@ impl BlockingClient {
         fn readlink_at(&self, ino: Ino) -> Result<String>;
         fn access(&self, ino: Ino, mask: u32) -> Result<()>;
         fn set_dir_layout(&self, dir: Ino, spec: LayoutSpec) -> Result<()>;
+        fn set_read_mostly_at(&self, ino: Ino, on: bool) -> Result<Attr>;
         fn setxattr(&self, ino: Ino, name: &str, value: &[u8], create_only: bool, replace_only: bool) -> Result<()>;
         fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>>;
         fn listxattr(&self, ino: Ino) -> Result<Vec<String>>;
@@ -202,6 +203,7 @@ impl BlockingClient {
         fn utimens(&self, path: &str, atime: Option<TimeSet>, mtime: Option<TimeSet>) -> Result<Attr>;
         fn truncate(&self, path: &str, size: u64) -> Result<Attr>;
         fn set_layout(&self, path: &str, spec: LayoutSpec) -> Result<()>;
+        fn set_read_mostly(&self, path: &str, on: bool) -> Result<Attr>;
         // ---- cluster ----
         fn statfs(&self) -> Result<StatFs>;
         fn server_status(&self, server: ServerId) -> Result<ServerStatus>;

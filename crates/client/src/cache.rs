@@ -286,6 +286,7 @@ mod tests {
             layout: None,
             dir_default: None,
             parent: None,
+            read_mostly: false,
         }
     }
 

@@ -521,13 +521,20 @@ impl Client {
     /// As [`Client::call`], also naming the server that answered.
     pub(crate) async fn call_at(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
         if !self.shared.attr_leases.enabled() {
-            return self.call_entries(to, op, data).await;
+            let r = self.call_entries(to, op, data).await;
+            if let Ok((reply, _, _)) = &r {
+                self.shared.leases.note(reply);
+            }
+            return r;
         }
         // Nor does a change of an inode made here revoke this client's lease on it: the
         // lease is dropped around the request (`attr_leases.rs`).
         let changing = self.shared.attr_leases.begin(&op, |dir, name| self.named(dir, name));
         let sent = self.shared.attr_leases.sent();
         let mut r = self.call_entries(to, op, data).await;
+        if let Ok((reply, _, _)) = &r {
+            self.shared.leases.note(reply);
+        }
         if let (Some(sent), Ok((reply, _, server))) = (sent, r.as_mut()) {
             self.shared.attr_leases.take(sent, *server, reply);
         }
@@ -1573,6 +1580,30 @@ impl Client {
         expect_ok(r?.0)
     }
 
+    /// Mark `ino` read-mostly (`on`) or clear the mark (docs/loading.md): entries created
+    /// later in a read-mostly directory inherit it, and clients fetch such a directory's
+    /// listing whole to answer look-ups in it. Owner or root only (EPERM); EOPNOTSUPP from
+    /// a server that predates the mark. Returns the new attributes.
+    pub async fn set_read_mostly_at(&self, ino: Ino, on: bool) -> Result<Attr> {
+        self.set_read_mostly_in(ino, on).await.map_err(|e| e.within(format_args!("mark {ino} read-mostly")))
+    }
+
+    pub(crate) async fn set_read_mostly_in(&self, ino: Ino, on: bool) -> Result<Attr> {
+        let home = self.home_of(ino);
+        if !self.server_has(home, shoal_proto::hello::FEATURE_READ_MOSTLY).await? {
+            return Err(Error::new(
+                Errno::ENOTSUP,
+                format!("server {home} does not keep read-mostly marks (it predates protocol 9)"),
+            ));
+        }
+        let r = self.call(To::Home(ino), Op::SetReadMostly { ino, on }, Bytes::new()).await;
+        self.cache().forget_attr(ino);
+        match r?.0 {
+            Reply::Attr(a) => Ok(a),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Set extended attribute `name` of `ino`. `create_only` fails with EEXIST if it exists,
     /// `replace_only` with ENODATA if it does not.
     pub async fn setxattr(
@@ -1756,6 +1787,7 @@ mod tests {
             layout: None,
             dir_default: None,
             parent: None,
+            read_mostly: false,
         }
     }
 

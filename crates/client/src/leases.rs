@@ -24,6 +24,12 @@
 //! renewed in the background when a third of its term is left, so a directory being
 //! filled by this client keeps its complete listing (its own creates add to it).
 //!
+//! Read-mostly directories (docs/loading.md): a directory whose attributes this client saw
+//! marked read-mostly (`Attr::read_mostly`, noted from every reply by [`LeaseCache::note`])
+//! is fetched whole at its first unanswered lookup, not name by name: a library or module
+//! search over many such directories then costs one `ReadDir` per directory per lease,
+//! and every look-up after it, "no such name" included, is answered here.
+//!
 //! Bounds: at most [`MAX_DIRS`] directories tracked, [`MAX_NAMES`] names over all leases;
 //! past them, nothing more is learnt (a lease that cannot learn a change is dropped).
 //!
@@ -174,6 +180,10 @@ pub(crate) struct LeaseCache {
     /// Term asked for; zero: leases are off.
     ask: Duration,
     inner: Mutex<Inner>,
+    /// Directories last seen marked read-mostly, at most [`MAX_DIRS`] (when full, the set
+    /// starts again: forgetting a mark only costs the name-by-name fetch until it is seen
+    /// again). A mark seen cleared is removed.
+    read_mostly: Mutex<std::collections::HashSet<Ino>>,
 }
 
 /// A lease request on its way (from [`LeaseCache::ask`]): hand it to [`LeaseCache::install`]
@@ -211,7 +221,43 @@ pub(crate) struct Touch {
 
 impl LeaseCache {
     pub(crate) fn new(ask: Duration) -> LeaseCache {
-        LeaseCache { ask, inner: Mutex::new(Inner { dirs: HashMap::new(), names: 0 }) }
+        LeaseCache {
+            ask,
+            inner: Mutex::new(Inner { dirs: HashMap::new(), names: 0 }),
+            read_mostly: Mutex::new(Default::default()),
+        }
+    }
+
+    /// Learn which directories are read-mostly from the attributes a reply carries.
+    pub(crate) fn note(&self, reply: &Reply) {
+        use shoal_proto::lease::LeasedReply;
+        let attr = match reply {
+            Reply::Attr(a) | Reply::Opened { attr: a, .. } => Some(a),
+            Reply::Entry(e) | Reply::Leased { reply: LeasedReply::Entry(e), .. } => e.attr.as_ref(),
+            Reply::Leased { reply: LeasedReply::Attr(a), .. } => Some(a),
+            _ => None,
+        };
+        if let Some(a) = attr.filter(|a| a.kind == FileKind::Dir) {
+            self.note_attr(a.ino, a.read_mostly);
+        }
+    }
+
+    /// Directory `dir` is (`on`) or is not read-mostly.
+    pub(crate) fn note_attr(&self, dir: Ino, on: bool) {
+        let mut set = self.read_mostly.lock();
+        if !on {
+            set.remove(&dir);
+            return;
+        }
+        if set.len() >= MAX_DIRS && !set.contains(&dir) {
+            set.clear();
+        }
+        set.insert(dir);
+    }
+
+    /// Whether `dir` was last seen marked read-mostly.
+    pub(crate) fn is_read_mostly(&self, dir: Ino) -> bool {
+        self.read_mostly.lock().contains(&dir)
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -305,11 +351,16 @@ impl LeaseCache {
         asking
     }
 
-    /// How to ask for what the lease on `dir` could not answer.
+    /// How to ask for what the lease on `dir` could not answer: the listing once a name
+    /// was found missing there, or at once in a read-mostly directory, unless it was too
+    /// big for one page lately.
     pub(crate) fn fetch(&self, dir: Ino, now: Instant) -> Fetch {
+        let read_mostly = self.is_read_mostly(dir);
         let inner = self.inner.lock();
         match inner.dirs.get(&dir) {
-            Some(s) if s.negative && s.big_until.is_none_or(|b| b <= now) => Fetch::Listing,
+            Some(s) if s.big_until.is_some_and(|b| b > now) => Fetch::Name,
+            Some(s) if s.negative => Fetch::Listing,
+            _ if read_mostly => Fetch::Listing,
             _ => Fetch::Name,
         }
     }

@@ -581,6 +581,14 @@ impl Client {
         .map_err(|e| e.within(format_args!("set layout of {path}")))
     }
 
+    /// Mark the file or directory `path` read-mostly (`on`) or clear the mark
+    /// ([`Client::set_read_mostly_at`]); not recursive. Returns its new attributes.
+    pub async fn set_read_mostly(&self, path: &str, on: bool) -> Result<Attr> {
+        self.on_target(path, true, false, |f, _| async move { self.set_read_mostly_in(f.ino, on).await })
+            .await
+            .map_err(|e| e.within(format_args!("mark {path} read-mostly")))
+    }
+
     // ---- opening files ----
 
     /// Open the file `path` (following symlinks).
@@ -728,5 +736,6 @@ pub(crate) fn dir_stub(ino: Ino) -> Attr {
         layout: None,
         dir_default: None,
         parent: None,
+        read_mostly: false,
     }
 }

@@ -56,6 +56,7 @@ fn new_attr(ino: Ino, kind: FileKind, perm: u32, cred: &Cred) -> Attr {
         layout: None,
         dir_default: None,
         parent: None,
+        read_mostly: false,
     }
 }
 

@@ -222,6 +222,7 @@ mod tests {
             layout: Some(Layout { stripe_size: 1 << 20, servers: vec![ServerId(2), ServerId(0)], replicas: 1 }),
             dir_default: None,
             parent: None,
+            read_mostly: false,
         };
         let f = file_attr(&a);
         assert_eq!(f.ino, INodeNo(42));

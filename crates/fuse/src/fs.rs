@@ -1990,6 +1990,7 @@ impl Shared {
             layout: None,
             dir_default: None,
             parent: None,
+            read_mostly: false,
         }
     }
 }

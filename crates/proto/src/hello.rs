@@ -59,6 +59,11 @@ pub const FEATURE_FETCH: u64 = 1 << 6;
 /// for the map only servers that did (an older server would close the connection).
 pub const FEATURE_MEMBERSHIP: u64 = 1 << 7;
 
+/// Read-mostly files and directories (docs/loading.md): the server knows
+/// `Op::SetReadMostly` and keeps the mark. A client asks only servers that agreed (an older
+/// server would close the connection on the unknown operation).
+pub const FEATURE_READ_MOSTLY: u64 = 1 << 8;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LEASES
@@ -67,7 +72,8 @@ pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LIST_IO
     | FEATURE_LOAD
     | FEATURE_FETCH
-    | FEATURE_MEMBERSHIP;
+    | FEATURE_MEMBERSHIP
+    | FEATURE_READ_MOSTLY;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
@@ -87,7 +93,8 @@ pub fn server_features() -> u64 {
 }
 
 /// The feature bits named in the environment variable `SHOAL_FEATURES_OFF`, comma-separated
-/// (`data_crc`, `leases`, `partitions`, `attr_leases`, `list_io`, `load`; other names are ignored):
+/// (`data_crc`, `leases`, `partitions`, `attr_leases`, `list_io`, `load`, `read_mostly`; other
+/// names are ignored):
 /// a process that behaves as a version without them, which is how the tests check that
 /// peers of different versions work together.
 pub fn features_off() -> u64 {
@@ -101,6 +108,7 @@ pub fn features_off() -> u64 {
             "attr_leases" => FEATURE_ATTR_LEASES,
             "list_io" => FEATURE_LIST_IO,
             "load" => FEATURE_LOAD,
+            "read_mostly" => FEATURE_READ_MOSTLY,
             _ => 0,
         })
         .fold(0, |a, b| a | b)

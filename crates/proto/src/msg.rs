@@ -175,6 +175,17 @@ pub struct Attr {
     pub dir_default: Option<LayoutSpec>,
     /// Directories: the parent directory (root's parent is itself).
     pub parent: Option<Ino>,
+    /// Read-mostly (docs/loading.md): set explicitly (`Op::SetReadMostly`) on a file or a
+    /// directory, inherited by what is created in a read-mostly directory. Clients cache
+    /// a read-mostly directory's whole listing under its lease and answer look-ups in it,
+    /// "no such name" included, from that listing. Added in protocol 9; absent = false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub read_mostly: bool,
+}
+
+/// For `skip_serializing_if`: a `false` flag is left out of the body.
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A piece of a list read or write: `len` bytes at `offset` in object `index`.
@@ -467,6 +478,12 @@ pub enum Op {
     SetDirLayout {
         ino: Ino,
         spec: LayoutSpec,
+    },
+    /// Mark a file or directory read-mostly, or clear the mark (protocol 9,
+    /// `FEATURE_READ_MOSTLY`). Owner or root only. Not recursive: the CLI walks a tree.
+    SetReadMostly {
+        ino: Ino,
+        on: bool,
     },
     ReadLink {
         ino: Ino,
@@ -959,6 +976,7 @@ impl Op {
             Op::GetAttr { .. } => "getattr",
             Op::SetAttr { .. } => "setattr",
             Op::SetDirLayout { .. } => "setdirlayout",
+            Op::SetReadMostly { .. } => "setreadmostly",
             Op::ReadLink { .. } => "readlink",
             Op::Access { .. } => "access",
             Op::ExtendSize { .. } => "extendsize",

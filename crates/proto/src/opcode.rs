@@ -73,6 +73,7 @@ impl Op {
             Op::PeerResyncApply { .. } => 58,
             Op::PeerResyncDone { .. } => 59,
             Op::PeerScrubRead { .. } => 60,
+            Op::SetReadMostly { .. } => 61,
         }
     }
 }

@@ -53,6 +53,7 @@ fn attr() -> Attr {
         layout: Some(Layout { stripe_size: 65536, servers: vec![ServerId(0), ServerId(1)], replicas: 1 }),
         dir_default: None,
         parent: None,
+        read_mostly: false,
     }
 }
 
@@ -129,6 +130,7 @@ fn ops() -> Vec<Op> {
             },
         },
         Op::SetDirLayout { ino: DIR, spec: spec() },
+        Op::SetReadMostly { ino: DIR, on: true },
         Op::ReadLink { ino: FILE },
         Op::Access { ino: FILE, mask: 6 },
         Op::ExtendSize { ino: FILE, size: 1 << 33 },
@@ -484,6 +486,11 @@ fn samples() -> Vec<(String, Sample)> {
     v.push((
         "Op.PeerTruncateObject+copies".into(),
         replicated(Op::PeerTruncateObject { ino: FILE, index: 1, len: 7, copies: 2 }),
+    ));
+    // Read-mostly (protocol 9): left out when false, so the vectors above are those of before.
+    v.push((
+        "Reply.Attr+read_mostly".into(),
+        Sample::Reply(Reply::Attr(Attr { read_mostly: true, ..dir_attr() })),
     ));
     v.push((
         "Op.SetDirLayout+replicas".into(),

@@ -310,6 +310,17 @@ macro_rules! path_calls {
                 $run(py, async move { c.set_layout(&path, spec).await.or_raise() })
             }
 
+            /// Mark the file or directory `path` read-mostly, or clear the mark with
+            /// `on=False` (docs/loading.md): clients list a read-mostly directory whole and
+            /// answer look-ups in it, missing names included, from that listing; what is
+            /// created in it inherits the mark. Not recursive. Owner or root only
+            /// (`PermissionError`). `Stat.read_mostly` shows the mark.
+            #[pyo3(signature = (path, on = true))]
+            fn set_read_mostly<'py>(&self, py: Python<'py>, path: String, on: bool) -> PyResult<Bound<'py, PyAny>> {
+                let c = self.client.clone();
+                $run(py, async move { c.set_read_mostly(&path, on).await.or_raise().map(|_| ()) })
+            }
+
             /// Capacity and use of the whole file system.
             fn statfs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
                 let c = self.client.clone();

@@ -44,6 +44,8 @@ pub struct Stat {
     pub st_ctime_ns: i128,
     /// "file", "directory" or "symlink".
     pub kind: &'static str,
+    /// Marked read-mostly (`Client.set_read_mostly`, docs/loading.md).
+    pub read_mostly: bool,
 }
 
 fn ns(t: shoal_client::Timestamp) -> i128 {
@@ -67,6 +69,7 @@ impl From<&Attr> for Stat {
             st_mtime_ns: ns(a.mtime),
             st_ctime_ns: ns(a.ctime),
             kind: kind_name(a.kind),
+            read_mostly: a.read_mostly,
         }
     }
 }

@@ -181,3 +181,25 @@ def test_asyncio_twins_give_the_same_answers(cluster, fs, base):
             await afs.open(f"{base}/d/f", "r", layout=shoal.Layout(stripe_count=1))
 
     asyncio.run(main())
+
+
+def test_read_mostly_marks_are_set_inherited_and_cleared(cluster, fs, base):
+    d = f"{base}/libs"
+    fs.mkdir(d)
+    assert not fs.stat(d).read_mostly
+    fs.set_read_mostly(d)
+    assert fs.stat(d).read_mostly
+    fs.write_bytes(f"{d}/libx.so", b"elf")
+    fs.mkdir(f"{d}/sub")
+    assert fs.stat(f"{d}/libx.so").read_mostly and fs.stat(f"{d}/sub").read_mostly
+    fs.set_read_mostly(f"{d}/libx.so", on=False)
+    assert not fs.stat(f"{d}/libx.so").read_mostly
+    with pytest.raises(FileNotFoundError):
+        fs.set_read_mostly(f"{d}/missing")
+
+    async def main():
+        afs = shoal.AsyncClient(cluster)
+        await afs.set_read_mostly(d, on=False)
+        assert not (await afs.stat(d)).read_mostly
+
+    asyncio.run(main())

@@ -25,6 +25,7 @@ pub(crate) const OP_NAMES: &[&str] = &[
     "getattr",
     "setattr",
     "setdirlayout",
+    "setreadmostly",
     "readlink",
     "access",
     "extendsize",

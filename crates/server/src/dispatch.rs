@@ -228,6 +228,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,
         Op::SetAttr { ino, set } => inode::setattr(st, cred, ino, set).await?,
         Op::SetDirLayout { ino, spec } => inode::set_dir_layout(st, cred, ino, spec).await?,
+        Op::SetReadMostly { ino, on } => inode::set_read_mostly(st, cred, ino, on).await?,
         Op::ReadLink { ino } => inode::readlink(st, ino).await?,
         Op::Access { ino, mask } => inode::access(st, cred, ino, mask).await?,
         Op::ExtendSize { ino, size } => inode::extend_size(st, cred, ino, size).await?,

@@ -784,6 +784,7 @@ fn make_root_if_home(st: &State) -> crate::error::R<()> {
             parent: Some(ROOT_INO),
             target: None,
             bitmap: Vec::new(),
+            read_mostly: false,
         };
         let mut t = st.meta.txn();
         t.put_inode(ROOT_INO, root);

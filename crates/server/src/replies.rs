@@ -307,6 +307,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::Rename { .. }
         | Op::SetAttr { .. }
         | Op::SetDirLayout { .. }
+        | Op::SetReadMostly { .. }
         | Op::ExtendSize { .. }
         | Op::SetXattr { .. }
         | Op::RemoveXattr { .. }

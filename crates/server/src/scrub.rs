@@ -360,6 +360,7 @@ mod tests {
             parent: None,
             target: None,
             bitmap: vec![3],
+            read_mostly: false,
         };
         let part = meta::encode(&meta::PartitionRecord { depth: 1, sealed: false, dir });
         assert_eq!(check_record(&key::partition(Ino(1), 1), &part), Ok(()));

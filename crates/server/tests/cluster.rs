@@ -122,6 +122,7 @@ impl Cluster {
             Op::GetAttr { ino }
             | Op::SetAttr { ino, .. }
             | Op::SetDirLayout { ino, .. }
+            | Op::SetReadMostly { ino, .. }
             | Op::ReadLink { ino }
             | Op::Access { ino, .. }
             | Op::ExtendSize { ino, .. }

@@ -116,6 +116,9 @@ pub async fn getstripe(ctx: &Ctx, a: GetstripeArgs) -> Result<()> {
         let path = only_shoal(p);
         let attr = client.stat(&path).await.with_context(|| format!("cannot access {path}"))?;
         println!("{path}");
+        if attr.read_mostly {
+            println!("  read_mostly:  yes");
+        }
         match (&attr.layout, attr.kind) {
             (Some(l), _) => {
                 println!("  stripe_size:  {} ({})", l.stripe_size, human_bytes(l.stripe_size));

@@ -139,6 +139,14 @@ int main(int argc, char **argv) {
     CHECK(shoal_get_layout(c, "/l/two", &l, NULL, SERVERS) == -1 && errno == EFAULT);
     CHECK(layout_of(c, "/l", &l, servers) == 0 && memcmp(&l, &def, sizeof l) == 0); /* unchanged */
 
+    /* Read-mostly marks: set, inherited by what is made in the directory, cleared. */
+    CHECK(shoal_is_read_mostly(c, "/l") == 0);
+    CHECK(shoal_set_read_mostly(c, "/l", 1) == 0 && shoal_is_read_mostly(c, "/l") == 1);
+    CHECK(shoal_mkdir(c, "/l/rm", 0755) == 0 && shoal_is_read_mostly(c, "/l/rm") == 1);
+    CHECK(shoal_set_read_mostly(c, "/l", 0) == 0 && shoal_is_read_mostly(c, "/l") == 0);
+    CHECK(shoal_set_read_mostly(c, "/l/nope", 1) == -1 && errno == ENOENT);
+    CHECK(shoal_is_read_mostly(c, "/l/nope") == -1 && errno == ENOENT);
+
     /* The asynchronous twins give the same answers, errors as -errno. */
     shoal_layout la;
     uint32_t sa[SERVERS];

@@ -366,6 +366,23 @@ impl Cluster {
         rt.block_on(client.status_all()).into_iter().map(|(_, st)| st.unwrap().counters.client_requests).sum()
     }
 
+    /// Requests served so far, by operation, summed over the servers (without `status` and
+    /// `hello`, which counting itself sends).
+    #[allow(dead_code)]
+    pub fn ops(&self) -> std::collections::BTreeMap<String, u64> {
+        let client = self.uncached_client();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let mut all = std::collections::BTreeMap::new();
+        for (_, st) in rt.block_on(client.status_all()) {
+            for (op, n) in st.unwrap().counters.ops {
+                if op != "status" && op != "hello" {
+                    *all.entry(op).or_insert(0) += n;
+                }
+            }
+        }
+        all
+    }
+
     /// Run the `shoal` CLI against this cluster: (exit code, stdout, stderr).
     pub fn shoal(&self, args: &[&str]) -> (i32, String, String) {
         shoal_cmd(Some(&self.config), args)

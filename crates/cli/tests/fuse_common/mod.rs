@@ -188,15 +188,25 @@ pub fn cstr(p: &Path) -> std::ffi::CString {
 }
 
 /// The interception library (`crates/preload`) as cargo built it for the tests (`shoal`
-/// depends on it): in `deps/` next to the binaries, or beside them after a workspace
-/// build; the newer of the two.
+/// depends on it).
 pub fn preload_library() -> PathBuf {
+    built_library("libshoal_preload.so")
+}
+
+/// The loader audit library (`crates/audit`) as cargo built it for the tests.
+pub fn audit_library() -> PathBuf {
+    built_library("libshoal_audit.so")
+}
+
+/// A shared object of the workspace as cargo built it for the tests: in `deps/` next to
+/// the binaries, or beside them after a workspace build; the newer of the two.
+fn built_library(file: &str) -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_shoal"));
     let dir = bin.parent().unwrap();
-    [dir.join("deps/libshoal_preload.so"), dir.join("libshoal_preload.so")]
+    [dir.join("deps").join(file), dir.join(file)]
         .into_iter()
         .filter_map(|p| std::fs::metadata(&p).and_then(|m| m.modified()).ok().map(|t| (t, p)))
         .max()
         .map(|(_, p)| p)
-        .expect("libshoal_preload.so was not built next to the shoal binary")
+        .unwrap_or_else(|| panic!("{file} was not built next to the shoal binary"))
 }

@@ -199,6 +199,39 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
     resolve_layout(&st.map, Ino(2), st.id, Some(&spec), None).map_err(|e| {
         Fail::new(e, "invalid layout (stripe size must be a multiple of 4 KiB up to 1 GiB, count up to 1024)")
     })?;
+    change_owned(st, cred, ino, "set a directory's layout", move |rec| {
+        if rec.kind != FileKind::Dir {
+            return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
+        }
+        rec.dir_default = if spec == LayoutSpec::default() { None } else { Some(spec) };
+        Ok(())
+    })
+    .await
+}
+
+/// Mark `ino` read-mostly or clear the mark (docs/loading.md). Entries created later in a
+/// read-mostly directory inherit it; those already there keep theirs (`shoal readmostly
+/// -r` walks a tree). The change reaches every client through the attribute and directory
+/// leases the ctime change revokes, like any other attribute change.
+pub async fn set_read_mostly(st: &Arc<State>, cred: Cred, ino: Ino, on: bool) -> R<Reply> {
+    st.require_home(ino)?;
+    change_owned(st, cred, ino, "mark a file read-mostly", move |rec| {
+        rec.read_mostly = on;
+        Ok(())
+    })
+    .await
+}
+
+/// Apply `change` to `ino`'s record if `cred` is its owner or root (`what` names the
+/// change in the EPERM message), bump its ctime and commit; on a split directory, pass
+/// the new attributes to its partitions (`Intent::PartitionAttr`).
+async fn change_owned(
+    st: &Arc<State>,
+    cred: Cred,
+    ino: Ino,
+    what: &'static str,
+    change: impl FnOnce(&mut InodeRecord) -> R<()> + Send + 'static,
+) -> R<Reply> {
     let split = st.parts.is_split(ino);
     let op_id = st.new_op_id();
     let _active = st.activate(op_id);
@@ -210,13 +243,10 @@ pub async fn set_dir_layout(st: &Arc<State>, cred: Cred, ino: Ino, spec: LayoutS
                 txn.put_intent(op_id, Intent::PartitionAttr { dir: ino }, now().secs);
             }
             let rec = txn.inode_mut(ino)?;
-            if rec.kind != FileKind::Dir {
-                return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
-            }
             if !perm::is_owner_or_root(&cred, &rec.owner()) {
-                return fail(Errno::EPERM, "only the owner or root may set a directory's layout");
+                return fail(Errno::EPERM, format!("only the owner or root may {what}"));
             }
-            rec.dir_default = if spec == LayoutSpec::default() { None } else { Some(spec) };
+            change(rec)?;
             rec.ctime = now();
             let rec = rec.clone();
             txn.commit()?;
@@ -412,6 +442,7 @@ mod tests {
             parent: None,
             target: None,
             bitmap: Vec::new(),
+            read_mostly: false,
         }
     }
 

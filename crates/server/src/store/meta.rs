@@ -216,6 +216,9 @@ pub struct InodeRecord {
     /// every partition whose split has been registered. Empty = never split (partition 0
     /// only). Not part of [`Attr`]: clients learn it from `Partitions` replies.
     pub bitmap: Vec<u64>,
+    /// Read-mostly (docs/loading.md): set by `Op::SetReadMostly`, inherited by entries
+    /// created in a read-mostly directory. Format 3 field 15, absent = false.
+    pub read_mostly: bool,
 }
 
 impl InodeRecord {
@@ -235,6 +238,7 @@ impl InodeRecord {
             layout: self.layout.clone(),
             dir_default: self.dir_default.clone(),
             parent: self.parent,
+            read_mostly: self.read_mostly,
         }
     }
 
@@ -255,6 +259,7 @@ impl InodeRecord {
             parent: a.parent,
             target: None,
             bitmap: Vec::new(),
+            read_mostly: a.read_mostly,
         }
     }
 
@@ -1234,6 +1239,7 @@ mod tests {
             parent: None,
             target: Some("x".into()),
             bitmap: vec![0b1011],
+            read_mostly: false,
         }
     }
 

@@ -85,6 +85,7 @@ pub async fn create(
                 let (gid, perm) = inherit(&cred, &parent, perm, FileKind::File);
                 let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
                 rec.layout = Some(layout);
+                rec.read_mostly = parent.read_mostly;
                 txn.put_inode(ino, rec.clone());
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
                 dir_changed(st, &mut txn, dir, now, 0)?;

@@ -32,6 +32,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
             let mut rec = new_inode(FileKind::Dir, perm, cred.uid, gid, now);
             rec.parent = Some(dir);
             rec.dir_default = parent.dir_default.clone();
+            rec.read_mostly = parent.read_mostly;
             let local = st.is_home(ino);
             if local {
                 txn.put_inode(ino, rec.clone());

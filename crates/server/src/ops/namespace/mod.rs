@@ -103,6 +103,7 @@ pub(crate) fn new_inode(
         parent: None,
         target: None,
         bitmap: Vec::new(),
+        read_mostly: false,
     }
 }
 

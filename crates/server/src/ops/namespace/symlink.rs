@@ -35,6 +35,7 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
             let mut rec = new_inode(FileKind::Symlink, 0o777, cred.uid, gid, now);
             rec.size = target.len() as u64;
             rec.target = Some(target);
+            rec.read_mostly = parent.read_mostly;
             txn.put_inode(ino, rec.clone());
             txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::Symlink });
             dir_changed(st, &mut txn, dir, now, 0)?;

@@ -166,6 +166,9 @@ pub struct Inode {
     /// A directory's partition bitmap (packed little-endian words; empty = never split).
     #[prost(fixed64, repeated, tag = "14")]
     pub bitmap: Vec<u64>,
+    /// Read-mostly (docs/loading.md); absent (false) in records written before it.
+    #[prost(bool, tag = "15")]
+    pub read_mostly: bool,
 }
 
 /// `E` dir-ino listing-key name (`e` dir-ino name before format 4).
@@ -483,6 +486,7 @@ impl Record for InodeRecord {
             parent: self.parent.map(|p| p.0),
             target: self.target.clone(),
             bitmap: self.bitmap.clone(),
+            read_mostly: self.read_mostly,
         }
     }
     fn from_stored(s: Inode) -> Result<InodeRecord, String> {
@@ -501,6 +505,7 @@ impl Record for InodeRecord {
             parent: s.parent.map(Ino),
             target: s.target,
             bitmap: s.bitmap,
+            read_mostly: s.read_mostly,
         })
     }
 }
@@ -690,6 +695,7 @@ mod tests {
             parent: None,
             target: None,
             bitmap: Vec::new(),
+            read_mostly: false,
         }
     }
 
@@ -762,6 +768,7 @@ mod tests {
             parent: Some(Ino(1)),
             target: None,
             bitmap: vec![5],
+            read_mostly: false,
         };
         let p = PartitionRecord { depth: 2, sealed: true, dir };
         let bytes = encode(&p);

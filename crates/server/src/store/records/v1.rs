@@ -133,6 +133,7 @@ pub fn inode(bytes: &[u8]) -> D<InodeRecord> {
             parent: r.opt(Rd::ino)?,
             target: r.opt(Rd::string)?,
             bitmap: Vec::new(),
+            read_mostly: false,
         })
     })
 }

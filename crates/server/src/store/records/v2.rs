@@ -181,6 +181,7 @@ pub fn inode(bytes: &[u8]) -> D<InodeRecord> {
         parent: s.parent.map(Ino),
         target: s.target,
         bitmap: Vec::new(),
+        read_mostly: false,
     })
 }
 

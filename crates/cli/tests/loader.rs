@@ -1,0 +1,113 @@
+//! The loader hook (docs/loading.md): unmodified programs whose libraries sit in a
+//! read-mostly tree on Shoal, found through a 20-entry `LD_LIBRARY_PATH`, loaded by many
+//! processes on several mounts through `LD_AUDIT=libshoal_audit.so`. Counted by the
+//! servers: the look-ups and listings do not grow with the processes of a mount.
+
+mod common;
+mod fuse_common;
+
+use common::Cluster;
+use fuse_common::{audit_library, skip_without_fuse, Mount};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const DIRS: usize = 20;
+const LIBS: usize = 10;
+const MOUNTS: usize = 4;
+const PER_MOUNT: usize = 4;
+
+fn gcc(args: &[&str], cwd: &Path) {
+    let out = Command::new("gcc").args(args).current_dir(cwd).output().expect("run gcc");
+    assert!(out.status.success(), "gcc {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// `LIBS` shared libraries `libshoalN.so` (function `fN` returns N) and a program linked
+/// against all of them, built in `dir`.
+fn build_program(dir: &Path) {
+    let mut main = String::from("#include <stdio.h>\n");
+    for i in 0..LIBS {
+        std::fs::write(dir.join(format!("l{i}.c")), format!("int f{i}(void) {{ return {i}; }}\n")).unwrap();
+        gcc(&["-shared", "-fPIC", "-o", &format!("libshoal{i}.so"), &format!("l{i}.c")], dir);
+        main += &format!("int f{i}(void);\n");
+    }
+    main += "int main(void) { int s = 0;\n";
+    for i in 0..LIBS {
+        main += &format!("  s += f{i}();\n");
+    }
+    main += "  printf(\"sum=%d\\n\", s); return 0; }\n";
+    std::fs::write(dir.join("main.c"), main).unwrap();
+    let mut args = vec!["-o".to_string(), "main".into(), "main.c".into(), "-L.".into()];
+    args.extend((0..LIBS).map(|i| format!("-lshoal{i}")));
+    gcc(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir);
+}
+
+fn namespace_requests(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> u64 {
+    ["lookup", "readdir", "batch"].iter().map(|op| after.get(*op).unwrap_or(&0) - before.get(*op).unwrap_or(&0)).sum()
+}
+
+#[test]
+fn processes_on_four_mounts_load_libraries_through_ld_audit_with_one_listing_per_directory_and_mount() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start_with_server_args(2, &["--lease-max-ms", "120000"]);
+    let mounts: Vec<Mount> = (0..MOUNTS).map(|_| Mount::new(&c, &["dir_lease=60"])).collect();
+    let local = tempfile::tempdir().unwrap();
+    build_program(local.path());
+
+    // The tree: /lib marked read-mostly first, so that everything made in it inherits it.
+    let a = &mounts[0];
+    std::fs::create_dir(a.p("lib")).unwrap();
+    let (code, _, err) = c.shoal(&["readmostly", "/lib"]);
+    assert_eq!(code, 0, "{err}");
+    let home = |i: usize| DIRS / 2 + i % (DIRS / 2);
+    for d in 0..DIRS {
+        std::fs::create_dir(a.p(&format!("lib/d{d:02}"))).unwrap();
+    }
+    for i in 0..LIBS {
+        let name = format!("libshoal{i}.so");
+        std::fs::copy(local.path().join(&name), a.p(&format!("lib/d{:02}/{name}", home(i)))).unwrap();
+    }
+    let (code, out, _) = c.shoal(&["readmostly", "--show", &format!("/lib/d{:02}/libshoal0.so", home(0))]);
+    assert_eq!((code, out.trim().ends_with(": read-mostly")), (0, true), "{out}");
+
+    let before = c.ops();
+    let audit = audit_library();
+    let mut running = Vec::new();
+    for m in &mounts {
+        let path: Vec<String> = (0..DIRS).map(|d| m.p(&format!("lib/d{d:02}")).display().to_string()).collect();
+        for _ in 0..PER_MOUNT {
+            let child = Command::new(local.path().join("main"))
+                .env("LD_LIBRARY_PATH", path.join(":"))
+                .env("LD_AUDIT", &audit)
+                .env("SHOAL_AUDIT_DEBUG", "1")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            running.push((m.p("lib"), child));
+        }
+    }
+    for (lib, child) in running {
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stderr}");
+        assert_eq!(stdout.trim(), format!("sum={}", (0..LIBS).sum::<usize>()));
+        // The loader tried exactly one path on Shoal per library: the one where it is.
+        let lib = lib.display().to_string();
+        let tried: Vec<&str> = stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix("shoal-audit: try "))
+            .filter(|p| p.starts_with(&lib))
+            .collect();
+        let want: Vec<String> = (0..LIBS).map(|i| format!("{lib}/d{:02}/libshoal{i}.so", home(i))).collect();
+        assert_eq!(tried, want, "{stderr}");
+        let skipped = stderr.lines().filter(|l| l.starts_with("shoal-audit: skip ")).count();
+        assert!(skipped >= LIBS * (DIRS / 2), "{skipped} candidates skipped:\n{stderr}");
+    }
+    // Look-ups and listings: about one listing per directory and mount (the mount that made
+    // the tree may hold some already), whatever the number of processes on a mount.
+    let spent = namespace_requests(&before, &c.ops());
+    assert!(spent <= (MOUNTS * (DIRS + 3)) as u64, "{spent} look-ups and listings for {} processes", MOUNTS * PER_MOUNT);
+}
