@@ -7,9 +7,13 @@
 //! for a library: the name as asked for (`LA_SER_ORIG`), then `dir/name` for each
 //! directory of DT_RPATH, `LD_LIBRARY_PATH`, DT_RUNPATH, and so on, in its own order. For a
 //! candidate whose directory is on a FUSE file system, this library looks the name up in
-//! its cached listing of that directory (`listings.rs`): absent, it returns NULL and the
-//! loader skips the candidate without any system call; present (or undecidable), it
-//! returns the path unchanged and the loader opens it. The loader's order and rules are
+//! its cached listing of that directory (`listings.rs`): absent, it hands the loader
+//! [`ABSENT`] instead, a path on the local root that does not exist, whose open fails at
+//! once with ENOENT without reaching the mount; present (or undecidable), it returns the
+//! path unchanged and the loader opens it. (Not NULL, which rtld-audit(7) allows for
+//! "skip": the loader then judges the candidate by its own `errno`, which this library,
+//! linked to a C library of its own namespace, cannot set, and a stale value other than
+//! ENOENT ends the whole search.) The loader's order and rules are
 //! kept exactly: the library only removes candidates that cannot exist, so the first one
 //! left is the one path where the library is.
 //!
@@ -32,14 +36,18 @@ const LAV_VERSION: c_uint = 1;
 /// `la_objsearch` flag: the name as the loader was asked for it (not a search candidate).
 const LA_SER_ORIG: c_uint = 0x01;
 
+/// What a candidate that cannot exist becomes: a name on the local root that is not there
+/// (its look-up is answered by the kernel's negative dentry after the first).
+static ABSENT: &CStr = c"/.shoal-audit-absent";
+
 /// Called first by the loader: the interface version both sides speak.
 #[no_mangle]
 pub extern "C" fn la_version(version: c_uint) -> c_uint {
     version.min(LAV_VERSION)
 }
 
-/// Called for each path the loader is about to try. Returns `name` to try it, NULL to
-/// skip it.
+/// Called for each path the loader is about to try. Returns `name` to try it, [`ABSENT`]
+/// to have the loader fail on it at once and go on with the next.
 ///
 /// # Safety
 /// `name` is a NUL-terminated string (the loader's).
@@ -54,7 +62,7 @@ pub unsafe extern "C" fn la_objsearch(name: *const c_char, _cookie: *mut usize, 
     if keep {
         name as *mut c_char
     } else {
-        std::ptr::null_mut()
+        ABSENT.as_ptr() as *mut c_char
     }
 }
 

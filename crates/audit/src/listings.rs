@@ -19,8 +19,6 @@ use std::time::Instant;
 const MAX_DIRS: usize = 4096;
 /// Most names cached for one directory.
 const MAX_NAMES: usize = 1 << 16;
-/// `statfs` type of FUSE file systems (Shoal's mounts among them).
-const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
 
 /// What identifies a directory's state: `None` when it does not exist.
 type Stamp = Option<(u64, i64, i64, i64, i64)>;
@@ -92,12 +90,31 @@ fn read(dir: &[u8], stamp: Stamp, all: bool) -> Option<HashSet<Vec<u8>>> {
     Some(names)
 }
 
+/// Whether `path` is on a FUSE file system: its device is one of the FUSE mounts'
+/// (`statfs` would tell too, but a FUSE mount answers it by asking its servers).
 fn on_fuse(path: &Path) -> bool {
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
-    // SAFETY: a valid C string and a zeroed statfs to fill.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };
-    r == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+    static DEVICES: std::sync::OnceLock<HashSet<u64>> = std::sync::OnceLock::new();
+    let devices = DEVICES
+        .get_or_init(|| std::fs::read_to_string("/proc/self/mountinfo").map(|t| fuse_devices(&t)).unwrap_or_default());
+    std::fs::metadata(path).is_ok_and(|m| devices.contains(&m.dev()))
+}
+
+/// The device numbers of the FUSE mounts in a mountinfo text (proc(5): field 3 is
+/// `major:minor`, the file system type follows the ` - ` separator).
+fn fuse_devices(mountinfo: &str) -> HashSet<u64> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            let fstype = f.get(sep + 1)?;
+            let (major, minor) = f.get(2)?.split_once(':')?;
+            if *fstype != "fuse" && !fstype.starts_with("fuse.") {
+                return None;
+            }
+            Some(libc::makedev(major.parse().ok()?, minor.parse().ok()?))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -126,5 +143,15 @@ mod tests {
         let mut l = Listings::default();
         assert_eq!(l.contains(dir, b"libb.so", &s), None);
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn fuse_mounts_are_found_by_their_device() {
+        let text = "87 30 0:52 / /tmp/a\\040b/m rw,relatime shared:45 - fuse.shoal shoal:/tmp/c.toml rw\n\
+                    22 1 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                    90 30 0:60 / /x rw - fuse sshfs rw\n";
+        let d = fuse_devices(text);
+        assert_eq!(d.len(), 2);
+        assert!(d.contains(&libc::makedev(0, 52)) && d.contains(&libc::makedev(0, 60)));
     }
 }

@@ -28,7 +28,9 @@
 //! marked read-mostly (`Attr::read_mostly`, noted from every reply by [`LeaseCache::note`])
 //! is fetched whole at its first unanswered lookup, not name by name: a library or module
 //! search over many such directories then costs one `ReadDir` per directory per lease,
-//! and every look-up after it, "no such name" included, is answered here.
+//! and every look-up after it, "no such name" included, is answered here. The
+//! subdirectories listed in a read-mostly directory are presumed read-mostly too (they
+//! inherit the mark) until their own attributes say otherwise.
 //!
 //! Bounds: at most [`MAX_DIRS`] directories tracked, [`MAX_NAMES`] names over all leases;
 //! past them, nothing more is learnt (a lease that cannot learn a change is dropped).
@@ -453,6 +455,15 @@ impl LeaseCache {
             }
             // A page from the partition's first position: all of it when `more` is false.
             Learnt::Listing(entries, more) => {
+                // The subdirectories of a read-mostly directory are presumed read-mostly
+                // (they inherit the mark when made): a search walking into them lists
+                // each at once. A wrong presumption costs a listing instead of a look-up;
+                // their attributes, once seen, say for sure.
+                if self.is_read_mostly(asking.dir) {
+                    for e in entries.iter().filter(|e| e.kind == FileKind::Dir) {
+                        self.note_attr(e.ino, true);
+                    }
+                }
                 let entries = entries.into_iter().filter(|e| covers(part, name_hash(&e.name)));
                 if !more && entries.clone().count() <= room + before {
                     l.names = entries.map(|e| (pos(&e.name), Some((e.ino, e.kind)))).collect();

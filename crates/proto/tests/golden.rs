@@ -488,10 +488,7 @@ fn samples() -> Vec<(String, Sample)> {
         replicated(Op::PeerTruncateObject { ino: FILE, index: 1, len: 7, copies: 2 }),
     ));
     // Read-mostly (protocol 9): left out when false, so the vectors above are those of before.
-    v.push((
-        "Reply.Attr+read_mostly".into(),
-        Sample::Reply(Reply::Attr(Attr { read_mostly: true, ..dir_attr() })),
-    ));
+    v.push(("Reply.Attr+read_mostly".into(), Sample::Reply(Reply::Attr(Attr { read_mostly: true, ..dir_attr() }))));
     v.push((
         "Op.SetDirLayout+replicas".into(),
         replicated(Op::SetDirLayout { ino: DIR, spec: LayoutSpec { replicas: Some(2), ..spec() } }),

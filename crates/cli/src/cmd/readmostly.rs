@@ -59,7 +59,11 @@ pub async fn readmostly(ctx: &Ctx, a: ReadMostlyArgs) -> Result<()> {
 }
 
 /// Queue the entries of directory `path` (symbolic links are marked, not followed).
-async fn below(client: &Client, path: &str, todo: &mut VecDeque<(String, shoal_client::Ino, FileKind, bool)>) -> Result<()> {
+async fn below(
+    client: &Client,
+    path: &str,
+    todo: &mut VecDeque<(String, shoal_client::Ino, FileKind, bool)>,
+) -> Result<()> {
     let dir = path.trim_end_matches('/');
     for e in client.readdir(path).await.with_context(|| format!("cannot list {path}"))? {
         let child = format!("{dir}/{}", e.name);
@@ -79,7 +83,10 @@ fn report(a: &ReadMostlyArgs, bar: &ProgressBar, path: &str, on: bool) {
 
 fn spinner() -> ProgressBar {
     let bar = ProgressBar::new_spinner();
-    bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
     bar.enable_steady_tick(std::time::Duration::from_millis(200));
     bar
 }
