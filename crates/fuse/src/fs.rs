@@ -149,6 +149,9 @@ struct PlusEntry {
 const PLUS_BATCH: usize = 128;
 
 /// State shared by the request tasks.
+/// A file's version as far as its attributes tell: size, mtime and ctime.
+type Version = (u64, i64, u32, i64, u32);
+
 pub(crate) struct Shared {
     /// The client as root (umask 0); requests are made with `with_cred` of the caller.
     pub(crate) root: Client,
@@ -163,6 +166,11 @@ pub(crate) struct Shared {
     /// Size and mtime last given to the kernel, per inode: an open that finds them
     /// changed (another client wrote) makes the kernel drop its cached attributes.
     told: Mutex<HashMap<u64, (u64, i64, u32)>>,
+    /// Read-mostly files (docs/loading.md): the size, mtime and ctime each was opened at
+    /// last. The kernel's pages of the file were read since that open, so they are of that
+    /// version or newer; an open that finds the same version lets the kernel keep them
+    /// (`FOPEN_KEEP_CACHE`), any other open drops them, as every open of other files does.
+    opened_version: Mutex<HashMap<u64, Version>>,
     /// Inodes known to have no `security.capability` attribute, and since when. The kernel
     /// asks for it before every write (to drop capabilities on write); this answers from
     /// memory for `attr_timeout`, as for other attributes.
@@ -239,6 +247,7 @@ impl Shared {
             dirs: Mutex::new(HashMap::new()),
             specials: Mutex::new(HashMap::new()),
             told: Mutex::new(HashMap::new()),
+            opened_version: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
             walked: Mutex::new(HashMap::new()),
             dir_attrs,
@@ -633,10 +642,24 @@ impl Shared {
                 let _ = n.inval_inode(INodeNo(ino), -1, 0);
             }
         }
-        let ff = self.open_flags_for(&node.file, flags);
+        let mut ff = self.open_flags_for(&node.file, flags);
+        if attr.read_mostly && self.same_version_as_last_open(&attr) && acc == libc::O_RDONLY {
+            ff |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
         let fh = self.new_fh();
         self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
         Ok((fh, ff))
+    }
+
+    /// Whether read-mostly file `a` is opened at the version it was last opened at (and
+    /// note this version for the next open).
+    fn same_version_as_last_open(&self, a: &Attr) -> bool {
+        let v: Version = (a.size, a.mtime.secs, a.mtime.nsecs, a.ctime.secs, a.ctime.nsecs);
+        let mut seen = self.opened_version.lock();
+        if seen.len() >= SPECIALS_MAX && !seen.contains_key(&a.ino.0) {
+            seen.clear();
+        }
+        seen.insert(a.ino.0, v) == Some(v)
     }
 
     /// What the kernel is told about a new descriptor of `file` opened with `flags`.
