@@ -101,6 +101,17 @@ Owner or root only. -r walks the tree below each directory.\n\n\
 Exit status: 0 success; 1 failure (no such path, not the owner, a server that predates the \
 mark); 2 usage error.")]
     Readmostly(cmd::readmostly::ReadMostlyArgs),
+    /// Warm this node's Shoal mount with the files and trees a job is about to open.
+    #[command(long_about = "Warm this node's Shoal mount with the files and directory trees a job is \
+about to open (docs/loading.md, \"Preload\"): every directory is listed and every file read, \
+several at once (-j), through the mount, so that the kernel keeps the pages of read-mostly files \
+and the listings of read-mostly directories for the processes that follow. Run it once per node at \
+the job's start (mpirun -npernode 1, srun --ntasks-per-node=1).\n\n\
+Paths are local paths on the mount; --list FILE names more, one per line (- for standard input). \
+Symbolic links are read through, never walked into.\n\n\
+Exit status: 0 everything warmed; 1 some path could not be listed or read (each is named); 2 usage \
+error (nothing to preload).")]
+    Preload(cmd::preload::PreloadArgs),
     /// Mount Shoal as a POSIX file system through FUSE.
     Mount(cmd::mount::MountArgs),
     /// Unmount a Shoal FUSE mount.
@@ -191,6 +202,7 @@ fn main() -> ExitCode {
             Command::Identityd(a) => cmd::identityd::identityd(&ctx, a).await,
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Readmostly(a) => cmd::readmostly::readmostly(&ctx, a).await,
+            Command::Preload(a) => cmd::preload::preload(a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,
             Command::Bench(c) => cmd::bench::run(&ctx, c).await,

@@ -115,10 +115,87 @@ fn processes_on_four_mounts_load_libraries_through_ld_audit_with_one_listing_per
         MOUNTS * PER_MOUNT
     );
     assert!(!spent.contains_key(&"statfs".to_string()), "{spent:?}");
+    // Attributes, of the directories opened (`getattr`) and of the entries the kernel lists
+    // with READDIRPLUS (`batch` of `lookup`s): once per directory and mount too, not per
+    // process: the first process to open or list a read-mostly directory on a mount fetches,
+    // the others wait for it and are answered from its leases (crates/fuse/src/one_at_a_time.rs).
+    for op in ["getattr", "batch", "lookup"] {
+        let n = spent.get(&op.to_string()).copied().unwrap_or(0);
+        assert!(n <= (MOUNTS * (DIRS + 3)) as u64, "{n} {op} for {} processes: {spent:?}", MOUNTS * PER_MOUNT);
+    }
     // Reads: each library's page once per mount, not per process (a read-mostly file
     // unchanged since its last open keeps the kernel's page cache); concurrent first opens
     // on one mount may each read it.
     let reads = spent.get(&"read".to_string()).copied().unwrap_or(0);
     assert!(reads <= (MOUNTS * LIBS * 2) as u64, "{reads} reads for {} processes: {spent:?}", MOUNTS * PER_MOUNT);
     eprintln!("requests for {} processes on {MOUNTS} mounts: {spent:?}", MOUNTS * PER_MOUNT);
+}
+
+/// `shoal preload` on a mount lists the tree and reads every file through it: afterwards the
+/// libraries are opened and read there without a read request, and the tree listed without
+/// a listing (the kernel keeps both for read-mostly files and directories). Missing paths
+/// are named and fail the command; no path at all is a usage error.
+#[test]
+fn preload_warms_a_mount_so_that_its_libraries_are_read_without_requests() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start_with_server_args(2, &["--lease-max-ms", "120000"]);
+    let (writer, node) = (Mount::new(&c, &["dir_lease=60"]), Mount::new(&c, &["dir_lease=60"]));
+    let local = tempfile::tempdir().unwrap();
+    build_program(local.path());
+    std::fs::create_dir(writer.p("lib")).unwrap();
+    let (code, _, err) = c.shoal(&["readmostly", "/lib"]);
+    assert_eq!(code, 0, "{err}");
+    let mut bytes = 0;
+    for d in 0..4 {
+        std::fs::create_dir(writer.p(&format!("lib/d{d}"))).unwrap();
+        for i in (d..LIBS).step_by(4) {
+            let name = format!("libshoal{i}.so");
+            bytes += std::fs::copy(local.path().join(&name), writer.p(&format!("lib/d{d}/{name}"))).unwrap();
+        }
+    }
+
+    let lib = node.p("lib").display().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal")).args(["preload", "--json", &lib]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sum: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((sum["files"].as_u64(), sum["dirs"].as_u64()), (Some(LIBS as u64), Some(5)), "{sum}");
+    assert_eq!(sum["bytes"].as_u64(), Some(bytes), "{sum}");
+    assert_eq!(sum["failed"].as_array().map(Vec::len), Some(0), "{sum}");
+    assert_eq!(sum["not_shoal"].as_array().map(Vec::len), Some(0), "{sum}");
+
+    // What the job does next on that node: list the tree and read every library.
+    let before = c.ops();
+    let mut read = 0;
+    for d in 0..4 {
+        for e in std::fs::read_dir(node.p(&format!("lib/d{d}"))).unwrap() {
+            read += std::fs::read(e.unwrap().path()).unwrap().len() as u64;
+        }
+    }
+    assert_eq!(read, bytes);
+    let after = c.ops();
+    let spent = |op: &str| count(&after, op) - count(&before, op);
+    assert_eq!((spent("read"), spent("readdir")), (0, 0), "after preload: {after:?} (before: {before:?})");
+
+    // A missing path is named, the rest is still warmed, and the exit status is 1.
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .args(["preload", &format!("{lib}/nothing-here"), &format!("{lib}/d0")])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(stderr.contains("nothing-here") && stderr.contains("No such file"), "{stderr}");
+    assert!(stdout.contains("warmed 3 files"), "{stdout}");
+    // A local directory: read, with a note that it is not Shoal's.
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal")).arg("preload").arg(local.path()).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not on a Shoal mount"));
+    // Nothing to preload: a usage error.
+    let out = Command::new(env!("CARGO_BIN_EXE_shoal")).arg("preload").output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn count(m: &BTreeMap<String, u64>, op: &str) -> u64 {
+    m.get(op).copied().unwrap_or(0)
 }

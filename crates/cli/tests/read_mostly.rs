@@ -163,11 +163,25 @@ fn a_change_to_a_read_mostly_file_is_seen_by_the_next_open_on_another_mount() {
     assert_eq!(code, 0, "{err}");
     std::fs::write(a.p("lib/libm.so"), b"version 1").unwrap();
     assert_eq!(std::fs::read(b.p("lib/libm.so")).unwrap(), b"version 1");
-    // B now holds the listing: a missing name is answered from it.
+    // B now holds the listing: a missing name is answered from it; and its kernel keeps
+    // the listing of the read-mostly directory from one opendir to the next.
     assert!(!b.p("lib/libn.so").exists());
+    let names = |m: &Mount| {
+        let mut v: Vec<String> =
+            std::fs::read_dir(m.p("lib")).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&b), ["libm.so"]);
+    assert_eq!(names(&b), ["libm.so"]);
     // Rewritten in place (same size) and a new file made, through A.
     std::fs::write(a.p("lib/libm.so"), b"version 2").unwrap();
     std::fs::write(a.p("lib/libn.so"), b"new").unwrap();
     assert_eq!(std::fs::read(b.p("lib/libm.so")).unwrap(), b"version 2", "close-to-open");
     assert_eq!(std::fs::read(b.p("lib/libn.so")).unwrap(), b"new", "the listing's lease was revoked");
+    // The next listing on B shows the new name (the directory changed: its cache is dropped
+    // at opendir), and one removed through A is gone from the one after.
+    assert_eq!(names(&b), ["libm.so", "libn.so"]);
+    std::fs::remove_file(a.p("lib/libm.so")).unwrap();
+    assert_eq!(names(&b), ["libn.so"]);
 }

@@ -466,6 +466,12 @@ impl Client {
         self.shared.attr_leases.expires(ino, Instant::now())
     }
 
+    /// Whether directory `dir` was marked read-mostly when this client last heard of it
+    /// (docs/loading.md).
+    pub fn is_read_mostly(&self, dir: Ino) -> bool {
+        self.shared.leases.is_read_mostly(dir)
+    }
+
     /// When the directory lease that answers lookups of `dir/name` ends, if one does.
     pub fn entry_lease_end(&self, dir: Ino, name: &str) -> Option<Instant> {
         self.shared.leases.answering(dir, name, Instant::now())
@@ -1236,10 +1242,8 @@ impl Client {
     /// `getattr` after a lookup answered from a directory lease).
     pub async fn lookup_ahead(&self, dir: Ino, name: &str) -> Result<Attr> {
         let now = Instant::now();
-        if let Some(Some((ino, _))) = self.shared.leases.lookup(dir, name, now) {
-            if let Some((a, _)) = self.shared.attr_leases.get(ino, now) {
-                return Ok(a);
-            }
+        if let Some(r) = self.leased_lookup(dir, name, now) {
+            return r;
         }
         let mut names = vec![name.to_string()];
         let window = self.shared.stat_ahead.window(dir, now);
@@ -1271,10 +1275,36 @@ impl Client {
         )
     }
 
-    /// Look up `dir/names[i]` as [`Client::lookup`] would (always asking the server), in one
+    /// What leases say of `dir/name`, exactly: absent under the directory's lease, or the
+    /// inode's attributes under its own (`None`: the servers must be asked).
+    fn leased_lookup(&self, dir: Ino, name: &str, now: Instant) -> Option<Result<Attr>> {
+        match self.shared.leases.lookup(dir, name, now)? {
+            None => Some(Err(Error::bare(Errno::ENOENT))),
+            Some((ino, _)) => self.shared.attr_leases.get(ino, now).map(|(a, _)| Ok(a)),
+        }
+    }
+
+    /// Look up `dir/names[i]` as [`Client::lookup`] would, fresh: from leases where they
+    /// answer exactly ([`Client::leased_lookup`]), the rest asked of the servers in one
     /// request per [`BATCH_MAX`] names; a result per name, in order.
     pub async fn lookup_many(&self, dir: Ino, names: &[String]) -> Result<Vec<Result<Attr>>> {
         let now = Instant::now();
+        let leased: Vec<Option<Result<Attr>>> = names.iter().map(|n| self.leased_lookup(dir, n, now)).collect();
+        let ask: Vec<String> = names.iter().zip(&leased).filter(|(_, l)| l.is_none()).map(|(n, _)| n.clone()).collect();
+        let mut asked = match ask.is_empty() {
+            true => Vec::new(),
+            false => self.lookup_many_asking(dir, &ask, now).await?,
+        }
+        .into_iter();
+        let out = names.iter().zip(leased).map(|(name, l)| match l {
+            Some(r) => r.map_err(|e| e.within(format_args!("lookup {name:?} in directory {dir}"))),
+            None => asked.next().expect("a reply per name asked"),
+        });
+        Ok(out.collect())
+    }
+
+    /// [`Client::lookup_many`] of names no lease answers: all asked of the servers.
+    async fn lookup_many_asking(&self, dir: Ino, names: &[String], now: Instant) -> Result<Vec<Result<Attr>>> {
         let ops = names.iter().map(|name| BatchOp::Lookup { dir, name: name.clone() });
         let replies =
             self.call_batch(dir, ops).await.map_err(|e| e.within(format_args!("lookup in directory {dir}")))?;

@@ -32,6 +32,7 @@
 use crate::convert::{self, errno, file_attr, raw};
 use crate::dircache::DirCache;
 use crate::kernel_cache::KernelCache;
+use crate::one_at_a_time::OneAtATime;
 use crate::options::MountOptions;
 use bytes::{Bytes, BytesMut};
 use fuser::{
@@ -132,6 +133,9 @@ struct DirStream {
     after: Option<String>,
     more: bool,
     parent: u64,
+    /// Marked read-mostly when opened: its entries' attributes are fetched one listing at
+    /// a time (`one_at_a_time.rs`).
+    read_mostly: bool,
     /// READDIRPLUS: attributes fetched for entries (by index) that did not fit in the
     /// kernel's last buffer, kept for its next call (which asks for them at once).
     plus: HashMap<usize, PlusEntry>,
@@ -170,6 +174,7 @@ pub(crate) struct Shared {
     /// last. The kernel's pages of the file were read since that open, so they are of that
     /// version or newer; an open that finds the same version lets the kernel keep them
     /// (`FOPEN_KEEP_CACHE`), any other open drops them, as every open of other files does.
+    /// The same for read-mostly directories and the kernel's cached listing of them.
     opened_version: Mutex<HashMap<u64, Version>>,
     /// Inodes known to have no `security.capability` attribute, and since when. The kernel
     /// asks for it before every write (to drop capabilities on write); this answers from
@@ -180,6 +185,9 @@ pub(crate) struct Shared {
     /// the client's stat-ahead (`Client::lookup_ahead`). At most [`SPECIALS_MAX`] (then
     /// forgotten all at once).
     walked: Mutex<HashMap<u64, (u64, String)>>,
+    /// Read-mostly directories being opened or listed: one fetch at a time each, so that the
+    /// processes of a job starting together ask the servers once (`one_at_a_time.rs`).
+    read_mostly_fetch: OneAtATime,
     /// Directory attributes, so that the kernel's permission checks after a change made
     /// through this mount cost no request (see `dircache.rs`).
     dir_attrs: DirCache,
@@ -250,6 +258,7 @@ impl Shared {
             opened_version: Mutex::new(HashMap::new()),
             no_caps: Mutex::new(HashMap::new()),
             walked: Mutex::new(HashMap::new()),
+            read_mostly_fetch: OneAtATime::default(),
             dir_attrs,
             notifier,
             kernel,
@@ -651,7 +660,7 @@ impl Shared {
         Ok((fh, ff))
     }
 
-    /// Whether read-mostly file `a` is opened at the version it was last opened at (and
+    /// Whether read-mostly file or directory `a` is opened at the version it was last opened at (and
     /// note this version for the next open).
     fn same_version_as_last_open(&self, a: &Attr) -> bool {
         let v: Version = (a.size, a.mtime.secs, a.mtime.nsecs, a.ctime.secs, a.ctime.nsecs);
@@ -930,11 +939,21 @@ impl Shared {
         Ok(done as u32)
     }
 
-    async fn opendir(&self, who: Who, ino: u64) -> Res<u64> {
+    /// Open directory `ino` for listing: the handle, and what the kernel may cache. A
+    /// read-mostly directory's listing is kept by the kernel (`FOPEN_CACHE_DIR`) from one
+    /// open to the next while the directory stays at the version of its last open
+    /// (`FOPEN_KEEP_CACHE`); any other version drops it, so a listing after a change made
+    /// anywhere shows it (close-to-open, as for files).
+    async fn opendir(&self, who: Who, ino: u64) -> Res<(u64, FopenFlags)> {
         let cred = convert::cred(who.uid, who.gid, who.pid);
         let user = self.root.with_cred(cred.clone());
+        let held = match self.root.is_read_mostly(Ino(ino)) {
+            true => Some(self.read_mostly_fetch.hold(ino).await),
+            false => None,
+        };
         let asked = Instant::now();
         let a = user.getattr_fresh(Ino(ino)).await.map_err(e)?;
+        drop(held);
         self.dir_attrs.fetched(&a, asked, None);
         if a.kind != FileKind::Dir {
             return Err(raw(libc::ENOTDIR));
@@ -950,10 +969,18 @@ impl Shared {
             after: None,
             more: true,
             parent: a.parent.map(|p| p.0).unwrap_or(ino),
+            read_mostly: a.read_mostly,
             plus: HashMap::new(),
         };
         self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
-        Ok(fh)
+        let mut ff = FopenFlags::empty();
+        if a.read_mostly {
+            ff |= FopenFlags::FOPEN_CACHE_DIR;
+            if self.same_version_as_last_open(&a) {
+                ff |= FopenFlags::FOPEN_KEEP_CACHE;
+            }
+        }
+        Ok((fh, ff))
     }
 
     /// The listing open as `fh`.
@@ -1077,6 +1104,11 @@ impl Shared {
             return;
         }
         let just_names: Vec<String> = names.iter().map(|(_, n)| n.clone()).collect();
+        // Read-mostly: one fetch at a time; the next is answered from the leases it left.
+        let _held = match s.read_mostly {
+            true => Some(self.read_mostly_fetch.hold(s.ino.0).await),
+            false => None,
+        };
         let found = match client.lookup_many(s.ino, &just_names).await {
             Ok(found) => found.into_iter().map(|r| r.map_err(|err| err.errno.0)).collect(),
             Err(err) => vec![Err(err.errno.0); names.len()],
@@ -1762,7 +1794,7 @@ impl Filesystem for ShoalFs {
         let who = Who::of(req);
         self.spawn("opendir", move |sh| async move {
             match sh.opendir(who, ino.0).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Ok((fh, ff)) => reply.opened(FileHandle(fh), ff),
                 Err(err) => reply.error(err),
             }
         });

@@ -21,6 +21,7 @@ mod dircache;
 mod fs;
 mod kernel_cache;
 mod metrics;
+mod one_at_a_time;
 mod options;
 
 pub use options::MountOptions;

@@ -106,8 +106,20 @@ pub fn to_mark_down(doc: &MapDoc, me: u32, heard: &Heard, now: Instant) -> Vec<u
                 && silent >= refused_after
                 && heard.refusing_for(id, now).is_some_and(|r| r >= refused_after))
     };
-    let silent: Vec<u32> =
-        map.servers.iter().filter(|s| s.id != me && s.state == ServerState::Up && dead(s.id)).map(|s| s.id).collect();
+    // A slot switching to another server (`moving_to`, server/src/moves.rs step 3) stops
+    // answering on purpose while its process closes it and commits the switch, which takes
+    // seconds when requests still hold its stores. Meanwhile it is judged by the process
+    // serving it: while that lives, the move either commits or serves the slot there again.
+    let judged = |s: &shoal_placement::ServerEntry| match s.moving_to {
+        Some(_) => map.serving_process(s.server_id()).0,
+        None => s.id,
+    };
+    let silent: Vec<u32> = map
+        .servers
+        .iter()
+        .filter(|s| s.id != me && s.state == ServerState::Up && judged(s) != me && dead(judged(s)))
+        .map(|s| s.id)
+        .collect();
     if silent.is_empty() {
         return silent;
     }
@@ -277,6 +289,44 @@ mod tests {
         assert_eq!(to_mark_down(&off, 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
         // And with one copy (nothing to fail over to).
         assert_eq!(to_mark_down(&doc(5), 0, &heard, t0 + Duration::from_millis(2000)), Vec::<u32>::new());
+    }
+
+    /// CI of stop 44: a slot whose switch took 2.9 s (requests held its stores) was marked
+    /// down by its refused port after 1 s, and its move was lost to a failover.
+    #[test]
+    fn a_slot_switching_to_another_server_is_judged_by_the_process_serving_it() {
+        let mut m = ClusterMap::local(3, 7000, Path::new("/tmp"));
+        m.cluster.replicas = 2;
+        m.add_spare_slots(6);
+        let slot = m.servers.iter().find(|e| e.host == Some(1)).unwrap().id;
+        m.servers.iter_mut().find(|e| e.id == slot).unwrap().moving_to = Some(2);
+        let d = MapDoc::new(m.to_toml()).unwrap();
+        let heard = Heard::default();
+        let t0 = Instant::now();
+        heard.reset(d.map().unwrap().servers.iter().map(|s| s.id));
+        let all_but = |ids: &[u32], at: Instant| {
+            for s in d.map().unwrap().servers.iter().filter(|s| !ids.contains(&s.id)) {
+                heard.last.lock().insert(s.id, at);
+            }
+        };
+        // The slot refuses and is silent for 5 s; its host answers: not marked.
+        heard.answered.lock().insert(slot);
+        heard.refused.lock().insert(slot, t0);
+        let later = t0 + Duration::from_secs(5);
+        all_but(&[slot], later);
+        assert_eq!(to_mark_down(&d, 0, &heard, later), Vec::<u32>::new());
+        // Its host silent as well: both are.
+        all_but(&[slot, 1], later);
+        heard.last.lock().insert(1, t0);
+        let mut want = vec![1, slot];
+        want.sort();
+        assert_eq!(to_mark_down(&d, 0, &heard, later), want);
+        // Not moving: judged by itself, as before.
+        let mut still = d.map().unwrap();
+        still.servers.iter_mut().find(|e| e.id == slot).unwrap().moving_to = None;
+        let still = MapDoc::new(still.to_toml()).unwrap();
+        heard.last.lock().insert(1, later);
+        assert_eq!(to_mark_down(&still, 0, &heard, later), vec![slot]);
     }
 
     #[test]

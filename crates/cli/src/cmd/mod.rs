@@ -12,6 +12,7 @@ pub mod job;
 pub mod keygen;
 pub mod map;
 pub mod mount;
+pub mod preload;
 pub mod readmostly;
 pub mod scrub;
 pub mod server;
