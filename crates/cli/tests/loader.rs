@@ -199,3 +199,68 @@ fn preload_warms_a_mount_so_that_its_libraries_are_read_without_requests() {
 fn count(m: &BTreeMap<String, u64>, op: &str) -> u64 {
     m.get(op).copied().unwrap_or(0)
 }
+
+/// Python's imports from a read-mostly tree on Shoal: `P` interpreters per mount import
+/// `LIBS` modules found through a `DIRS`-entry `PYTHONPATH`. Python's own path finder lists
+/// each path entry once per process and answers every module name, missing ones included,
+/// from that listing; on a mount the kernel keeps the listings of read-mostly directories
+/// and the pages of read-mostly files, so the servers' work does not grow with the
+/// processes of a mount: it is measured with one interpreter per mount, then four.
+#[test]
+fn python_imports_from_a_read_mostly_tree_cost_the_same_for_one_or_four_processes_per_mount() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start_with_server_args(2, &["--lease-max-ms", "120000"]);
+    let writer = Mount::new(&c, &["dir_lease=60"]);
+    std::fs::create_dir(writer.p("py")).unwrap();
+    let (code, _, err) = c.shoal(&["readmostly", "/py"]);
+    assert_eq!(code, 0, "{err}");
+    let home = |i: usize| DIRS / 2 + i % (DIRS / 2);
+    for d in 0..DIRS {
+        std::fs::create_dir(writer.p(&format!("py/d{d:02}"))).unwrap();
+    }
+    let mut script = String::from("s = 0\n");
+    for i in 0..LIBS {
+        let body = format!("VALUE = {i}\n") + &"# a realistic module has some text\n".repeat(200);
+        std::fs::write(writer.p(&format!("py/d{:02}/shoalmod{i}.py", home(i))), body).unwrap();
+        script += &format!("import shoalmod{i}\ns += shoalmod{i}.VALUE\n");
+    }
+    script += "print('sum=%d' % s)\n";
+
+    // Each round on fresh mounts (standing for fresh nodes), with `per_mount` interpreters on each.
+    let round = |per_mount: usize| {
+        let mounts: Vec<Mount> = (0..2).map(|_| Mount::new(&c, &["dir_lease=60"])).collect();
+        let before = c.ops();
+        let mut running = Vec::new();
+        for m in &mounts {
+            let path: Vec<String> = (0..DIRS).map(|d| m.p(&format!("py/d{d:02}")).display().to_string()).collect();
+            for _ in 0..per_mount {
+                let child = Command::new("python3")
+                    .args(["-S", "-c", &script])
+                    .env("PYTHONPATH", path.join(":"))
+                    // Nothing is written into the tree (sites precompile when they install).
+                    .env("PYTHONDONTWRITEBYTECODE", "1")
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                running.push(child);
+            }
+        }
+        for child in running {
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("sum={}", (0..LIBS).sum::<usize>()));
+        }
+        let after = c.ops();
+        let total: u64 = after.iter().map(|(op, n)| n - count(&before, op)).sum();
+        let spent: BTreeMap<&String, u64> =
+            after.iter().map(|(op, n)| (op, n - count(&before, op))).filter(|(_, n)| *n > 0).collect();
+        eprintln!("python: {per_mount} per mount on 2 mounts: {total} requests {spent:?}");
+        total
+    };
+    let one = round(1);
+    let four = round(4);
+    assert!(four as f64 <= one as f64 * 1.1, "{four} requests with 4 interpreters per mount, {one} with 1");
+}

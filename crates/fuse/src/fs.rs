@@ -1002,6 +1002,11 @@ impl Shared {
     /// Make entry `idx` of `s` loaded if the directory has that many (pages fetched as the
     /// reader gets there).
     async fn load_entry(&self, client: &Client, s: &mut DirStream, idx: usize) -> Res<()> {
+        // Read-mostly: one listing at a time; the next is answered from the one it cached.
+        let _held = match s.read_mostly && idx >= s.entries.len() && s.more {
+            true => Some(self.read_mostly_fetch.hold(s.ino.0).await),
+            false => None,
+        };
         while idx >= s.entries.len() && s.more {
             let (page, more) = client.readdir_page(s.ino, s.after.clone(), READDIR_PAGE).await.map_err(e)?;
             s.more = more && !page.is_empty();
