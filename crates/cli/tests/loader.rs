@@ -25,20 +25,25 @@ fn gcc(args: &[&str], cwd: &Path) {
 /// `LIBS` shared libraries `libshoalN.so` (function `fN` returns N) and a program linked
 /// against all of them, built in `dir`.
 fn build_program(dir: &Path) {
+    build_program_of(dir, LIBS)
+}
+
+/// As [`build_program`], with `libs` libraries.
+fn build_program_of(dir: &Path, libs: usize) {
     let mut main = String::from("#include <stdio.h>\n");
-    for i in 0..LIBS {
+    for i in 0..libs {
         std::fs::write(dir.join(format!("l{i}.c")), format!("int f{i}(void) {{ return {i}; }}\n")).unwrap();
         gcc(&["-shared", "-fPIC", "-o", &format!("libshoal{i}.so"), &format!("l{i}.c")], dir);
         main += &format!("int f{i}(void);\n");
     }
     main += "int main(void) { int s = 0;\n";
-    for i in 0..LIBS {
+    for i in 0..libs {
         main += &format!("  s += f{i}();\n");
     }
     main += "  printf(\"sum=%d\\n\", s); return 0; }\n";
     std::fs::write(dir.join("main.c"), main).unwrap();
     let mut args = vec!["-o".to_string(), "main".into(), "main.c".into(), "-L.".into()];
-    args.extend((0..LIBS).map(|i| format!("-lshoal{i}")));
+    args.extend((0..libs).map(|i| format!("-lshoal{i}")));
     gcc(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir);
 }
 
@@ -263,4 +268,109 @@ fn python_imports_from_a_read_mostly_tree_cost_the_same_for_one_or_four_processe
     let one = round(1);
     let four = round(4);
     assert!(four as f64 <= one as f64 * 1.1, "{four} requests with 4 interpreters per mount, {one} with 1");
+}
+
+/// Libraries of the coop test: enough that what each mount asks outside the read-mostly
+/// tree (the mount's root, the look-up of `/lib`: 3 requests a mount, not shared by design)
+/// stays a small part of the count, as in a real job (the case is 200).
+const COOP_LIBS: usize = 40;
+
+/// Requests the servers answered from clients while `f` ran, less those of the counting.
+fn requests_during(c: &Cluster, f: impl FnOnce()) -> (u64, BTreeMap<String, u64>) {
+    let r0 = c.client_requests();
+    let counting = c.client_requests() - r0;
+    let (r0, before) = (c.client_requests(), c.ops());
+    f();
+    let after = c.ops();
+    let n = c.client_requests() - r0 - 2 * counting;
+    let by_op = after.iter().map(|(op, n)| (op.clone(), n - count(&before, op))).filter(|(_, n)| *n > 0).collect();
+    (n, by_op)
+}
+
+/// Mounts of `c` in one coop group (docs/loading.md, "Cooperative reads"), each with `extra`
+/// options, on free ports of 127.0.0.1.
+fn coop_group(c: &Cluster, n: usize, extra: &[&str]) -> (tempfile::TempDir, Vec<Mount>) {
+    let dir = tempfile::tempdir().unwrap();
+    let members = dir.path().join("members");
+    let addrs: Vec<String> = common::free_ports(n).iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    std::fs::write(&members, addrs.join("\n")).unwrap();
+    let mounts = addrs
+        .iter()
+        .map(|a| {
+            let mut opts = vec![format!("coop={}", members.display()), format!("coop_addr={a}")];
+            opts.extend(extra.iter().map(|o| o.to_string()));
+            Mount::new(c, &opts.iter().map(String::as_str).collect::<Vec<_>>())
+        })
+        .collect();
+    (dir, mounts)
+}
+
+/// The start above on 4 mounts in one coop group: each read-mostly object is asked of the
+/// servers by its designated mount only, so the servers' work is about that of one mount.
+/// Then a change to a read-mostly file is seen by the next open on every mount of the group.
+#[test]
+fn four_mounts_in_a_coop_group_cost_the_servers_about_one_mount() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start_with_server_args(2, &["--lease-max-ms", "120000"]);
+    let writer = Mount::new(&c, &["dir_lease=60"]);
+    let local = tempfile::tempdir().unwrap();
+    build_program_of(local.path(), COOP_LIBS);
+    std::fs::create_dir(writer.p("lib")).unwrap();
+    let (code, _, err) = c.shoal(&["readmostly", "/lib"]);
+    assert_eq!(code, 0, "{err}");
+    let home = |i: usize| DIRS / 2 + i % (DIRS / 2);
+    for d in 0..DIRS {
+        std::fs::create_dir(writer.p(&format!("lib/d{d:02}"))).unwrap();
+    }
+    for i in 0..COOP_LIBS {
+        let name = format!("libshoal{i}.so");
+        std::fs::copy(local.path().join(&name), writer.p(&format!("lib/d{:02}/{name}", home(i)))).unwrap();
+    }
+    std::fs::write(writer.p("lib/d10/input.txt"), "first version\n").unwrap();
+    let run = |mounts: &[Mount]| {
+        requests_during(&c, || {
+            let audit = audit_library();
+            let mut running = Vec::new();
+            for m in mounts {
+                let path: Vec<String> = (0..DIRS).map(|d| m.p(&format!("lib/d{d:02}")).display().to_string()).collect();
+                for _ in 0..PER_MOUNT {
+                    let child = Command::new(local.path().join("main"))
+                        .env("LD_LIBRARY_PATH", path.join(":"))
+                        .env("LD_AUDIT", &audit)
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::piped())
+                        .spawn()
+                        .unwrap();
+                    running.push(child);
+                }
+            }
+            for child in running {
+                let out = child.wait_with_output().unwrap();
+                assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+                let want = format!("sum={}", (0..COOP_LIBS).sum::<usize>());
+                assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), want);
+            }
+        })
+    };
+    // Kept mounted to the end: an unmounted client's leases are waited out by the next
+    // writer (they are not given up at unmount), and the test writes below.
+    let single = Mount::new(&c, &["dir_lease=60"]);
+    let (one, one_ops) = run(std::slice::from_ref(&single));
+    let (_members, group) = coop_group(&c, MOUNTS, &["dir_lease=60"]);
+    let (four, four_ops) = run(&group);
+    eprintln!("one mount: {one} requests {one_ops:?}\n4 mounts in a coop group: {four} requests {four_ops:?}");
+    assert!(four as f64 <= 1.1 * one as f64, "one mount {one} {one_ops:?}, four in a group {four} {four_ops:?}");
+
+    // Close-to-open: the next open on each mount of the group reads the new version.
+    for m in &group {
+        assert_eq!(std::fs::read_to_string(m.p("lib/d10/input.txt")).unwrap(), "first version\n");
+    }
+    if let Err(e) = std::fs::write(writer.p("lib/d10/input.txt"), "second, longer version\n") {
+        panic!("{e}\n{}", writer.log_text());
+    }
+    for m in &group {
+        assert_eq!(std::fs::read_to_string(m.p("lib/d10/input.txt")).unwrap(), "second, longer version\n");
+    }
 }

@@ -526,6 +526,8 @@ impl Client {
 
     /// As [`Client::call`], also naming the server that answered.
     pub(crate) async fn call_at(&self, to: To, op: Op, data: Bytes) -> Result<(Reply, Bytes, ServerId)> {
+        // One line per request (`SHOAL_LOG=shoal_client::request=debug`): what a mount asks.
+        tracing::debug!(target: "shoal_client::request", "{op:?}");
         if !self.shared.attr_leases.enabled() {
             let r = self.call_entries(to, op, data).await;
             if let Ok((reply, _, _)) = &r {

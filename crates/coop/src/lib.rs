@@ -186,9 +186,10 @@ impl Coop {
         &self.inner.group
     }
 
-    /// The attributes of `ino` now.
-    pub async fn attr(&self, ino: Ino) -> Result<Attr, Failure> {
-        match self.inner.get(Key::Attr { ino }, self.inner.wait).await? {
+    /// The attributes of `ino` now (`dir`: the directory it was found in, if known; see
+    /// [`Key`]).
+    pub async fn attr(&self, ino: Ino, dir: Option<Ino>) -> Result<Attr, Failure> {
+        match self.inner.get(Key::Attr { ino, dir }, self.inner.wait).await? {
             Value::Attr(a) => Ok(a),
             other => Err(mismatch(&other)),
         }
@@ -203,9 +204,9 @@ impl Coop {
     }
 
     /// Bytes `index * PIECE ..` of `ino` at `version` (fewer at its end; ESTALE if the
-    /// file is no longer at that version).
-    pub async fn piece(&self, ino: Ino, version: Version, index: u64) -> Result<Bytes, Failure> {
-        match self.inner.get(Key::Piece { ino, version, index }, self.inner.wait).await? {
+    /// file is no longer at that version; `dir` as for [`Coop::attr`]).
+    pub async fn piece(&self, ino: Ino, version: Version, index: u64, dir: Option<Ino>) -> Result<Bytes, Failure> {
+        match self.inner.get(Key::Piece { ino, version, index, dir }, self.inner.wait).await? {
             Value::Piece(b) => Ok(b),
             other => Err(mismatch(&other)),
         }
@@ -291,9 +292,9 @@ impl Inner {
 
     async fn ask_servers(&self, key: &Key) -> Got {
         match key {
-            Key::Attr { ino } => self.source.attr(*ino).await.map(Value::Attr),
+            Key::Attr { ino, .. } => self.source.attr(*ino).await.map(Value::Attr),
             Key::Listing { dir } => self.source.listing(*dir).await.map(|l| Value::Listing(Arc::new(l))),
-            Key::Piece { ino, version, index } => self.source.piece(*ino, *version, *index).await.map(Value::Piece),
+            Key::Piece { ino, version, index, .. } => self.source.piece(*ino, *version, *index).await.map(Value::Piece),
         }
     }
 }

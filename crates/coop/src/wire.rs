@@ -71,22 +71,31 @@ impl Version {
 }
 
 /// What is asked of a member.
+///
+/// `dir`, where the asker knows it: the directory the inode was found in. The designated
+/// reader of that directory's listing is then also the one of the inode's attributes and of
+/// its first piece: listing the directory left it holding leases on the entries'
+/// attributes, so it answers them, and checks a small file's version, without a request.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Key {
     /// An inode's attributes, as they are now.
-    Attr { ino: Ino },
+    Attr { ino: Ino, dir: Option<Ino> },
     /// A directory's entries with their attributes, as they are now.
     Listing { dir: Ino },
     /// Bytes `index * PIECE ..` of file `ino` at `version` (fewer at its end).
-    Piece { ino: Ino, version: Version, index: u64 },
+    Piece { ino: Ino, version: Version, index: u64, dir: Option<Ino> },
 }
 
 impl Key {
-    /// The hash that picks the object's designated reader: an inode's attributes and
-    /// listing have one; a file's pieces are spread over the members.
+    /// The hash that picks the object's designated reader: a directory's listing, its
+    /// entries' attributes and their first pieces have one (see `dir`); the other pieces of
+    /// a file are spread over the members.
     pub fn hash(&self) -> u64 {
+        const WHOLE: u64 = u64::MAX;
         let (ino, salt) = match self {
-            Key::Attr { ino } | Key::Listing { dir: ino } => (ino.0, u64::MAX),
+            Key::Attr { dir: Some(dir), .. } | Key::Listing { dir } => (dir.0, WHOLE),
+            Key::Piece { dir: Some(dir), index: 0, .. } => (dir.0, WHOLE),
+            Key::Attr { ino, dir: None } => (ino.0, WHOLE),
             Key::Piece { ino, index, .. } => (ino.0, *index),
         };
         xxhash_rust::xxh3::xxh3_64(&[ino.to_le_bytes(), salt.to_le_bytes()].concat())
@@ -270,7 +279,18 @@ mod tests {
         assert!(body::<Ask>(&back, OP_HELLO).is_err());
         let v = Version { size: 10 << 20, mtime: (1, 2), ctime: (1, 2) };
         let roots: std::collections::HashSet<u64> =
-            (0..10).map(|i| Key::Piece { ino: Ino(1), version: v, index: i }.hash() % 4).collect();
+            (0..10).map(|i| Key::Piece { ino: Ino(1), version: v, index: i, dir: None }.hash() % 4).collect();
         assert!(roots.len() > 1, "a file's pieces have several designated readers");
+    }
+
+    #[test]
+    fn a_directory_s_listing_entries_and_first_pieces_share_a_reader() {
+        let (dir, file) = (Some(Ino(5)), Ino(9));
+        let v = Version { size: 3 << 20, mtime: (1, 2), ctime: (1, 2) };
+        let listing = Key::Listing { dir: Ino(5) }.hash();
+        assert_eq!(Key::Attr { ino: file, dir }.hash(), listing);
+        assert_eq!(Key::Piece { ino: file, version: v, index: 0, dir }.hash(), listing);
+        assert_ne!(Key::Piece { ino: file, version: v, index: 1, dir }.hash(), listing);
+        assert_ne!(Key::Attr { ino: file, dir: None }.hash(), listing);
     }
 }

@@ -126,10 +126,10 @@ fn server_calls(sources: &[Arc<Counting>]) -> u64 {
 /// Every member asks for everything at once: attributes, the listing, and all five pieces.
 async fn everyone_loads(members: &[Coop]) {
     let all = members.iter().map(|m| async move {
-        assert_eq!(m.attr(FILE).await.unwrap().size, SIZE);
+        assert_eq!(m.attr(FILE, None).await.unwrap().size, SIZE);
         assert_eq!(m.listing(DIR).await.unwrap()[0].name, "lib.so");
         for i in 0..5 {
-            assert_eq!(m.piece(FILE, version(), i).await.unwrap(), piece_bytes(i), "piece {i}");
+            assert_eq!(m.piece(FILE, version(), i, None).await.unwrap(), piece_bytes(i), "piece {i}");
         }
     });
     futures::future::join_all(all).await;
@@ -152,14 +152,14 @@ async fn sixteen_members_ask_the_servers_once_per_object() {
     let before = server_calls(&sources);
     for m in &members {
         for i in 0..5 {
-            m.piece(FILE, version(), i).await.unwrap();
+            m.piece(FILE, version(), i, None).await.unwrap();
         }
     }
     assert_eq!(server_calls(&sources), before);
     // A version the file is not at: ESTALE, passed down as it is.
     let old = Version { size: 1, ..version() };
-    assert_eq!(members[3].piece(FILE, old, 0).await.unwrap_err().errno, Errno::ESTALE);
-    assert_eq!(members[5].attr(Ino(99)).await.unwrap_err().errno, Errno::ENOENT);
+    assert_eq!(members[3].piece(FILE, old, 0, None).await.unwrap_err().errno, Errno::ESTALE);
+    assert_eq!(members[5].attr(Ino(99), None).await.unwrap_err().errno, Errno::ENOENT);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,12 +169,12 @@ async fn a_killed_member_delays_the_others_by_at_most_one_wait() {
     // Kill the designated reader of the file's attributes mid-job: its listener and its
     // connections go away, as with kill -9.
     everyone_loads(&members[..2]).await;
-    let dead = members[0].group().root(shoal_coop::wire::Key::Attr { ino: FILE }.hash());
+    let dead = members[0].group().root(shoal_coop::wire::Key::Attr { ino: FILE, dir: None }.hash());
     drop(members.remove(dead));
     let mut slow = Duration::ZERO;
     for m in &members {
         let t = Instant::now();
-        assert_eq!(m.attr(FILE).await.unwrap().size, SIZE);
+        assert_eq!(m.attr(FILE, None).await.unwrap().size, SIZE);
         slow = slow.max(t.elapsed());
     }
     everyone_loads(&members).await;
@@ -200,13 +200,15 @@ async fn a_hung_member_costs_one_wait_and_is_then_left_alone() {
     }
     // Inodes whose designated reader is the hung member are among these (the answers are
     // "no such inode" from the servers for most: answers all the same).
-    assert!((0..16).any(|k| members[0].group().root(shoal_coop::wire::Key::Attr { ino: Ino(k) }.hash()) == 3));
+    assert!(
+        (0..16).any(|k| members[0].group().root(shoal_coop::wire::Key::Attr { ino: Ino(k), dir: None }.hash()) == 3)
+    );
     let mut slow = Duration::ZERO;
     // Within the time a failed member is left alone (`peer::SHUN_FOR`).
     for k in 0..16 {
         for m in &members {
             let t = Instant::now();
-            let _ = m.attr(Ino(k)).await;
+            let _ = m.attr(Ino(k), None).await;
             slow = slow.max(t.elapsed());
         }
     }
@@ -227,7 +229,7 @@ async fn members_without_the_host_key_or_of_another_group_are_not_answered() {
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     // Whoever is not the designated reader asks the other, is refused, and asks its servers.
     for m in [&a, &b] {
-        assert_eq!(m.attr(FILE).await.unwrap().size, SIZE);
+        assert_eq!(m.attr(FILE, None).await.unwrap().size, SIZE);
     }
     assert_eq!(a.stats().answered + b.stats().answered, 0, "nothing answered across keys");
     assert_eq!(a.stats().fell_back + b.stats().fell_back, 1);

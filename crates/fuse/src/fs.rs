@@ -123,6 +123,9 @@ struct Fh {
     /// Opened with O_APPEND: every write goes to the end of the file as the servers know
     /// it, whatever offset the kernel sends (see [`Shared::write`]).
     append: bool,
+    /// Read-only descriptor of a read-mostly file on a mount in a coop group: its reads are
+    /// pieces asked of the group, at the version the file was opened at.
+    coop: bool,
 }
 
 /// A directory being listed: pages fetched so far, `.` and `..` first.
@@ -136,6 +139,9 @@ struct DirStream {
     /// Marked read-mostly when opened: its entries' attributes are fetched one listing at
     /// a time (`one_at_a_time.rs`).
     read_mostly: bool,
+    /// Read-mostly and listed through the coop group: every entry's attributes, by name
+    /// (READDIRPLUS answers from them).
+    coop_attrs: HashMap<String, Attr>,
     /// READDIRPLUS: attributes fetched for entries (by index) that did not fit in the
     /// kernel's last buffer, kept for its next call (which asks for them at once).
     plus: HashMap<usize, PlusEntry>,
@@ -191,6 +197,15 @@ pub(crate) struct Shared {
     /// Directory attributes, so that the kernel's permission checks after a change made
     /// through this mount cost no request (see `dircache.rs`).
     dir_attrs: DirCache,
+    /// This mount's member of its coop group, if it is in one (`coop=`): read-mostly
+    /// inodes' attributes, listings and pieces are asked of the group (docs/loading.md).
+    pub(crate) coop: std::sync::OnceLock<shoal_coop::Coop>,
+    /// Inodes seen marked read-mostly (in any attributes given to the kernel): the ones the
+    /// coop group is asked about. At most [`SPECIALS_MAX`] (then forgotten all at once).
+    read_mostly_seen: Mutex<std::collections::HashSet<u64>>,
+    /// Read-only descriptors of read-mostly files opened through the coop group: the file's
+    /// attributes at the open, no server open (its reads are pieces asked of the group).
+    coop_handles: Mutex<HashMap<u64, Attr>>,
     /// Set once the session exists: lets the mount invalidate the kernel's caches.
     pub(crate) notifier: Arc<std::sync::OnceLock<fuser::Notifier>>,
     /// How long the kernel may keep names and attributes, under leases; their invalidation
@@ -238,6 +253,37 @@ fn e(err: Error) -> fuser::Errno {
     errno(&err)
 }
 
+/// Bytes `offset..offset + len` of file `a` (at its version) from the coop group's pieces.
+/// `dir`: the directory the file was found in (see `shoal_coop::wire::Key`).
+async fn coop_read(
+    coop: &shoal_coop::Coop,
+    a: &Attr,
+    dir: Option<Ino>,
+    offset: u64,
+    len: u64,
+) -> Result<Bytes, shoal_coop::Failure> {
+    let version = shoal_coop::wire::Version::of(a);
+    let end = offset.saturating_add(len).min(a.size);
+    if offset >= end {
+        return Ok(Bytes::new());
+    }
+    let (first, last) = (offset / shoal_coop::PIECE, (end - 1) / shoal_coop::PIECE);
+    let pieces = futures::future::try_join_all((first..=last).map(|i| coop.piece(a.ino, version, i, dir))).await?;
+    let mut out = bytes::BytesMut::with_capacity((end - offset) as usize);
+    for (i, p) in (first..=last).zip(pieces) {
+        let base = i * shoal_coop::PIECE;
+        let from = offset.saturating_sub(base).min(p.len() as u64) as usize;
+        let to = (end - base).min(p.len() as u64) as usize;
+        out.extend_from_slice(&p[from..to.max(from)]);
+    }
+    Ok(out.freeze())
+}
+
+/// A coop group's failure as a client error (its errno, its reason).
+fn coop_error(f: shoal_coop::Failure) -> Error {
+    Error::new(f.errno, f.why)
+}
+
 impl Shared {
     pub(crate) fn new(root: Client, opts: MountOptions) -> Arc<Shared> {
         let dir_attrs = DirCache::new(opts.attr_timeout);
@@ -259,6 +305,9 @@ impl Shared {
             no_caps: Mutex::new(HashMap::new()),
             walked: Mutex::new(HashMap::new()),
             read_mostly_fetch: OneAtATime::default(),
+            coop: std::sync::OnceLock::new(),
+            read_mostly_seen: Mutex::new(std::collections::HashSet::new()),
+            coop_handles: Mutex::new(HashMap::new()),
             dir_attrs,
             notifier,
             kernel,
@@ -319,7 +368,42 @@ impl Shared {
     }
 
     /// The attributes the kernel gets for `a`.
+    /// The coop group, when `ino` is read-mostly and this mount is in a group.
+    fn coop_for(&self, ino: u64) -> Option<&shoal_coop::Coop> {
+        let coop = self.coop.get()?;
+        (self.root.is_read_mostly(Ino(ino)) || self.read_mostly_seen.lock().contains(&ino)).then_some(coop)
+    }
+
+    /// Remember whether `a` is marked read-mostly (see `read_mostly_seen`).
+    fn note_read_mostly(&self, a: &Attr) {
+        if self.coop.get().is_none() {
+            return;
+        }
+        let mut seen = self.read_mostly_seen.lock();
+        if !a.read_mostly {
+            seen.remove(&a.ino.0);
+            return;
+        }
+        if seen.len() >= SPECIALS_MAX {
+            seen.clear();
+        }
+        seen.insert(a.ino.0);
+    }
+
+    /// `dir/name` from the coop group's listing of read-mostly directory `dir`.
+    async fn coop_lookup(&self, coop: &shoal_coop::Coop, dir: u64, name: &str) -> Result<Attr, Error> {
+        let listing = coop.listing(Ino(dir)).await.map_err(coop_error)?;
+        for n in listing.iter() {
+            self.note_read_mostly(&n.attr);
+        }
+        match listing.iter().find(|n| n.name == name) {
+            Some(n) => Ok(n.attr.clone()),
+            None => Err(Error::new(shoal_client::Errno::ENOENT, format!("lookup {name:?} in directory {dir}"))),
+        }
+    }
+
     async fn present(&self, a: Attr) -> fuser::FileAttr {
+        self.note_read_mostly(&a);
         let special = self.special_of(a.ino, a.kind).await;
         let a = self.merged(a);
         if a.kind == FileKind::File {
@@ -500,6 +584,11 @@ impl Shared {
             n.size_hint.fetch_max(a.size, Ordering::Relaxed);
             return Ok(a);
         }
+        // Read-mostly on a mount in a coop group: asked of the group (before the servers
+        // are asked any other way).
+        if let Some(coop) = self.coop_for(ino) {
+            return coop.attr(Ino(ino), self.found_in(ino)).await.map_err(|f| e(coop_error(f)));
+        }
         // An inode the kernel was given by name without attributes: by name, with the
         // names around it (`Client::lookup_ahead`).
         let walked = self.walked.lock().get(&ino).cloned();
@@ -513,6 +602,12 @@ impl Shared {
             }
         }
         self.user(who).getattr_fresh(Ino(ino)).await.map_err(e)
+    }
+
+    /// The directory the kernel last found `ino` in, if known (`walked`): its coop
+    /// questions go to that directory's reader (`shoal_coop::wire::Key`).
+    fn found_in(&self, ino: u64) -> Option<Ino> {
+        self.walked.lock().get(&ino).map(|(dir, _)| Ino(*dir))
     }
 
     /// Remember that the kernel knows `ino` as `dir/name` (see `walked`).
@@ -632,9 +727,12 @@ impl Shared {
         if flags & libc::O_TRUNC != 0 {
             mask |= 2;
         }
+        let cred = convert::cred(who.uid, who.gid, who.pid);
+        if let Some(fh) = self.coop_open(ino, flags, &cred, mask).await {
+            return Ok(fh);
+        }
         let node = self.acquire(Ino(ino)).await.map_err(e)?;
         let attr = node.file.attr();
-        let cred = convert::cred(who.uid, who.gid, who.pid);
         if !convert::may_access(&attr, &cred, mask) {
             if let Err(err) = self.root.with_cred(cred).access(Ino(ino), mask).await {
                 self.drop_open(&node, Ino(ino)).await;
@@ -656,8 +754,39 @@ impl Shared {
             ff |= FopenFlags::FOPEN_KEEP_CACHE;
         }
         let fh = self.new_fh();
-        self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
+        let coop = acc == libc::O_RDONLY && attr.read_mostly && self.coop.get().is_some();
+        self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0, coop });
         Ok((fh, ff))
+    }
+
+    /// A read-only open of a read-mostly file through the coop group: its attributes from
+    /// the group (as they are now: close-to-open), no server open. `None`: open it as usual.
+    async fn coop_open(&self, ino: u64, flags: i32, cred: &Cred, mask: u32) -> Option<(u64, FopenFlags)> {
+        if flags & libc::O_ACCMODE != libc::O_RDONLY || flags & (libc::O_TRUNC | libc::O_APPEND) != 0 {
+            return None;
+        }
+        let coop = self.coop_for(ino)?;
+        let a = coop.attr(Ino(ino), self.found_in(ino)).await.ok()?;
+        if a.kind != FileKind::File || !a.read_mostly || !convert::may_access(&a, cred, mask) {
+            return None;
+        }
+        let mut ff = self.fopen_flags() | FopenFlags::FOPEN_NOFLUSH;
+        if self.same_version_as_last_open(&a) {
+            ff |= FopenFlags::FOPEN_KEEP_CACHE;
+        }
+        let fh = self.new_fh();
+        self.coop_handles.lock().insert(fh, a);
+        Some((fh, ff))
+    }
+
+    /// A coop descriptor (`coop_open`) made an ordinary one, with a server open, for what
+    /// the group cannot serve.
+    async fn coop_to_node(&self, fh: FileHandle) -> Res<()> {
+        let Some(a) = self.coop_handles.lock().get(&fh.0).cloned() else { return Ok(()) };
+        let node = self.acquire(a.ino).await.map_err(e)?;
+        self.coop_handles.lock().remove(&fh.0);
+        self.fhs.lock().insert(fh.0, Fh { node, append: false, coop: false });
+        Ok(())
     }
 
     /// Whether read-mostly file or directory `a` is opened at the version it was last opened at (and
@@ -733,7 +862,7 @@ impl Shared {
                 let node = self.acquire_created(&a).map_err(e)?;
                 let ff = self.open_flags_for(&node.file, flags);
                 let fh = self.new_fh();
-                self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0 });
+                self.fhs.lock().insert(fh, Fh { node, append: flags & libc::O_APPEND != 0, coop: false });
                 Ok((a, fh, ff))
             }
             Err(err) if err.errno.0 == libc::EEXIST && flags & libc::O_EXCL == 0 => {
@@ -759,7 +888,26 @@ impl Shared {
     }
 
     async fn read(&self, fh: FileHandle, offset: u64, size: u32) -> Res<Bytes> {
+        let coop_handle = self.coop_handles.lock().get(&fh.0).cloned();
+        if let (Some(a), Some(coop)) = (coop_handle, self.coop.get()) {
+            if let Ok(data) = coop_read(coop, &a, self.found_in(a.ino.0), offset, size as u64).await {
+                self.metrics.read(data.len());
+                return Ok(data);
+            }
+            // The group cannot serve it (the file changed, members gone): the servers.
+            self.coop_to_node(fh).await?;
+        }
+        let by_coop = self.fhs.lock().get(&fh.0).is_some_and(|f| f.coop);
         let n = self.fh(fh)?;
+        if let (true, Some(coop)) = (by_coop, self.coop.get()) {
+            // Any failure of the group (the file changed, a member gone): the servers.
+            if let Ok(data) =
+                coop_read(coop, &n.file.attr(), self.found_in(n.file.attr().ino.0), offset, size as u64).await
+            {
+                self.metrics.read(data.len());
+                return Ok(data);
+            }
+        }
         let want = size as usize;
         let data = n.file.read_at(offset, want).await.map_err(e)?;
         if data.len() < want && n.size_hint.load(Ordering::Relaxed) > n.file.attr().size {
@@ -952,7 +1100,11 @@ impl Shared {
             false => None,
         };
         let asked = Instant::now();
-        let a = user.getattr_fresh(Ino(ino)).await.map_err(e)?;
+        let a = match self.coop_for(ino) {
+            Some(coop) => coop.attr(Ino(ino), self.found_in(ino)).await.map_err(coop_error),
+            None => user.getattr_fresh(Ino(ino)).await,
+        }
+        .map_err(e)?;
         drop(held);
         self.dir_attrs.fetched(&a, asked, None);
         if a.kind != FileKind::Dir {
@@ -970,6 +1122,7 @@ impl Shared {
             more: true,
             parent: a.parent.map(|p| p.0).unwrap_or(ino),
             read_mostly: a.read_mostly,
+            coop_attrs: HashMap::new(),
             plus: HashMap::new(),
         };
         self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(stream)));
@@ -996,6 +1149,7 @@ impl Shared {
             s.after = None;
             s.more = true;
             s.plus.clear();
+            s.coop_attrs.clear();
         }
     }
 
@@ -1007,6 +1161,21 @@ impl Shared {
             true => Some(self.read_mostly_fetch.hold(s.ino.0).await),
             false => None,
         };
+        // Through the coop group: the whole listing at once, with its entries' attributes.
+        if let (true, true, Some(coop)) = (idx >= s.entries.len() && s.more, s.after.is_none(), self.coop_for(s.ino.0))
+        {
+            let listing = coop.listing(s.ino).await.map_err(|f| e(coop_error(f)))?;
+            let kinds =
+                futures::future::join_all(listing.iter().map(|n| self.special_of(n.attr.ino, n.attr.kind))).await;
+            for (n, sp) in listing.iter().zip(kinds) {
+                self.note_read_mostly(&n.attr);
+                let kind = sp.map(|x| x.kind).unwrap_or_else(|| convert::kind(n.attr.kind));
+                s.entries.push((n.name.clone(), n.attr.ino.0, kind));
+                s.coop_attrs.insert(n.name.clone(), n.attr.clone());
+            }
+            s.more = false;
+            return Ok(());
+        }
         while idx >= s.entries.len() && s.more {
             let (page, more) = client.readdir_page(s.ino, s.after.clone(), READDIR_PAGE).await.map_err(e)?;
             s.more = more && !page.is_empty();
@@ -1110,13 +1279,17 @@ impl Shared {
         }
         let just_names: Vec<String> = names.iter().map(|(_, n)| n.clone()).collect();
         // Read-mostly: one fetch at a time; the next is answered from the leases it left.
-        let _held = match s.read_mostly {
+        let _held = match s.read_mostly && s.coop_attrs.is_empty() {
             true => Some(self.read_mostly_fetch.hold(s.ino.0).await),
             false => None,
         };
-        let found = match client.lookup_many(s.ino, &just_names).await {
-            Ok(found) => found.into_iter().map(|r| r.map_err(|err| err.errno.0)).collect(),
-            Err(err) => vec![Err(err.errno.0); names.len()],
+        let found: Vec<Result<Attr, i32>> = if !s.coop_attrs.is_empty() {
+            just_names.iter().map(|n| s.coop_attrs.get(n).cloned().ok_or(libc::ENOENT)).collect()
+        } else {
+            match client.lookup_many(s.ino, &just_names).await {
+                Ok(found) => found.into_iter().map(|r| r.map_err(|err| err.errno.0)).collect(),
+                Err(err) => vec![Err(err.errno.0); names.len()],
+            }
         };
         for ((i, name), r) in names.into_iter().zip(found) {
             let entry = match r {
@@ -1394,7 +1567,11 @@ impl Filesystem for ShoalFs {
                 }
             }
             let asked = Instant::now();
-            match sh.user(who).lookup(Ino(parent.0), &name).await {
+            let found = match sh.coop_for(parent.0) {
+                Some(coop) => sh.coop_lookup(coop, parent.0, &name).await,
+                None => sh.user(who).lookup(Ino(parent.0), &name).await,
+            };
+            match found {
                 Ok(a) => {
                     sh.dir_attrs.fetched(&a, asked, Some((parent.0, &name)));
                     sh.reply_entry(reply, parent.0, &name, &a).await
@@ -1770,6 +1947,9 @@ impl Filesystem for ShoalFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        if self.sh.coop_handles.lock().remove(&fh.0).is_some() {
+            return reply.ok();
+        }
         let Some(f) = self.sh.fhs.lock().remove(&fh.0) else { return reply.error(raw(libc::EBADF)) };
         let last = self.sh.release_node(&f.node, Ino(ino.0));
         self.spawn("release", move |sh| async move {

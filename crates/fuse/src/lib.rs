@@ -17,6 +17,7 @@
 //! ```
 
 mod convert;
+mod coop_source;
 mod dircache;
 mod fs;
 mod kernel_cache;
@@ -141,7 +142,13 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
     config.n_threads = Some(opts.fuse_threads.max(1));
     config.clone_fd = opts.fuse_threads > 1;
     let metrics_listen = opts.metrics_listen.clone();
+    let coop = (opts.coop_members.clone(), opts.coop_addr, opts.coop_wait);
     let shared = Shared::new(client, opts);
+    if let (Some(members), Some(me), wait) = coop {
+        // Joined before mounting: a bad members file or a taken port fails the mount.
+        let c = rt.block_on(join_coop(&shared.root, &members, me, wait))?;
+        let _ = shared.coop.set(c);
+    }
     if let Some(addr) = metrics_listen {
         // Bound before mounting: a taken port fails the mount with the cause, not later.
         let listener = rt
@@ -150,6 +157,40 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
         rt.spawn(metrics::serve(shared.metrics.clone(), listener));
     }
     Ok(Prepared { rt, shared, config, mountpoint })
+}
+
+/// Join the coop group listed in `members` as the member at `me` (docs/loading.md,
+/// "Cooperative reads"), answering the others from this mount's client.
+async fn join_coop(
+    root: &shoal_client::Client,
+    members: &Path,
+    me: std::net::SocketAddr,
+    wait: Duration,
+) -> Result<shoal_coop::Coop> {
+    let text = std::fs::read_to_string(members)
+        .with_context(|| format!("cannot read the coop members file {}", members.display()))?;
+    let mut addrs = Vec::new();
+    for (n, line) in text.lines().enumerate().map(|(n, l)| (n + 1, l.trim())) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let a = line
+            .parse()
+            .map_err(|_| anyhow::anyhow!("{}:{n}: {line:?} is not an address IP:PORT", members.display()))?;
+        addrs.push(a);
+    }
+    let group = shoal_coop::group::Group::new(addrs, me).map_err(|e| anyhow::anyhow!("{}: {e}", members.display()))?;
+    let map = root.map();
+    // Members prove the host key to each other, as clients do to servers.
+    let keys = match map.security.auth {
+        shoal_placement::map::AuthMode::None => None,
+        _ => Some(shoal_auth::KeyRing::load(&map.security.host_key, shoal_auth::KeyKind::Host).with_context(|| {
+            format!("a coop group needs the host key {} (mount as root)", map.security.host_key.display())
+        })?),
+    };
+    let source = std::sync::Arc::new(coop_source::MountSource::new(root.clone()));
+    let opts = shoal_coop::CoopOptions { wait, ..Default::default() };
+    Ok(shoal_coop::Coop::start(group, keys, source, opts).await?)
 }
 
 impl Prepared {

@@ -79,6 +79,15 @@ pub struct MountOptions {
     /// Where to serve the mount's Prometheus metrics (`GET /metrics`, `--metrics ADDR`);
     /// none by default.
     pub metrics_listen: Option<String>,
+    /// The coop group this mount reads read-mostly trees with (`coop=FILE`: the members'
+    /// addresses, one per line, the same file for every member; docs/loading.md,
+    /// "Cooperative reads"). None by default.
+    pub coop_members: Option<std::path::PathBuf>,
+    /// This mount's address in the coop group (`coop_addr=IP:PORT`, one of the file's).
+    pub coop_addr: Option<std::net::SocketAddr>,
+    /// How long a question waits for the group before it goes to the servers
+    /// (`coop_wait=S`). Default 2 s.
+    pub coop_wait: Duration,
 }
 
 impl Default for MountOptions {
@@ -110,6 +119,9 @@ impl Default for MountOptions {
             auto_unmount: false,
             flags: Vec::new(),
             metrics_listen: None,
+            coop_members: None,
+            coop_addr: None,
+            coop_wait: Duration::from_secs(2),
         }
     }
 }
@@ -197,6 +209,9 @@ impl MountOptions {
         if let Some(n) = &self.fsname {
             v.push(format!("fsname={n}"));
         }
+        if let (Some(m), Some(a)) = (&self.coop_members, &self.coop_addr) {
+            v.push(format!("coop={},coop_addr={a},coop_wait={}", m.display(), secs(self.coop_wait)));
+        }
         v.extend(self.flags.iter().cloned());
         v.join(",")
     }
@@ -273,6 +288,13 @@ impl MountOptions {
             "nosync_close" => self.sync_close = false,
             "fsname" => self.fsname = Some(need(key, val)?.to_string()),
             "auto_unmount" => self.auto_unmount = true,
+            "coop" => self.coop_members = Some(need(key, val)?.into()),
+            "coop_addr" => {
+                let v = need(key, val)?;
+                let a = v.parse().map_err(|_| anyhow!("option coop_addr={v}: not an address IP:PORT"))?;
+                self.coop_addr = Some(a);
+            }
+            "coop_wait" => self.coop_wait = seconds(key, need(key, val)?)?,
             // Handled by the `shoal mount` command line (accepted here so that one option
             // string serves mount(8) and `shoal mount -o`).
             "config" | "log" | "foreground" => {}
@@ -333,6 +355,20 @@ mod tests {
         let mut back = MountOptions::default();
         back.apply_list(&o.to_option_string()).unwrap();
         assert_eq!(format!("{o:?}"), format!("{back:?}"));
+    }
+
+    #[test]
+    fn coop_options_parse_and_round_trip() {
+        let mut o = MountOptions::default();
+        o.apply_list("coop=/etc/job/members,coop_addr=127.0.0.1:7700,coop_wait=0.5").unwrap();
+        assert_eq!(o.coop_members.as_deref(), Some(std::path::Path::new("/etc/job/members")));
+        assert_eq!(o.coop_addr, Some("127.0.0.1:7700".parse().unwrap()));
+        assert_eq!(o.coop_wait, Duration::from_millis(500));
+        let mut back = MountOptions::default();
+        back.apply_list(&o.to_option_string()).unwrap();
+        assert_eq!(format!("{o:?}"), format!("{back:?}"));
+        assert!(o.apply("coop_addr=nonsense").unwrap_err().to_string().contains("IP:PORT"));
+        assert!(o.apply("coop").is_err());
     }
 
     #[test]
