@@ -80,6 +80,19 @@ impl Group {
         let rel = (self.me + n - root) % n;
         (rel != 0).then(|| ((rel - 1) / FANOUT + root) % n)
     }
+
+    /// [`Group::parent`] in the tree over the members `live` says are up (this member is
+    /// always counted): the tree of an object once members failed. Members that agree on
+    /// who is up agree on the tree; the others still reach a live root, through more hops or
+    /// the servers.
+    pub fn parent_among(&self, h: u64, live: impl Fn(usize) -> bool) -> Option<usize> {
+        let up: Vec<usize> = (0..self.members.len()).filter(|r| *r == self.me || live(*r)).collect();
+        let n = up.len();
+        let root = (h % n as u64) as usize;
+        let me = up.iter().position(|r| *r == self.me).expect("this member is counted");
+        let rel = (me + n - root) % n;
+        (rel != 0).then(|| up[((rel - 1) / FANOUT + root) % n])
+    }
 }
 
 #[cfg(test)]
@@ -114,6 +127,32 @@ mod tests {
                 }
                 assert_eq!(groups[root].parent(h), None);
             }
+        }
+    }
+
+    #[test]
+    fn with_members_down_the_live_ones_agree_on_a_tree_over_the_live_ones() {
+        let all = members(16);
+        let groups: Vec<Group> = all.iter().map(|m| Group::new(all.clone(), *m).unwrap()).collect();
+        let down = [0usize, 5, 6, 11];
+        let live = |r: usize| !down.contains(&r);
+        for h in 0..64u64 {
+            let mut roots = std::collections::HashSet::new();
+            for g in groups.iter().filter(|g| live(g.me())) {
+                let (mut at, mut hops) = (g.me(), 0);
+                while let Some(p) = groups[at].parent_among(h, live) {
+                    assert!(live(p), "a member that is down is never asked");
+                    at = p;
+                    hops += 1;
+                    assert!(hops <= 3, "12 live members: {hops} hops");
+                }
+                roots.insert(at);
+            }
+            assert_eq!(roots.len(), 1, "one designated reader among the live members");
+        }
+        // Nobody down: the same tree as without failures.
+        for g in &groups {
+            assert_eq!(g.parent_among(7, |_| true), g.parent(7));
         }
     }
 

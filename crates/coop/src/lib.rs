@@ -19,9 +19,10 @@
 //! the version asked for.
 //!
 //! **Failures.** A member that cannot be reached or does not answer within the asker's
-//! wait (2 s by default) is left alone for a while (`peer.rs`), and the question goes to
-//! the servers: a member killed or hung in the middle of a job start delays the others by
-//! at most one wait.
+//! wait (2 s by default) is left alone for a while (`peer.rs`), and the question goes up
+//! the object's tree over the members left (`Group::parent_among`), or to the servers when
+//! that fails too: a member killed or hung in the middle of a job start delays the others
+//! by at most one wait, and its objects are read once by another member.
 //!
 //! The mount supplies the servers' side ([`Source`]) and decides what goes through the
 //! group (read-mostly inodes only).
@@ -133,6 +134,8 @@ pub(crate) struct Inner {
     source: Arc<dyn Source>,
     wait: Duration,
     pieces: moka::future::Cache<Key, Bytes>,
+    /// Until when some peer is shunned (`peer.rs`).
+    any_shunned_until: Arc<parking_lot::Mutex<Option<std::time::Instant>>>,
     flights: flight::Flights<Key, Got>,
     stats: Stats,
 }
@@ -163,7 +166,8 @@ impl Coop {
             .await
             .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr} for the coop group: {e}")))?;
         let me = Me { group: group.id(), rank: group.me() as u32, keys };
-        let peers = (0..group.len()).map(|r| Peer::new(group.addr(r))).collect();
+        let any_shunned_until = Arc::new(parking_lot::Mutex::new(None));
+        let peers = (0..group.len()).map(|r| Peer::new(group.addr(r), any_shunned_until.clone())).collect();
         let pieces = moka::future::Cache::builder()
             .weigher(|_: &Key, b: &Bytes| b.len().try_into().unwrap_or(u32::MAX))
             .max_capacity(opts.cache_bytes)
@@ -175,6 +179,7 @@ impl Coop {
             source,
             wait: opts.wait,
             pieces,
+            any_shunned_until,
             flights: flight::Flights::default(),
             stats: Stats::default(),
         });
@@ -246,11 +251,23 @@ impl Inner {
     }
 
     async fn fetch(self: Arc<Self>, key: Key, wait: Duration) -> Got {
-        let parent = self.group.parent(key.hash()).filter(|p| !self.peers[*p].shunned());
-        let upstream = match parent {
-            Some(p) => self.ask_member(p, &key, wait).await,
-            None => None,
-        };
+        let h = key.hash();
+        let deadline = std::time::Instant::now() + wait;
+        // Up the object's tree; a parent that fails is shunned and the question goes up the
+        // tree over the members left, once: a member killed in the middle of a job start
+        // costs the others one wait at most, and its objects are read by another member.
+        let mut upstream = None;
+        for _ in 0..2 {
+            let Some(p) = self.parent(h) else { break };
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            upstream = self.ask_member(p, &key, left).await;
+            if upstream.is_some() || !self.peers[p].shunned() {
+                break;
+            }
+        }
         let got = match upstream {
             Some(got) => got,
             None => {
@@ -262,6 +279,15 @@ impl Inner {
             self.pieces.insert(key, b.clone()).await;
         }
         got
+    }
+
+    /// This member's parent in the tree of the object hashed to `h`: over all members, or
+    /// over those not shunned while some are.
+    fn parent(&self, h: u64) -> Option<usize> {
+        if !Peer::any_shunned(&self.any_shunned_until) {
+            return self.group.parent(h);
+        }
+        self.group.parent_among(h, |r| !self.peers[r].shunned())
     }
 
     /// Ask member `p`; `None` when the question must go to the servers instead.

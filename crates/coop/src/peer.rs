@@ -36,6 +36,9 @@ pub struct Peer {
     addr: SocketAddr,
     conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
     shunned_until: Mutex<Option<Instant>>,
+    /// Shared by all the peers of a member: until when some peer is shunned (so that trees
+    /// are computed over the live members only while one is).
+    any_shunned_until: Arc<Mutex<Option<Instant>>>,
 }
 
 /// Questions in flight on a connection, by request id: the reader task answers them.
@@ -58,8 +61,13 @@ impl Drop for Conn {
 }
 
 impl Peer {
-    pub fn new(addr: SocketAddr) -> Peer {
-        Peer { addr, conn: tokio::sync::Mutex::new(None), shunned_until: Mutex::new(None) }
+    pub fn new(addr: SocketAddr, any_shunned_until: Arc<Mutex<Option<Instant>>>) -> Peer {
+        Peer { addr, conn: tokio::sync::Mutex::new(None), shunned_until: Mutex::new(None), any_shunned_until }
+    }
+
+    /// Whether any peer sharing `any_shunned_until` may be shunned now.
+    pub fn any_shunned(any_shunned_until: &Mutex<Option<Instant>>) -> bool {
+        any_shunned_until.lock().is_some_and(|t| Instant::now() < t)
     }
 
     /// Whether this member is being left alone after a failure.
@@ -69,7 +77,9 @@ impl Peer {
 
     fn shun(&self, why: &str) {
         tracing::info!("coop member {}: {why}; asking the servers instead for {SHUN_FOR:?}", self.addr);
-        *self.shunned_until.lock() = Some(Instant::now() + SHUN_FOR);
+        let until = Instant::now() + SHUN_FOR;
+        *self.shunned_until.lock() = Some(until);
+        *self.any_shunned_until.lock() = Some(until);
     }
 
     /// Ask `ask` and wait at most `wait` for the answer (and a piece's bytes). `Err`: the
