@@ -47,6 +47,50 @@ fn build_program_of(dir: &Path, libs: usize) {
     gcc(&args.iter().map(String::as_str).collect::<Vec<_>>(), dir);
 }
 
+/// The directory of library `i` in the tree (the upper half of the `DIRS` path entries).
+fn home(i: usize) -> usize {
+    DIRS / 2 + i % (DIRS / 2)
+}
+
+/// The tree through mount `m`: `/lib` marked read-mostly first, so that everything made in
+/// it inherits it; `DIRS` directories `lib/dNN`; library `i` of `libs` built in `local` in
+/// `lib/d{home(i)}`.
+fn install_tree(c: &Cluster, m: &Mount, local: &Path, libs: usize) {
+    std::fs::create_dir(m.p("lib")).unwrap();
+    let (code, _, err) = c.shoal(&["readmostly", "/lib"]);
+    assert_eq!(code, 0, "{err}");
+    for d in 0..DIRS {
+        std::fs::create_dir(m.p(&format!("lib/d{d:02}"))).unwrap();
+    }
+    for i in 0..libs {
+        let name = format!("libshoal{i}.so");
+        std::fs::copy(local.join(&name), m.p(&format!("lib/d{:02}/{name}", home(i)))).unwrap();
+    }
+}
+
+/// `PER_MOUNT` runs of the program in `local` on each mount, its libraries found through
+/// the `DIRS`-entry `LD_LIBRARY_PATH` of the mount's tree and `LD_AUDIT` (`env` added):
+/// each with the mount's `lib` path.
+fn start_on(mounts: &[Mount], local: &Path, env: &[(&str, &str)]) -> Vec<(std::path::PathBuf, std::process::Child)> {
+    let audit = audit_library();
+    let mut running = Vec::new();
+    for m in mounts {
+        let path: Vec<String> = (0..DIRS).map(|d| m.p(&format!("lib/d{d:02}")).display().to_string()).collect();
+        for _ in 0..PER_MOUNT {
+            let child = Command::new(local.join("main"))
+                .env("LD_LIBRARY_PATH", path.join(":"))
+                .env("LD_AUDIT", &audit)
+                .envs(env.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            running.push((m.p("lib"), child));
+        }
+    }
+    running
+}
+
 #[test]
 fn processes_on_four_mounts_load_libraries_through_ld_audit_with_one_listing_per_directory_and_mount() {
     if skip_without_fuse() {
@@ -57,39 +101,13 @@ fn processes_on_four_mounts_load_libraries_through_ld_audit_with_one_listing_per
     let local = tempfile::tempdir().unwrap();
     build_program(local.path());
 
-    // The tree: /lib marked read-mostly first, so that everything made in it inherits it.
     let a = &mounts[0];
-    std::fs::create_dir(a.p("lib")).unwrap();
-    let (code, _, err) = c.shoal(&["readmostly", "/lib"]);
-    assert_eq!(code, 0, "{err}");
-    let home = |i: usize| DIRS / 2 + i % (DIRS / 2);
-    for d in 0..DIRS {
-        std::fs::create_dir(a.p(&format!("lib/d{d:02}"))).unwrap();
-    }
-    for i in 0..LIBS {
-        let name = format!("libshoal{i}.so");
-        std::fs::copy(local.path().join(&name), a.p(&format!("lib/d{:02}/{name}", home(i)))).unwrap();
-    }
+    install_tree(&c, a, local.path(), LIBS);
     let (code, out, _) = c.shoal(&["readmostly", "--show", &format!("/lib/d{:02}/libshoal0.so", home(0))]);
     assert_eq!((code, out.trim().ends_with(": read-mostly")), (0, true), "{out}");
 
     let before = c.ops();
-    let audit = audit_library();
-    let mut running = Vec::new();
-    for m in &mounts {
-        let path: Vec<String> = (0..DIRS).map(|d| m.p(&format!("lib/d{d:02}")).display().to_string()).collect();
-        for _ in 0..PER_MOUNT {
-            let child = Command::new(local.path().join("main"))
-                .env("LD_LIBRARY_PATH", path.join(":"))
-                .env("LD_AUDIT", &audit)
-                .env("SHOAL_AUDIT_DEBUG", "1")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            running.push((m.p("lib"), child));
-        }
-    }
+    let running = start_on(&mounts, local.path(), &[("SHOAL_AUDIT_DEBUG", "1")]);
     for (lib, child) in running {
         let out = child.wait_with_output().unwrap();
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -221,7 +239,6 @@ fn python_imports_from_a_read_mostly_tree_cost_the_same_for_one_or_four_processe
     std::fs::create_dir(writer.p("py")).unwrap();
     let (code, _, err) = c.shoal(&["readmostly", "/py"]);
     assert_eq!(code, 0, "{err}");
-    let home = |i: usize| DIRS / 2 + i % (DIRS / 2);
     for d in 0..DIRS {
         std::fs::create_dir(writer.p(&format!("py/d{d:02}"))).unwrap();
     }
@@ -317,36 +334,12 @@ fn four_mounts_in_a_coop_group_cost_the_servers_about_one_mount() {
     let writer = Mount::new(&c, &["dir_lease=60"]);
     let local = tempfile::tempdir().unwrap();
     build_program_of(local.path(), COOP_LIBS);
-    std::fs::create_dir(writer.p("lib")).unwrap();
-    let (code, _, err) = c.shoal(&["readmostly", "/lib"]);
-    assert_eq!(code, 0, "{err}");
-    let home = |i: usize| DIRS / 2 + i % (DIRS / 2);
-    for d in 0..DIRS {
-        std::fs::create_dir(writer.p(&format!("lib/d{d:02}"))).unwrap();
-    }
-    for i in 0..COOP_LIBS {
-        let name = format!("libshoal{i}.so");
-        std::fs::copy(local.path().join(&name), writer.p(&format!("lib/d{:02}/{name}", home(i)))).unwrap();
-    }
+    install_tree(&c, &writer, local.path(), COOP_LIBS);
     std::fs::write(writer.p("lib/d10/input.txt"), "first version\n").unwrap();
     let run = |mounts: &[Mount]| {
         requests_during(&c, || {
-            let audit = audit_library();
-            let mut running = Vec::new();
-            for m in mounts {
-                let path: Vec<String> = (0..DIRS).map(|d| m.p(&format!("lib/d{d:02}")).display().to_string()).collect();
-                for _ in 0..PER_MOUNT {
-                    let child = Command::new(local.path().join("main"))
-                        .env("LD_LIBRARY_PATH", path.join(":"))
-                        .env("LD_AUDIT", &audit)
-                        .stdout(Stdio::piped())
-                        .stderr(Stdio::piped())
-                        .spawn()
-                        .unwrap();
-                    running.push(child);
-                }
-            }
-            for child in running {
+            let running = start_on(mounts, local.path(), &[]);
+            for (_, child) in running {
                 let out = child.wait_with_output().unwrap();
                 assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
                 let want = format!("sum={}", (0..COOP_LIBS).sum::<usize>());
@@ -373,6 +366,12 @@ fn four_mounts_in_a_coop_group_cost_the_servers_about_one_mount() {
     for m in &group {
         assert_eq!(std::fs::read_to_string(m.p("lib/d10/input.txt")).unwrap(), "second, longer version\n");
     }
+    // A descriptor opened through the group does what any read-only descriptor does.
+    let m = &group[1];
+    let f = std::fs::File::open(m.p("lib/d10/input.txt")).unwrap();
+    f.sync_all().unwrap();
+    std::fs::copy(m.p("lib/d10/input.txt"), m.p("copy.txt")).unwrap(); // copy_file_range
+    assert_eq!(std::fs::read_to_string(m.p("copy.txt")).unwrap(), "second, longer version\n");
 }
 
 /// A member of a coop group killed (`kill -9`) while the others read a large read-mostly

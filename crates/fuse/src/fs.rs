@@ -1065,6 +1065,8 @@ impl Shared {
         off_out: u64,
         len: u64,
     ) -> Res<u32> {
+        // A source opened through the coop group is read from the servers here.
+        self.coop_to_node(fh_in).await?;
         let src = self.fh(fh_in)?;
         let dst = self.fh(fh_out)?;
         self.drop_privs(&dst, kill, true).await?;
@@ -1926,6 +1928,10 @@ impl Filesystem for ShoalFs {
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
         self.spawn("flush", move |sh| async move {
+            // Opened read-only through the coop group: nothing was written through it.
+            if sh.coop_handles.lock().contains_key(&fh.0) {
+                return reply.ok();
+            }
             let r = match sh.fh(fh) {
                 Ok(n) => n.file.flush().await.map_err(e),
                 Err(err) => Err(err),
@@ -1963,6 +1969,10 @@ impl Filesystem for ShoalFs {
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
         self.spawn("fsync", move |sh| async move {
+            // Opened read-only through the coop group: nothing was written through it.
+            if sh.coop_handles.lock().contains_key(&fh.0) {
+                return reply.ok();
+            }
             let r = match sh.fh(fh) {
                 Ok(n) if datasync => n.file.sync_data().await.map_err(e),
                 Ok(n) => n.file.fsync().await.map_err(e),

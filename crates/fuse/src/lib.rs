@@ -144,10 +144,15 @@ fn prepare(client_config: &Path, mountpoint: &Path, opts: MountOptions) -> Resul
     let metrics_listen = opts.metrics_listen.clone();
     let coop = (opts.coop_members.clone(), opts.coop_addr, opts.coop_wait);
     let shared = Shared::new(client, opts);
-    if let (Some(members), Some(me), wait) = coop {
-        // Joined before mounting: a bad members file or a taken port fails the mount.
-        let c = rt.block_on(join_coop(&shared.root, &members, me, wait))?;
-        let _ = shared.coop.set(c);
+    match coop {
+        (Some(members), Some(me), wait) => {
+            // Joined before mounting: a bad members file or a taken port fails the mount.
+            let c = rt.block_on(join_coop(&shared.root, &members, me, wait))?;
+            let _ = shared.coop.set(c);
+        }
+        (Some(_), None, _) => bail!("option coop=FILE needs coop_addr=IP:PORT (this mount's address in the file)"),
+        (None, Some(_), _) => bail!("option coop_addr needs coop=FILE (the group's members, one address per line)"),
+        (None, None, _) => {}
     }
     if let Some(addr) = metrics_listen {
         // Bound before mounting: a taken port fails the mount with the cause, not later.
