@@ -49,6 +49,10 @@ pub enum BenchCmd {
     /// HTTP GETs of a file striped over every server (one stream, N parallel ranges) against
     /// the native client's read; MiB/s and ratios.
     Http(crate::http::HttpArgs),
+    /// Job start (Pynamic-style): P processes on K fresh mounts load N libraries and M Python
+    /// modules through a D-entry search path, plain, read-mostly and in a coop group; wall
+    /// time and server requests and bytes per process.
+    Load(crate::load::LoadArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -334,6 +338,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
         BenchCmd::Container(a) => crate::container::run(config, a).await,
         BenchCmd::Import(a) => crate::import::run(config, a).await,
         BenchCmd::Http(a) => crate::http::run(config, a).await,
+        BenchCmd::Load(a) => crate::load::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await

@@ -11,9 +11,11 @@
 //! * [`report`], [`plot`]: tables, JSON, SVG/PNG charts. [`suite`]: the standard set.
 //! * [`timeline`]: when operations complete, and the rate of a phase's first and last tenth.
 //! * [`listing`]: the md `list` phase's check that every name is listed exactly once.
-//! * [`preload`]: where the interception library is (the `preload` target's workers).
+//! * [`preload`]: where the interception and audit libraries are.
 //! * [`container`]: `shoal bench container`, task-local files against containers.
 //! * [`http`]: `shoal bench http`, GETs from a server's HTTP port against the native client.
+//! * [`load`]: `shoal bench load`, a Pynamic-style job start with and without the coop group.
+//! * [`mounts`]: FUSE mounts seen from outside (is it mounted, unmount, reap its process).
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
 
 pub mod cli;
@@ -26,6 +28,8 @@ pub mod http;
 pub mod import;
 pub mod link;
 pub mod listing;
+pub mod load;
+pub mod mounts;
 pub mod mpi;
 pub mod pattern;
 pub mod plot;

@@ -428,3 +428,33 @@ fn a_coop_member_killed_mid_read_does_not_stall_the_others() {
     assert!(again.elapsed() < std::time::Duration::from_secs(20), "{:?}", again.elapsed());
     drop(victim);
 }
+
+/// `shoal bench load` (docs/benchmarks.md, "Job start") on a small job: every case runs on
+/// its own fresh mounts and reports the servers' requests, and the coop group costs the
+/// servers less than the same mounts without it. No timed assertion.
+#[test]
+fn bench_load_runs_every_case_and_the_group_saves_requests() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start(2);
+    let (code, out, err) =
+        c.shoal(&["bench", "load", "--libs", "6", "--modules", "3", "-n", "4", "--mounts", "2", "--json", "-q"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let cases = r["cases"].as_array().unwrap();
+    let case = |name: &str| cases.iter().find(|x| x["name"] == name).unwrap_or_else(|| panic!("no case {name}: {r}"));
+    let requests = |name: &str| case(name)["requests"].as_u64().unwrap_or_else(|| panic!("{name}: no requests"));
+    for name in ["read-mostly, 1 process", "plain", "read-mostly", "read-mostly + coop group"] {
+        assert!(requests(name) > 0, "{name}: {r}");
+    }
+    assert_eq!(case("coop group, mount/process")["mounts"], 4);
+    let (off, on) = (requests("read-mostly, mount/process"), requests("coop group, mount/process"));
+    assert!(on < off, "4 mounts cost {off} requests without the group and {on} with it");
+    assert!(case("local, 4 processes")["requests"].is_null());
+    assert!(r["coop_vs_one_process"].as_f64().unwrap() > 0.0);
+    // A usage error: more mounts than processes.
+    let (code, _, err) = c.shoal(&["bench", "load", "-n", "2", "--mounts", "3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--mounts 3 is more than --procs 2"), "{err}");
+}

@@ -32,13 +32,7 @@ pub struct Mount {
 
 /// Whether `path` is a mount point of a FUSE file system.
 pub fn is_fuse_mount(path: &Path) -> bool {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let want = path.to_string_lossy().replace(' ', "\\040");
-    info.lines().any(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        let sep = f.iter().position(|x| *x == "-").unwrap_or(0);
-        f.get(4) == Some(&want.as_str()) && f.get(sep + 1).is_some_and(|t| t.starts_with("fuse"))
-    })
+    shoal_bench::mounts::is_fuse_mount(path)
 }
 
 impl Mount {
@@ -131,22 +125,9 @@ impl Mount {
 
 impl Drop for Mount {
     fn drop(&mut self) {
-        if is_fuse_mount(&self.path) {
-            let ok = Command::new("fusermount3").arg("-u").arg(&self.path).output().map(|o| o.status.success());
-            if !matches!(ok, Ok(true)) {
-                let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(&self.path).output();
-            }
-        }
+        shoal_bench::mounts::unmount(&self.path);
         if let Some(mut c) = self.child.take() {
-            let start = Instant::now();
-            while start.elapsed() < Duration::from_secs(10) {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = c.kill();
-            let _ = c.wait();
+            shoal_bench::mounts::reap(&mut c, Duration::from_secs(10));
         }
     }
 }
