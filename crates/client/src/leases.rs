@@ -87,6 +87,9 @@ struct Held {
     id: u64,
     server: ServerId,
     expires: Instant,
+    /// The term the server granted (it may be shorter than the one asked): renewals are
+    /// due when a third of it is left.
+    term: Duration,
     /// The partition the lease covers (index 0 at depth 0: the whole directory).
     part: PartRef,
     /// Every name of the partition is in `names` (absent ones are absent).
@@ -339,7 +342,9 @@ impl LeaseCache {
             let mut inner = self.inner.lock();
             let s = inner.dirs.get_mut(&dir)?;
             let l = s.covering(name_hash(name), now)?;
-            if s.renewing || l.expires > now + self.ask / 3 {
+            // Against the granted term, not the asked one: a server that grants less than
+            // asked would otherwise see a renewal after every lookup the lease answers.
+            if s.renewing || l.expires > now + l.term / 3 {
                 return None;
             }
             s.renewing = true;
@@ -412,7 +417,8 @@ impl LeaseCache {
         if grant.key.dir != asking.dir {
             return;
         }
-        let expires = asking.sent + Duration::from_millis(grant.ms as u64);
+        let term = Duration::from_millis(grant.ms as u64);
+        let expires = asking.sent + term;
         if expires <= now {
             return;
         }
@@ -425,6 +431,7 @@ impl LeaseCache {
             if let Some(l) = s.leases.iter_mut().find(|l| l.id == grant.id && l.server == server && l.part == part) {
                 if l.expires > now {
                     l.expires = l.expires.max(expires);
+                    l.term = term;
                 }
             }
             return;
@@ -439,13 +446,22 @@ impl LeaseCache {
                 let before = s.names();
                 s.leases.retain(|l| !overlap(l.part, part));
                 inner.names -= before - s.names();
-                s.leases.push(Held { id: grant.id, server, expires, part, complete: false, names: BTreeMap::new() });
+                s.leases.push(Held {
+                    id: grant.id,
+                    server,
+                    expires,
+                    term,
+                    part,
+                    complete: false,
+                    names: BTreeMap::new(),
+                });
                 s.leases.len() - 1
             }
         };
         let room = MAX_NAMES.saturating_sub(inner.names);
         let l = &mut s.leases[at];
         l.expires = l.expires.max(expires);
+        l.term = term;
         let before = l.names.len();
         match learnt {
             Learnt::Name(name, known) => {
@@ -794,6 +810,25 @@ mod tests {
         let touch = c.begin(&op).unwrap();
         c.end(touch, &op, Ok(&Reply::Partitions { dir: DIR, bitmap: vec![0b11] }));
         assert!(matches!(c.lookup(DIR, &even[0], Instant::now()), Some(Some(_))), "the lease is kept, the name too");
+    }
+
+    /// Servers cap the term (5 s by default) below what a mount may ask (60 s): a renewal is
+    /// due a third of the granted term before the end, not after every answered lookup.
+    #[test]
+    fn a_renewal_is_due_by_the_term_granted_not_the_term_asked() {
+        let c = Arc::new(LeaseCache::new(Duration::from_secs(60)));
+        let (even, odd) = halves();
+        let asking = c.ask(DIR).unwrap();
+        let short = LeaseGrant { ms: 6_000, ..grant(1, 0, 0).unwrap() };
+        let entries = even.iter().enumerate().map(|(i, n)| entry(n, 100 + i as u64)).collect();
+        c.install(asking, ServerId(0), Some(short), Learnt::Listing(entries, false));
+        let now = Instant::now();
+        assert_eq!(c.lookup(DIR, &odd[0], now), Some(None));
+        assert!(c.renewal(DIR, &odd[0], now).is_none(), "6 s granted, all of it left: no renewal yet");
+        let late = now + Duration::from_millis(4_500);
+        let renewal = c.renewal(DIR, &odd[0], late).expect("under a third of the term left: renew");
+        assert!(c.renewal(DIR, &odd[0], late).is_none(), "one renewal on its way at a time");
+        drop(renewal);
     }
 
     #[test]
