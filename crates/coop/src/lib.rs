@@ -3,12 +3,13 @@
 //!
 //! The mounts of a job form a **coop group** (`group.rs`): every member knows the others'
 //! addresses in the same order. For each object a mount would ask the servers for — an
-//! inode's attributes, a directory's listing, a 1 MiB piece of a file — one member is its
+//! inode's attributes, a directory's listing, a name on the path down to a read-mostly
+//! tree, a 1 MiB piece of a file — one member is its
 //! designated reader and asks the servers; every other member asks its parent in the
 //! object's tree of members, which asks its own parent in turn. So the servers answer each
 //! object about once per job, however many nodes start it.
 //!
-//! **What is kept, and for how long.** Attributes and listings are never kept: each
+//! **What is kept, and for how long.** Attributes, listings and names are never kept: each
 //! question goes up the tree, and the designated reader answers it as it is now (from its
 //! leases, or from the servers), so an open that follows a change sees the change
 //! (close-to-open) exactly as it would asking the servers itself; concurrent questions for
@@ -73,6 +74,8 @@ pub trait Source: Send + Sync + 'static {
     fn attr(&self, ino: Ino) -> BoxFuture<'_, Result<Attr, Failure>>;
     /// The entries of directory `dir` now, with their attributes.
     fn listing(&self, dir: Ino) -> BoxFuture<'_, Result<Vec<Named>, Failure>>;
+    /// The attributes of `dir/name` now (ENOENT if there is no such name).
+    fn entry(&self, dir: Ino, name: &str) -> BoxFuture<'_, Result<Attr, Failure>>;
     /// Bytes `index * PIECE ..` of `ino` (fewer at its end), if the file is at `version`;
     /// ESTALE if it is not.
     fn piece(&self, ino: Ino, version: Version, index: u64) -> BoxFuture<'_, Result<Bytes, Failure>>;
@@ -208,6 +211,15 @@ impl Coop {
         }
     }
 
+    /// The attributes of `dir/name` now (ENOENT if there is no such name), asked of the
+    /// reader of `dir`.
+    pub async fn entry(&self, dir: Ino, name: &str) -> Result<Attr, Failure> {
+        match self.inner.get(Key::Entry { dir, name: name.to_string() }, self.inner.wait).await? {
+            Value::Attr(a) => Ok(a),
+            other => Err(mismatch(&other)),
+        }
+    }
+
     /// Bytes `index * PIECE ..` of `ino` at `version` (fewer at its end; ESTALE if the
     /// file is no longer at that version; `dir` as for [`Coop::attr`]).
     pub async fn piece(&self, ino: Ino, version: Version, index: u64, dir: Option<Ino>) -> Result<Bytes, Failure> {
@@ -320,6 +332,7 @@ impl Inner {
         match key {
             Key::Attr { ino, .. } => self.source.attr(*ino).await.map(Value::Attr),
             Key::Listing { dir } => self.source.listing(*dir).await.map(|l| Value::Listing(Arc::new(l))),
+            Key::Entry { dir, name } => self.source.entry(*dir, name).await.map(Value::Attr),
             Key::Piece { ino, version, index, .. } => self.source.piece(*ino, *version, *index).await.map(Value::Piece),
         }
     }

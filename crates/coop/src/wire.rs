@@ -82,6 +82,9 @@ pub enum Key {
     Attr { ino: Ino, dir: Option<Ino> },
     /// A directory's entries with their attributes, as they are now.
     Listing { dir: Ino },
+    /// The attributes of `dir/name`, as it is now (ENOENT when there is no such name): a
+    /// look-up in a directory that is not read-mostly (the path down to a read-mostly tree).
+    Entry { dir: Ino, name: String },
     /// Bytes `index * PIECE ..` of file `ino` at `version` (fewer at its end).
     Piece { ino: Ino, version: Version, index: u64, dir: Option<Ino> },
 }
@@ -93,7 +96,7 @@ impl Key {
     pub fn hash(&self) -> u64 {
         const WHOLE: u64 = u64::MAX;
         let (ino, salt) = match self {
-            Key::Attr { dir: Some(dir), .. } | Key::Listing { dir } => (dir.0, WHOLE),
+            Key::Attr { dir: Some(dir), .. } | Key::Listing { dir } | Key::Entry { dir, .. } => (dir.0, WHOLE),
             Key::Piece { dir: Some(dir), index: 0, .. } => (dir.0, WHOLE),
             Key::Attr { ino, dir: None } => (ino.0, WHOLE),
             Key::Piece { ino, index, .. } => (ino.0, *index),
@@ -290,6 +293,7 @@ mod tests {
         let listing = Key::Listing { dir: Ino(5) }.hash();
         assert_eq!(Key::Attr { ino: file, dir }.hash(), listing);
         assert_eq!(Key::Piece { ino: file, version: v, index: 0, dir }.hash(), listing);
+        assert_eq!(Key::Entry { dir: Ino(5), name: "libc.so.6".into() }.hash(), listing);
         assert_ne!(Key::Piece { ino: file, version: v, index: 1, dir }.hash(), listing);
         assert_ne!(Key::Attr { ino: file, dir: None }.hash(), listing);
     }

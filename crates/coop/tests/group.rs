@@ -86,6 +86,19 @@ impl Source for Counting {
         .boxed()
     }
 
+    fn entry(&self, _dir: Ino, name: &str) -> BoxFuture<'_, Result<Attr, Failure>> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let found = name == "lib.so";
+        async move {
+            tokio::time::sleep(self.delay).await;
+            match found {
+                true => Ok(attr(FILE)),
+                false => Err(Failure::new(Errno::ENOENT, "no such name")),
+            }
+        }
+        .boxed()
+    }
+
     fn piece(&self, _ino: Ino, v: Version, index: u64) -> BoxFuture<'_, Result<Bytes, Failure>> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         async move {
@@ -123,11 +136,14 @@ fn server_calls(sources: &[Arc<Counting>]) -> u64 {
     sources.iter().map(|s| s.calls.load(Ordering::SeqCst)).sum()
 }
 
-/// Every member asks for everything at once: attributes, the listing, and all five pieces.
+/// Every member asks for everything at once: attributes, the listing, a name found and
+/// one missing, and all five pieces.
 async fn everyone_loads(members: &[Coop]) {
     let all = members.iter().map(|m| async move {
         assert_eq!(m.attr(FILE, None).await.unwrap().size, SIZE);
         assert_eq!(m.listing(DIR).await.unwrap()[0].name, "lib.so");
+        assert_eq!(m.entry(DIR, "lib.so").await.unwrap().ino, FILE);
+        assert_eq!(m.entry(DIR, "libc.so.6").await.unwrap_err().errno, Errno::ENOENT);
         for i in 0..5 {
             assert_eq!(m.piece(FILE, version(), i, None).await.unwrap(), piece_bytes(i), "piece {i}");
         }
@@ -142,10 +158,10 @@ async fn sixteen_members_ask_the_servers_once_per_object() {
     // on a loaded machine.
     let (members, sources) = start(16, Some(keys), Duration::from_secs(5), Duration::from_millis(200)).await;
     everyone_loads(&members).await;
-    // Attributes and listing: asked together, answered by one flight each; pieces once each
-    // (then kept). A member a little late for a flight asks again: allow one more.
+    // Attributes, listing and entries: asked together, answered by one flight each; pieces
+    // once each (then kept). A member a little late for a flight asks again: allow one more.
     let calls = server_calls(&sources);
-    assert!((7..=8).contains(&calls), "{calls} questions reached the servers for 7 objects and 16 members");
+    assert!((9..=10).contains(&calls), "{calls} questions reached the servers for 9 objects and 16 members");
     let fell: u64 = members.iter().map(|m| m.stats().fell_back).sum();
     assert_eq!(fell, 0);
     // Pieces are kept: a second round reads no piece from the servers.

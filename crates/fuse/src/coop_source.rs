@@ -79,6 +79,11 @@ impl Source for MountSource {
         .boxed()
     }
 
+    fn entry(&self, dir: Ino, name: &str) -> BoxFuture<'_, Result<Attr, Failure>> {
+        let name = name.to_string();
+        async move { self.client.lookup(dir, &name).await.map_err(failure) }.boxed()
+    }
+
     fn piece(&self, ino: Ino, version: Version, index: u64) -> BoxFuture<'_, Result<Bytes, Failure>> {
         async move {
             let f = self.file_at(ino, version).await?;

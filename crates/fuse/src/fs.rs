@@ -374,6 +374,16 @@ impl Shared {
         (self.root.is_read_mostly(Ino(ino)) || self.read_mostly_seen.lock().contains(&ino)).then_some(coop)
     }
 
+    /// The coop group, for a look-up of `dir/name` outside read-mostly trees that this
+    /// mount's leases do not answer: the directory's reader answers it from its own leases
+    /// or the servers, exactly, so the path down to a read-mostly tree is walked once per
+    /// job, not once per node (docs/loading.md). Only while the kernel checks search
+    /// permission itself (`default_permissions`): the reader looks up as root.
+    fn path_coop(&self, dir: u64, name: &str) -> Option<&shoal_coop::Coop> {
+        let coop = self.coop.get()?;
+        (self.opts.default_permissions && self.root.entry_lease_end(Ino(dir), name).is_none()).then_some(coop)
+    }
+
     /// Remember whether `a` is marked read-mostly (see `read_mostly_seen`).
     fn note_read_mostly(&self, a: &Attr) {
         if self.coop.get().is_none() {
@@ -1569,9 +1579,10 @@ impl Filesystem for ShoalFs {
                 }
             }
             let asked = Instant::now();
-            let found = match sh.coop_for(parent.0) {
-                Some(coop) => sh.coop_lookup(coop, parent.0, &name).await,
-                None => sh.user(who).lookup(Ino(parent.0), &name).await,
+            let found = match (sh.coop_for(parent.0), sh.path_coop(parent.0, &name)) {
+                (Some(coop), _) => sh.coop_lookup(coop, parent.0, &name).await,
+                (None, Some(coop)) => coop.entry(Ino(parent.0), &name).await.map_err(coop_error),
+                (None, None) => sh.user(who).lookup(Ino(parent.0), &name).await,
             };
             match found {
                 Ok(a) => {
