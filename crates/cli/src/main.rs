@@ -58,6 +58,23 @@ enum Command {
     Ls(cmd::files::LsArgs),
     /// Show a file's attributes and layout.
     Stat(cmd::files::StatArgs),
+    /// Search the metadata of a tree (like find): every server scans the entries it holds at once.
+    #[command(
+        long_about = "Search the metadata of a tree, like find(1) (docs/find.md). Every server \
+scans the directory entries and inodes it holds at the same time and sends back those that match; \
+this process names them by their path below PATH and prints them sorted by path. No directory is \
+walked: the time is that of the largest server's scan, not of the tree's depth.\n\n\
+The tests are find's, written with two dashes, and all must hold: --name, --iname, --type, \
+--size, --mtime/--mmin, --atime/--amin, --ctime/--cmin, --user, --group, --perm, plus Shoal's \
+--stripe-count, --stripe-size, --xattr NAME[=VALUE] and --read-mostly. --maxdepth and --mindepth \
+limit the depth below PATH (PATH itself is depth 0).\n\n\
+You see what find run as you would print: entries of directories you may read and search, \
+reached from PATH. The answer is not a snapshot of a tree being changed.\n\n\
+Exit status: 0 success (also when nothing matched); 1 failure (no such PATH, a server down or too \
+old); 2 usage error.",
+        after_help = "Examples:\n  shoal find /proj --name '*.h5' --size +1G\n  shoal find /scratch --user alice --mtime +30 --type f --count\n  shoal find /data --xattr user.tag=hot --json"
+    )]
+    Find(cmd::find::FindArgs),
     /// Create directories.
     Mkdir(cmd::files::MkdirArgs),
     /// Remove files (and with -r, directories and their contents).
@@ -202,6 +219,7 @@ fn main() -> ExitCode {
             Command::Identityd(a) => cmd::identityd::identityd(&ctx, a).await,
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Readmostly(a) => cmd::readmostly::readmostly(&ctx, a).await,
+            Command::Find(a) => cmd::find::find(&ctx, a).await,
             Command::Preload(a) => cmd::preload::preload(a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,

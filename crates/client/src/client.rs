@@ -171,6 +171,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Map { .. } => "Map",
         Reply::Resync(_) => "Resync",
         Reply::ScrubRead { .. } => "ScrubRead",
+        Reply::Found(_) => "Found",
     }
 }
 

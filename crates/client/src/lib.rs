@@ -77,6 +77,7 @@ mod client;
 mod detach;
 mod error;
 mod file;
+mod find;
 mod gather;
 mod import;
 mod leases;
@@ -94,11 +95,13 @@ pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
 pub use error::{Error, Result};
 pub use file::{File, GATHER_MAX, HOLD_FOR, MAX_APPEND, MAX_PIECE, READAHEAD_CHUNK};
+pub use find::{FindOptions, FindStats, Found};
 pub use import::{ImportOptions, ImportReport};
 pub use list_io::SIEVE_GAP;
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::{Bitmap, ClusterMap};
+pub use shoal_proto::find::{AgeTest, Cmp, FindQuery, PermTest, SizeTest, TimeField};
 pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
     ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, UrlInfo, REPLICAS_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,

@@ -64,6 +64,11 @@ pub const FEATURE_MEMBERSHIP: u64 = 1 << 7;
 /// server would close the connection on the unknown operation).
 pub const FEATURE_READ_MOSTLY: u64 = 1 << 8;
 
+/// Metadata queries (docs/find.md): the server knows `Op::Find`. A client asks only
+/// servers that agreed (an older server would close the connection on the unknown
+/// operation; the client says which server is too old).
+pub const FEATURE_FIND: u64 = 1 << 9;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LEASES
@@ -73,7 +78,8 @@ pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LOAD
     | FEATURE_FETCH
     | FEATURE_MEMBERSHIP
-    | FEATURE_READ_MOSTLY;
+    | FEATURE_READ_MOSTLY
+    | FEATURE_FIND;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
@@ -166,9 +172,9 @@ mod tests {
 
     #[test]
     fn a_newer_peer_is_spoken_to_in_our_newest_version_with_the_common_features() {
-        let a = negotiate(5, 9, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
+        let a = negotiate(5, 11, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
         assert_eq!(a, Agreed { version: PROTOCOL_VERSION, features: FEATURE_DATA_CRC });
-        let a = negotiate(1, 9, 1 << 40, KNOWN_FEATURES).unwrap();
+        let a = negotiate(1, 11, 1 << 40, KNOWN_FEATURES).unwrap();
         assert_eq!(a.features, 0, "unknown bits are dropped");
     }
 

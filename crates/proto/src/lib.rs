@@ -21,6 +21,7 @@
 pub mod auth;
 pub mod cap;
 pub mod errno;
+pub mod find;
 pub mod frame;
 pub mod hello;
 pub mod ids;
@@ -34,4 +35,4 @@ pub use ids::{Ino, ServerId, ROOT_INO};
 /// Newest version of the wire protocol this build speaks; `Hello` negotiates a version in
 /// both peers' ranges (`hello::MIN_PROTOCOL_VERSION ..= PROTOCOL_VERSION`). Bump on any
 /// change to [`msg`] or [`frame`] (additive ones included, so peers can tell).
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;

@@ -485,6 +485,15 @@ pub enum Op {
         ino: Ino,
         on: bool,
     },
+    /// A metadata query over the entries this server holds (protocol 10, `FEATURE_FIND`;
+    /// docs/find.md): a page of those that match `query` and that the caller may see (read
+    /// and search permission on their directory), with every directory entry the caller
+    /// may see, from `after` (a previous page's `next`) on. Answered `Reply::Found`.
+    Find {
+        query: crate::find::FindQuery,
+        after: Option<Vec<u8>>,
+        limit: u32,
+    },
     ReadLink {
         ino: Ino,
     },
@@ -977,6 +986,7 @@ impl Op {
             Op::SetAttr { .. } => "setattr",
             Op::SetDirLayout { .. } => "setdirlayout",
             Op::SetReadMostly { .. } => "setreadmostly",
+            Op::Find { .. } => "find",
             Op::ReadLink { .. } => "readlink",
             Op::Access { .. } => "access",
             Op::ExtendSize { .. } => "extendsize",
@@ -1223,6 +1233,8 @@ pub enum Reply {
         exists: bool,
         size: u64,
     },
+    /// Answer to `Find`.
+    Found(crate::find::FindPage),
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

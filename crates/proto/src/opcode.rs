@@ -74,6 +74,7 @@ impl Op {
             Op::PeerResyncDone { .. } => 59,
             Op::PeerScrubRead { .. } => 60,
             Op::SetReadMostly { .. } => 61,
+            Op::Find { .. } => 62,
         }
     }
 }
@@ -113,6 +114,7 @@ impl Reply {
             Reply::Map { .. } => 28,
             Reply::Resync(_) => 31,
             Reply::ScrubRead { .. } => 32,
+            Reply::Found(_) => 33,
         }
     }
 }

@@ -131,6 +131,17 @@ fn ops() -> Vec<Op> {
         },
         Op::SetDirLayout { ino: DIR, spec: spec() },
         Op::SetReadMostly { ino: DIR, on: true },
+        Op::Find {
+            query: shoal_proto::find::FindQuery {
+                name: Some("*.h5".into()),
+                kind: Some(FileKind::File),
+                size: Some(shoal_proto::find::SizeTest { cmp: shoal_proto::find::Cmp::More, n: 1, unit: 1 << 20 }),
+                xattr: Some("user.tag".into()),
+                ..Default::default()
+            },
+            after: Some(vec![b'E', 1, 2]),
+            limit: 4096,
+        },
         Op::ReadLink { ino: FILE },
         Op::Access { ino: FILE, mask: 6 },
         Op::ExtendSize { ino: FILE, size: 1 << 33 },
@@ -288,6 +299,18 @@ fn replies() -> Vec<Reply> {
         Reply::Raft { payload: vec![0xc0] },
         Reply::Map { version: 4, toml: "[cluster]\nversion = 4\n".into(), leader: Some(1), voters: vec![0, 1, 2] },
         Reply::ScrubRead { exists: true, size: 3 << 16 },
+        Reply::Found(shoal_proto::find::FindPage {
+            found: vec![shoal_proto::find::FoundEntry {
+                dir: DIR,
+                name: "a.h5".into(),
+                ino: FILE,
+                kind: FileKind::File,
+                attr: None,
+            }],
+            dirs: vec![shoal_proto::find::FoundDir { dir: Ino(1), name: "d".into(), ino: DIR }],
+            scanned: 12,
+            next: None,
+        }),
         Reply::Written { len: 4096 },
         Reply::NLink(2),
         Reply::Replaced(Some(dirent())),

@@ -224,6 +224,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             crate::leases::readdir(st, cred, dir, after, from, limit, lease).await?
         }
         Op::LeaseAck { ids } => crate::leases::ack(st, &ids),
+        Op::Find { query, after, limit } => crate::ops::find::find(st, cred, query, after, limit).await?,
 
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,
         Op::SetAttr { ino, set } => inode::setattr(st, cred, ino, set).await?,

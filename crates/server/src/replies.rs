@@ -321,6 +321,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::Authenticate { .. }
         | Op::Lookup { .. }
         | Op::ReadDir { .. }
+        | Op::Find { .. }
         | Op::GetAttr { .. }
         | Op::ReadLink { .. }
         | Op::Access { .. }

@@ -6,6 +6,7 @@ pub mod container;
 pub mod cp;
 pub mod demo;
 pub mod files;
+pub mod find;
 pub mod identityd;
 pub mod import;
 pub mod job;

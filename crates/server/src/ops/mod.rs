@@ -5,6 +5,7 @@
 
 pub mod data;
 pub mod fetch;
+pub mod find;
 pub mod inode;
 pub mod namespace;
 pub mod peer;

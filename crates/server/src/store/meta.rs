@@ -141,6 +141,17 @@ pub mod key {
         k[9..].copy_from_slice(&index.to_be_bytes());
         k
     }
+    /// Where the partitions of `dir` held here start (`P` dir).
+    pub fn partition_prefix(dir: Ino) -> [u8; 9] {
+        tagged(PARTITION, dir.0)
+    }
+    /// The directory of an `E` key.
+    pub fn entry_dir(key: &[u8]) -> Option<Ino> {
+        if key.len() <= ENTRY_HEAD || key[0] != ENTRY {
+            return None;
+        }
+        Some(Ino(u64::from_be_bytes(key[1..9].try_into().ok()?)))
+    }
     /// The directory and index of a `P` key.
     pub fn partition_parts(key: &[u8]) -> Option<(Ino, u32)> {
         if key.len() != 13 || key[0] != PARTITION {
