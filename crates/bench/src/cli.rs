@@ -53,6 +53,9 @@ pub enum BenchCmd {
     /// modules through a D-entry search path, plain, read-mostly and in a coop group; wall
     /// time and server requests and bytes per process.
     Load(crate::load::LoadArgs),
+    /// Metadata query: `shoal find` over a tree of many files against find on a FUSE mount,
+    /// a local directory and tmpfs holding the same tree; times and ratios.
+    Find(crate::find::FindArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -339,6 +342,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
         BenchCmd::Import(a) => crate::import::run(config, a).await,
         BenchCmd::Http(a) => crate::http::run(config, a).await,
         BenchCmd::Load(a) => crate::load::run(config, a).await,
+        BenchCmd::Find(a) => crate::find::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await

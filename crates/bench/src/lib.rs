@@ -23,6 +23,7 @@ pub mod clock;
 pub mod container;
 pub mod counters;
 pub mod driver;
+pub mod find;
 pub mod hist;
 pub mod http;
 pub mod import;

@@ -23,6 +23,7 @@
 
 use crate::cli::parse_size;
 use crate::counters::{self, ServerDelta};
+use crate::mounts::Mounts;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
@@ -505,82 +506,6 @@ impl Job<'_> {
         }
         Ok(start.elapsed())
     }
-}
-
-/// Fresh `shoal mount` processes for one case, unmounted on drop.
-struct Mounts {
-    points: Vec<PathBuf>,
-    children: Vec<std::process::Child>,
-    _dir: tempfile::TempDir,
-}
-
-impl Mounts {
-    /// `n` mounts of the cluster of `config` (in one coop group on 127.0.0.1 with `coop`).
-    fn start(config: &Path, work: &Path, n: usize, coop: bool) -> Result<Mounts> {
-        let dir = tempfile::Builder::new().prefix("mounts-").tempdir_in(work)?;
-        let ports = if coop { free_ports(n)? } else { Vec::new() };
-        let members = dir.path().join("members");
-        if coop {
-            let lines: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-            std::fs::write(&members, lines.join("\n"))?;
-        }
-        let exe = std::env::current_exe().context("find the shoal program")?;
-        let mut m = Mounts { points: Vec::new(), children: Vec::new(), _dir: dir };
-        for i in 0..n {
-            let point = m._dir.path().join(format!("node{i}"));
-            std::fs::create_dir(&point)?;
-            let mut opts = vec!["dir_lease=60".to_string()];
-            if coop {
-                let port = ports.get(i).context("a port per member")?;
-                opts.push(format!("coop={},coop_addr=127.0.0.1:{port}", members.display()));
-            }
-            let log = std::fs::File::create(m._dir.path().join(format!("node{i}.log")))?;
-            let child = Command::new(&exe)
-                .arg("--config")
-                .arg(config)
-                .args(["mount", "--foreground", "-o", &opts.join(",")])
-                .arg(&point)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .spawn()
-                .context("start shoal mount")?;
-            m.children.push(child);
-            m.points.push(point);
-        }
-        for (i, p) in m.points.clone().iter().enumerate() {
-            let start = Instant::now();
-            while !crate::mounts::is_fuse_mount(p) {
-                if let Ok(Some(st)) = m.children[i].try_wait() {
-                    let log = std::fs::read_to_string(m._dir.path().join(format!("node{i}.log"))).unwrap_or_default();
-                    bail!("shoal mount of {} exited ({st}): {}", p.display(), log.trim());
-                }
-                if start.elapsed() > Duration::from_secs(30) {
-                    bail!("{} not mounted after 30 s", p.display());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        Ok(m)
-    }
-}
-
-impl Drop for Mounts {
-    fn drop(&mut self) {
-        for p in &self.points {
-            crate::mounts::unmount(p);
-        }
-        for c in &mut self.children {
-            crate::mounts::reap(c, Duration::from_secs(10));
-        }
-    }
-}
-
-/// `n` ports of 127.0.0.1 free now (bound, then let go, together).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let held: Vec<std::net::TcpListener> =
-        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
-    Ok(held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?)
 }
 
 /// Copy the local tree `from` to Shoal directory `to` (marked read-mostly first if `mark`).

@@ -1,8 +1,10 @@
 //! FUSE mounts seen from outside: whether a path is one, unmounting it, and reaping the
-//! `shoal mount` process (for `bench load`'s mounts, and the tests' own).
+//! `shoal mount` process (for `bench load`'s mounts, and the tests' own); [`Mounts`]: fresh
+//! mounts of a cluster for one benchmark case (`bench load`, `bench find`).
 
-use std::path::Path;
-use std::process::{Child, Command};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Whether `path` is a FUSE mount point in this mount namespace.
@@ -37,4 +39,80 @@ pub fn reap(child: &mut Child, limit: Duration) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Fresh `shoal mount` processes for one case, unmounted on drop.
+pub struct Mounts {
+    pub points: Vec<PathBuf>,
+    children: Vec<std::process::Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Mounts {
+    /// `n` mounts of the cluster of `config` (in one coop group on 127.0.0.1 with `coop`).
+    pub fn start(config: &Path, work: &Path, n: usize, coop: bool) -> Result<Mounts> {
+        let dir = tempfile::Builder::new().prefix("mounts-").tempdir_in(work)?;
+        let ports = if coop { free_ports(n)? } else { Vec::new() };
+        let members = dir.path().join("members");
+        if coop {
+            let lines: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+            std::fs::write(&members, lines.join("\n"))?;
+        }
+        let exe = std::env::current_exe().context("find the shoal program")?;
+        let mut m = Mounts { points: Vec::new(), children: Vec::new(), _dir: dir };
+        for i in 0..n {
+            let point = m._dir.path().join(format!("node{i}"));
+            std::fs::create_dir(&point)?;
+            let mut opts = vec!["dir_lease=60".to_string()];
+            if coop {
+                let port = ports.get(i).context("a port per member")?;
+                opts.push(format!("coop={},coop_addr=127.0.0.1:{port}", members.display()));
+            }
+            let log = std::fs::File::create(m._dir.path().join(format!("node{i}.log")))?;
+            let child = Command::new(&exe)
+                .arg("--config")
+                .arg(config)
+                .args(["mount", "--foreground", "-o", &opts.join(",")])
+                .arg(&point)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("start shoal mount")?;
+            m.children.push(child);
+            m.points.push(point);
+        }
+        for (i, p) in m.points.clone().iter().enumerate() {
+            let start = Instant::now();
+            while !is_fuse_mount(p) {
+                if let Ok(Some(st)) = m.children[i].try_wait() {
+                    let log = std::fs::read_to_string(m._dir.path().join(format!("node{i}.log"))).unwrap_or_default();
+                    bail!("shoal mount of {} exited ({st}): {}", p.display(), log.trim());
+                }
+                if start.elapsed() > Duration::from_secs(30) {
+                    bail!("{} not mounted after 30 s", p.display());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(m)
+    }
+}
+
+impl Drop for Mounts {
+    fn drop(&mut self) {
+        for p in &self.points {
+            unmount(p);
+        }
+        for c in &mut self.children {
+            reap(c, Duration::from_secs(10));
+        }
+    }
+}
+
+/// `n` ports of 127.0.0.1 free now (bound, then let go, together).
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let held: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    Ok(held.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?)
 }

@@ -3,8 +3,10 @@
 //! depth limits, what a user who may not read part of the tree sees, and bad input.
 
 mod common;
+mod fuse_common;
 
 use common::Cluster;
+use fuse_common::skip_without_fuse;
 use shoal_client::{Client, Cmp, Cred, FileKind, FindOptions, FindQuery, LayoutSpec, SizeTest, TimeSet, Timestamp};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -230,4 +232,25 @@ fn a_user_sees_only_what_they_may_see() {
         let seen = paths(&alice, "/s/closed", FindQuery::default(), FindOptions::default()).await;
         assert_eq!(seen, ["/s/closed", "/s/closed/f2", "/s/closed/sub", "/s/closed/sub/f3"]);
     });
+}
+
+/// `shoal bench find`: every case runs and finds the same paths (it fails otherwise).
+#[test]
+fn bench_find_compares_shoal_find_with_find_on_the_mount() {
+    if skip_without_fuse() {
+        return;
+    }
+    let c = Cluster::start(2);
+    let args = ["bench", "find", "--files", "300", "--per-dir", "100", "--runs", "1", "--json", "-q"];
+    let (code, out, err) = c.shoal(&args);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let cases = r["cases"].as_array().unwrap();
+    let names: Vec<&str> = cases.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert!(names.starts_with(&["shoal find", "find, FUSE mount", "find, local directory"]), "{names:?}");
+    // Names ending in 7: 30 files (and no directory: d000, e000..e002).
+    assert!(cases.iter().all(|c| c["found"] == 30), "{r}");
+    assert!(r["shoal_vs_fuse"].as_f64().unwrap() > 0.0);
+    let (code, _, err) = c.shoal(&["bench", "find", "--files", "0"]);
+    assert_eq!(code, 2, "{err}");
 }

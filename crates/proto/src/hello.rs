@@ -115,6 +115,7 @@ pub fn features_off() -> u64 {
             "list_io" => FEATURE_LIST_IO,
             "load" => FEATURE_LOAD,
             "read_mostly" => FEATURE_READ_MOSTLY,
+            "find" => FEATURE_FIND,
             _ => 0,
         })
         .fold(0, |a, b| a | b)
