@@ -140,7 +140,13 @@ impl Replication {
         match &self.log {
             Some(log) => {
                 let pos = if own_last > 0 { own_last } else { log.last() };
-                log.is_acked(pos) || log.wait_acked(pos).await
+                let applied = log.is_acked(pos) || log.wait_acked(pos).await;
+                // Changes piling up for a mirror being resynchronised: the writer slows down
+                // so that the resync can finish (`ReplLog::resync_delay`).
+                if let Some(delay) = log.resync_delay().filter(|_| applied && own_last > 0) {
+                    tokio::time::sleep(delay).await;
+                }
+                applied
             }
             None => true,
         }
