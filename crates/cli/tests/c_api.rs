@@ -106,3 +106,12 @@ fn c_programs_create_files_with_layouts_and_set_directory_defaults() {
     let exe = compile(&lib, "layout", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_search_metadata_with_find_style_tests() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(3);
+    let exe = compile(&lib, "find", "shared", tmp.path());
+    run(&exe, &c.config);
+}

@@ -158,6 +158,8 @@ impl BlockingClient {
     }
 
     twins! {
+        // ---- metadata queries (docs/find.md) ----
+        fn find(&self, path: &str, query: &crate::FindQuery, opts: crate::FindOptions) -> Result<(Vec<crate::Found>, crate::FindStats)>;
         // ---- inode level ----
         fn lookup(&self, dir: Ino, name: &str) -> Result<Attr>;
         fn getattr(&self, ino: Ino) -> Result<Attr>;

@@ -101,7 +101,8 @@ pub use list_io::SIEVE_GAP;
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::{Bitmap, ClusterMap};
-pub use shoal_proto::find::{AgeTest, Cmp, FindQuery, PermTest, SizeTest, TimeField};
+/// Metadata queries' tests and find(1)-style parsing of them (docs/find.md).
+pub use shoal_proto::find::{parse_kind, parse_number, AgeTest, Cmp, FindQuery, PermTest, SizeTest, TimeField};
 pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
     ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, UrlInfo, REPLICAS_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,

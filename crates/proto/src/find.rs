@@ -172,6 +172,74 @@ impl FindQuery {
     }
 }
 
+/// find's numbers: "+N" (more), "-N" (less) or "N" (exactly).
+pub fn parse_number(s: &str) -> Result<(Cmp, u64), String> {
+    let (cmp, digits) = match (s.strip_prefix('+'), s.strip_prefix('-')) {
+        (Some(d), _) => (Cmp::More, d),
+        (_, Some(d)) => (Cmp::Less, d),
+        _ => (Cmp::Equal, s),
+    };
+    let n = digits.parse().map_err(|_| format!("{s:?} is not a number (N, +N or -N)"))?;
+    Ok((cmp, n))
+}
+
+impl SizeTest {
+    /// find's `-size`: "[+-]N[cwkMGT]" (no unit: 512-byte blocks).
+    pub fn parse(s: &str) -> Result<SizeTest, String> {
+        let unit_of = |c: char| match c {
+            'c' => Some(1),
+            'w' => Some(2),
+            'k' | 'K' => Some(1 << 10),
+            'M' => Some(1 << 20),
+            'G' => Some(1 << 30),
+            'T' => Some(1u64 << 40),
+            _ => None,
+        };
+        let (unit, digits) = match s.chars().last().and_then(unit_of) {
+            Some(u) => (u, &s[..s.len() - 1]),
+            None => (512, s),
+        };
+        let (cmp, n) = parse_number(digits)?;
+        Ok(SizeTest { cmp, n, unit })
+    }
+}
+
+impl AgeTest {
+    /// find's `-mtime` (`period` 86,400) or `-mmin` (60) and their kin: "[+-]N" periods
+    /// before `now`.
+    pub fn parse(s: &str, field: TimeField, period: u64, now: i64) -> Result<AgeTest, String> {
+        let (cmp, n) = parse_number(s)?;
+        Ok(AgeTest { field, cmp, n, period, now })
+    }
+}
+
+impl PermTest {
+    /// find's `-perm`: octal "MODE" (exactly), "-MODE" (all of them), "/MODE" (any).
+    pub fn parse(s: &str) -> Result<PermTest, String> {
+        let octal = |m: &str| {
+            u32::from_str_radix(m, 8)
+                .ok()
+                .filter(|m| *m <= 0o7777)
+                .ok_or_else(|| format!("{s:?} is not an octal mode such as 644, -600 or /111"))
+        };
+        match (s.strip_prefix('-'), s.strip_prefix('/')) {
+            (Some(m), _) => octal(m).map(PermTest::All),
+            (_, Some(m)) => octal(m).map(PermTest::Any),
+            _ => octal(s).map(PermTest::Exact),
+        }
+    }
+}
+
+/// find's `-type`: "f", "d" or "l" (or "file", "directory", "symlink").
+pub fn parse_kind(s: &str) -> Result<FileKind, String> {
+    match s {
+        "f" | "file" => Ok(FileKind::File),
+        "d" | "directory" => Ok(FileKind::Dir),
+        "l" | "symlink" => Ok(FileKind::Symlink),
+        _ => Err(format!("{s:?}: f (file), d (directory) or l (symbolic link)")),
+    }
+}
+
 /// Seconds from `t` to `now` (0 for a time in the future).
 fn age(t: Timestamp, now: i64) -> u64 {
     now.saturating_sub(t.secs).max(0) as u64
@@ -276,6 +344,27 @@ mod tests {
         let owner = FindQuery { uid: Some(1000), gid: Some(7), ..Default::default() };
         assert!(!owner.matches_attr(&file(0, 0, 0o644)));
         assert!(FindQuery { name: Some("[".into()), ..Default::default() }.pattern().is_err());
+    }
+
+    #[test]
+    fn find_s_notation_is_read_as_find_reads_it() {
+        assert_eq!(SizeTest::parse("+1M").unwrap(), SizeTest { cmp: Cmp::More, n: 1, unit: 1 << 20 });
+        assert_eq!(SizeTest::parse("-10k").unwrap(), SizeTest { cmp: Cmp::Less, n: 10, unit: 1024 });
+        assert_eq!(SizeTest::parse("7").unwrap(), SizeTest { cmp: Cmp::Equal, n: 7, unit: 512 });
+        assert_eq!(SizeTest::parse("100c").unwrap().unit, 1);
+        assert!(SizeTest::parse("big").is_err());
+        assert!(SizeTest::parse("").is_err());
+        assert_eq!(parse_number("+3").unwrap(), (Cmp::More, 3));
+        assert!(parse_number("3d").is_err());
+        let t = AgeTest::parse("-7", TimeField::Access, 86_400, 5).unwrap();
+        assert_eq!((t.cmp, t.n, t.now), (Cmp::Less, 7, 5));
+        assert_eq!(PermTest::parse("644").unwrap(), PermTest::Exact(0o644));
+        assert_eq!(PermTest::parse("-600").unwrap(), PermTest::All(0o600));
+        assert_eq!(PermTest::parse("/111").unwrap(), PermTest::Any(0o111));
+        assert!(PermTest::parse("999").is_err());
+        assert!(PermTest::parse("17777").is_err());
+        assert_eq!(parse_kind("d").unwrap(), FileKind::Dir);
+        assert!(parse_kind("q").is_err());
     }
 
     #[test]

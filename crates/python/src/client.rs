@@ -108,6 +108,28 @@ macro_rules! path_calls {
                 })
             }
 
+            /// The paths at or under `path` whose metadata passes every test given, as
+            /// find(1) (docs/find.md): every server scans the entries it holds at once.
+            /// Tests in find's notation: `name`/`iname` (shell pattern), `type` ("f", "d",
+            /// "l"), `size` ("+1M"), `mtime`/`atime`/`ctime` (days, "+30"), `mmin`/`amin`/
+            /// `cmin` (minutes), `uid`, `gid`, `perm` (an int, or "644", "-600", "/111"),
+            /// `stripe_count`, `stripe_size`, `xattr` with `xattr_value`, `read_mostly`;
+            /// `mindepth` and `maxdepth`. Returns (path, stat) pairs sorted by path.
+            #[pyo3(signature = (path = String::from("/"), **tests))]
+            fn find<'py>(
+                &self,
+                py: Python<'py>,
+                path: String,
+                tests: Option<&Bound<'py, pyo3::types::PyDict>>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let (query, opts) = crate::find::query_of(tests)?;
+                let c = self.client.clone();
+                $run(py, async move {
+                    let (found, _) = c.find(&path, &query, opts).await.or_raise()?;
+                    Ok(found.iter().map(|f| (f.path.clone(), Stat::from(&f.attr))).collect::<Vec<_>>())
+                })
+            }
+
             /// Make directory `path` with permission bits `mode`.
             #[pyo3(signature = (path, mode = 0o777))]
             fn mkdir<'py>(&self, py: Python<'py>, path: String, mode: u32) -> PyResult<Bound<'py, PyAny>> {

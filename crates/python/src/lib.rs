@@ -12,6 +12,7 @@
 mod client;
 mod errors;
 mod file;
+mod find;
 mod types;
 
 use pyo3::prelude::*;

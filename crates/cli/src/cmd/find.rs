@@ -2,11 +2,12 @@
 //! (docs/find.md). The flags follow find(1), written with two dashes; all must hold.
 
 use super::{only_shoal, usage, Ctx};
-use crate::fmt::{mode_string, parse_mode, time_string};
+use crate::fmt::{mode_string, time_string};
 use anyhow::{Context, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
-use shoal_client::{AgeTest, Cmp, FileKind, FindOptions, FindQuery, PermTest, SizeTest, TimeField};
+use shoal_client::{parse_kind, AgeTest, PermTest, SizeTest, TimeField};
+use shoal_client::{FileKind, FindOptions, FindQuery};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 #[derive(Args)]
@@ -160,7 +161,7 @@ fn query_of(a: &FindArgs) -> Result<FindQuery> {
     };
     q.pattern().map_err(usage)?;
     if let Some(s) = &a.size {
-        q.size = Some(size_test(s).map_err(|e| usage(format!("--size {s}: {e}")))?);
+        q.size = Some(SizeTest::parse(s).map_err(|e| usage(format!("--size {s}: {e}")))?);
     }
     let ages = [
         (&a.mtime, TimeField::Modify, 86_400, "--mtime"),
@@ -172,8 +173,7 @@ fn query_of(a: &FindArgs) -> Result<FindQuery> {
     ];
     for (arg, field, period, flag) in ages {
         if let Some(s) = arg {
-            let (cmp, n) = number(s).map_err(|e| usage(format!("{flag} {s}: {e}")))?;
-            q.ages.push(AgeTest { field, cmp, n, period, now });
+            q.ages.push(AgeTest::parse(s, field, period, now).map_err(|e| usage(format!("{flag} {s}: {e}")))?);
         }
     }
     if let Some(u) = &a.user {
@@ -183,12 +183,7 @@ fn query_of(a: &FindArgs) -> Result<FindQuery> {
         q.gid = Some(id_of(g, false).ok_or_else(|| usage(format!("--group {g}: no such group")))?);
     }
     if let Some(p) = &a.perm {
-        let t = match (p.strip_prefix('-'), p.strip_prefix('/')) {
-            (Some(m), _) => parse_mode(m).map(PermTest::All),
-            (_, Some(m)) => parse_mode(m).map(PermTest::Any),
-            _ => parse_mode(p).map(PermTest::Exact),
-        };
-        q.perm = Some(t.map_err(|e| usage(format!("--perm {p}: {e}")))?);
+        q.perm = Some(PermTest::parse(p).map_err(|e| usage(format!("--perm {p}: {e}")))?);
     }
     if let Some(x) = &a.xattr {
         let (name, value) = match x.split_once('=') {
@@ -202,41 +197,6 @@ fn query_of(a: &FindArgs) -> Result<FindQuery> {
         q.xattr_value = value;
     }
     Ok(q)
-}
-
-/// "+N", "-N" or "N".
-fn number(s: &str) -> Result<(Cmp, u64), String> {
-    let (cmp, digits) = match (s.strip_prefix('+'), s.strip_prefix('-')) {
-        (Some(d), _) => (Cmp::More, d),
-        (_, Some(d)) => (Cmp::Less, d),
-        _ => (Cmp::Equal, s),
-    };
-    let n = digits.parse().map_err(|_| "not a number (N, +N or -N)".to_string())?;
-    Ok((cmp, n))
-}
-
-/// find's -size: "[+-]N[ckMG]" (no unit: 512-byte blocks).
-fn size_test(s: &str) -> Result<SizeTest, String> {
-    let (unit, digits) = match s.chars().last() {
-        Some('c') => (1, &s[..s.len() - 1]),
-        Some('w') => (2, &s[..s.len() - 1]),
-        Some('k') | Some('K') => (1 << 10, &s[..s.len() - 1]),
-        Some('M') => (1 << 20, &s[..s.len() - 1]),
-        Some('G') => (1 << 30, &s[..s.len() - 1]),
-        Some('T') => (1u64 << 40, &s[..s.len() - 1]),
-        _ => (512, s),
-    };
-    let (cmp, n) = number(digits)?;
-    Ok(SizeTest { cmp, n, unit })
-}
-
-fn parse_kind(s: &str) -> Result<FileKind, String> {
-    match s {
-        "f" => Ok(FileKind::File),
-        "d" => Ok(FileKind::Dir),
-        "l" => Ok(FileKind::Symlink),
-        _ => Err(format!("{s:?}: f (file), d (directory) or l (symbolic link)")),
-    }
 }
 
 /// A user's or group's number, from a number or a name in the local databases.
@@ -273,16 +233,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_and_numbers_read_as_find_reads_them() {
-        assert_eq!(size_test("+1M").unwrap(), SizeTest { cmp: Cmp::More, n: 1, unit: 1 << 20 });
-        assert_eq!(size_test("-10k").unwrap(), SizeTest { cmp: Cmp::Less, n: 10, unit: 1024 });
-        assert_eq!(size_test("7").unwrap(), SizeTest { cmp: Cmp::Equal, n: 7, unit: 512 });
-        assert_eq!(size_test("100c").unwrap().unit, 1);
-        assert!(size_test("big").is_err());
-        assert_eq!(number("+3").unwrap(), (Cmp::More, 3));
-        assert!(number("3d").is_err());
+    fn users_and_groups_by_number_or_name() {
         assert_eq!(id_of("0", true), Some(0));
         assert_eq!(id_of("root", true), Some(0));
+        assert_eq!(id_of("root", false), Some(0));
         assert_eq!(id_of("no-such-user-here", true), None);
     }
 }
