@@ -75,6 +75,16 @@ old); 2 usage error.",
         after_help = "Examples:\n  shoal find /proj --name '*.h5' --size +1G\n  shoal find /scratch --user alice --mtime +30 --type f --count\n  shoal find /data --xattr user.tag=hot --json"
     )]
     Find(cmd::find::FindArgs),
+    /// The tuple space: write, read, take and watch tuples of typed values (docs/tuples.md).
+    #[command(
+        subcommand,
+        after_help = "Fields: 42 is an integer, s:42 or any text a string, x:00ff bytes; in templates ? \
+matches any value, ?int ?str ?bytes any value of that type. The first field must be a value: it \
+places the tuple.\n\nExamples:\n  shoal tuple write ckpt 7 rank-3 done\n  shoal tuple take ckpt 7 ? \
+done --wait 30\n  shoal tuple watch ckpt ? ? ? --taken --json\n\nExit status: 0 success; 1 no tuple \
+matched in time (read, take) or a failure; 2 usage error."
+    )]
+    Tuple(cmd::tuple::TupleCmd),
     /// Create directories.
     Mkdir(cmd::files::MkdirArgs),
     /// Remove files (and with -r, directories and their contents).
@@ -220,6 +230,7 @@ fn main() -> ExitCode {
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Readmostly(a) => cmd::readmostly::readmostly(&ctx, a).await,
             Command::Find(a) => cmd::find::find(&ctx, a).await,
+            Command::Tuple(c) => cmd::tuple::run(&ctx, c).await,
             Command::Preload(a) => cmd::preload::preload(a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,

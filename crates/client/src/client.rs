@@ -172,6 +172,8 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Resync(_) => "Resync",
         Reply::ScrubRead { .. } => "ScrubRead",
         Reply::Found(_) => "Found",
+        Reply::Tuple { .. } => "Tuple",
+        Reply::TupleEvents(_) => "TupleEvents",
     }
 }
 

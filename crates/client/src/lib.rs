@@ -90,6 +90,7 @@ mod path_ops;
 pub mod pathname;
 mod scrub;
 mod stat_ahead;
+mod tuples;
 
 pub use blocking::{BlockingClient, BlockingFile};
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
@@ -107,7 +108,12 @@ pub use shoal_proto::msg::{
     Attr, Cred, DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, RenameFlags, ScrubError, ScrubStatus,
     ServerStatus, SetAttrs, StatFsOut, TimeSet, Timestamp, UrlInfo, REPLICAS_MAX, STRIPE_SIZE_MAX, STRIPE_SIZE_MIN,
 };
+/// The tuple space's values, tuples and templates (docs/tuples.md).
+pub use shoal_proto::tuple::{
+    Field, Template, Tuple, TupleEvent, TupleEventKind, Value, ValueKind, WATCH_TAKEN, WATCH_WRITTEN,
+};
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
+pub use tuples::{TupleWatch, WatchFrom};
 
 #[cfg(test)]
 mod tests {

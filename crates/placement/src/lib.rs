@@ -25,7 +25,7 @@ pub mod split_policy;
 pub mod stripe;
 
 pub use map::{ClusterDefaults, ClusterMap, MapError, ServerEntry, ServerState};
-pub use name_hash::name_hash;
+pub use name_hash::{bytes_hash, name_hash};
 pub use partition::{
     birth_depth, key_after, key_range, listing_key, moves_on_split, split_child, Bitmap, SplitError, MAX_DEPTH,
 };

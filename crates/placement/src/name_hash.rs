@@ -18,6 +18,12 @@ pub fn name_hash(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
 }
 
+/// The same hash over any bytes: where a tuple is kept (`Value::key_bytes` of its first
+/// field, docs/tuples.md). Stable forever, as [`name_hash`].
+pub fn bytes_hash(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

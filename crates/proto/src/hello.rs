@@ -69,6 +69,10 @@ pub const FEATURE_READ_MOSTLY: u64 = 1 << 8;
 /// operation; the client says which server is too old).
 pub const FEATURE_FIND: u64 = 1 << 9;
 
+/// The tuple space (docs/tuples.md): the server knows `Op::TupleWrite`, `TupleRead` and
+/// `TupleWatch`.
+pub const FEATURE_TUPLES: u64 = 1 << 10;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LEASES
@@ -79,7 +83,8 @@ pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_FETCH
     | FEATURE_MEMBERSHIP
     | FEATURE_READ_MOSTLY
-    | FEATURE_FIND;
+    | FEATURE_FIND
+    | FEATURE_TUPLES;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
@@ -116,6 +121,7 @@ pub fn features_off() -> u64 {
             "load" => FEATURE_LOAD,
             "read_mostly" => FEATURE_READ_MOSTLY,
             "find" => FEATURE_FIND,
+            "tuples" => FEATURE_TUPLES,
             _ => 0,
         })
         .fold(0, |a, b| a | b)
@@ -173,9 +179,9 @@ mod tests {
 
     #[test]
     fn a_newer_peer_is_spoken_to_in_our_newest_version_with_the_common_features() {
-        let a = negotiate(5, 11, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
+        let a = negotiate(5, 12, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
         assert_eq!(a, Agreed { version: PROTOCOL_VERSION, features: FEATURE_DATA_CRC });
-        let a = negotiate(1, 11, 1 << 40, KNOWN_FEATURES).unwrap();
+        let a = negotiate(1, 12, 1 << 40, KNOWN_FEATURES).unwrap();
         assert_eq!(a.features, 0, "unknown bits are dropped");
     }
 

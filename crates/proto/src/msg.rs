@@ -494,6 +494,31 @@ pub enum Op {
         after: Option<Vec<u8>>,
         limit: u32,
     },
+    /// Store a tuple on this server (protocol 11, `FEATURE_TUPLES`; docs/tuples.md), the
+    /// home of its first field's hash. Answered `Reply::Tuple { tuple: None, seq }`, `seq`
+    /// the event that recorded it.
+    TupleWrite {
+        tuple: crate::tuple::Tuple,
+    },
+    /// The oldest tuple here matching `template`, taken away when `take`; when there is
+    /// none, waits up to `wait_ms` (at most 10 s) for one. Answered `Reply::Tuple`, with
+    /// `tuple: None` when none came in time.
+    TupleRead {
+        template: crate::tuple::Template,
+        take: bool,
+        wait_ms: u32,
+    },
+    /// The events of this server's tuple log after `after` (`None`: from now on) whose
+    /// kind is in `kinds` (`tuple::WATCH_*` bits) and whose tuple matches `template`, at
+    /// most `limit`; when there is none, waits up to `wait_ms` (at most 10 s). Answered
+    /// `Reply::TupleEvents`.
+    TupleWatch {
+        template: crate::tuple::Template,
+        kinds: u8,
+        after: Option<u64>,
+        limit: u32,
+        wait_ms: u32,
+    },
     ReadLink {
         ino: Ino,
     },
@@ -987,6 +1012,10 @@ impl Op {
             Op::SetDirLayout { .. } => "setdirlayout",
             Op::SetReadMostly { .. } => "setreadmostly",
             Op::Find { .. } => "find",
+            Op::TupleWrite { .. } => "tuplewrite",
+            Op::TupleRead { take: false, .. } => "tupleread",
+            Op::TupleRead { take: true, .. } => "tupletake",
+            Op::TupleWatch { .. } => "tuplewatch",
             Op::ReadLink { .. } => "readlink",
             Op::Access { .. } => "access",
             Op::ExtendSize { .. } => "extendsize",
@@ -1235,6 +1264,14 @@ pub enum Reply {
     },
     /// Answer to `Find`.
     Found(crate::find::FindPage),
+    /// Answer to `TupleWrite` (`tuple` None, `seq` the event recording it) and `TupleRead`
+    /// (the tuple read or taken, None when none came in time; `seq` its write's event).
+    Tuple {
+        tuple: Option<crate::tuple::Tuple>,
+        seq: u64,
+    },
+    /// Answer to `TupleWatch`.
+    TupleEvents(crate::tuple::TupleEvents),
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

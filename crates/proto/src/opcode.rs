@@ -75,6 +75,9 @@ impl Op {
             Op::PeerScrubRead { .. } => 60,
             Op::SetReadMostly { .. } => 61,
             Op::Find { .. } => 62,
+            Op::TupleWrite { .. } => 63,
+            Op::TupleRead { .. } => 64,
+            Op::TupleWatch { .. } => 65,
         }
     }
 }
@@ -115,6 +118,8 @@ impl Reply {
             Reply::Resync(_) => 31,
             Reply::ScrubRead { .. } => 32,
             Reply::Found(_) => 33,
+            Reply::Tuple { .. } => 34,
+            Reply::TupleEvents(_) => 35,
         }
     }
 }

@@ -142,6 +142,15 @@ fn ops() -> Vec<Op> {
             after: Some(vec![b'E', 1, 2]),
             limit: 4096,
         },
+        Op::TupleWrite { tuple: tuple() },
+        Op::TupleRead { template: template(), take: true, wait_ms: 5000 },
+        Op::TupleWatch {
+            template: template(),
+            kinds: shoal_proto::tuple::WATCH_WRITTEN | shoal_proto::tuple::WATCH_TAKEN,
+            after: Some(41),
+            limit: 100,
+            wait_ms: 10_000,
+        },
         Op::ReadLink { ino: FILE },
         Op::Access { ino: FILE, mask: 6 },
         Op::ExtendSize { ino: FILE, size: 1 << 33 },
@@ -310,6 +319,18 @@ fn replies() -> Vec<Reply> {
             dirs: vec![shoal_proto::find::FoundDir { dir: Ino(1), name: "d".into(), ino: DIR }],
             scanned: 12,
             next: None,
+        }),
+        Reply::Tuple { tuple: Some(tuple()), seq: 42 },
+        Reply::TupleEvents(shoal_proto::tuple::TupleEvents {
+            events: vec![shoal_proto::tuple::TupleEvent {
+                seq: 42,
+                kind: shoal_proto::tuple::TupleEventKind::Taken,
+                tuple: tuple(),
+                uid: 1000,
+                at: ts(1_700_000_000),
+            }],
+            next: 42,
+            lost: 0,
         }),
         Reply::Written { len: 4096 },
         Reply::NLink(2),
@@ -964,4 +985,14 @@ fn load_report() -> LoadReport {
         free_bytes: 1 << 39,
         full: false,
     }
+}
+
+fn tuple() -> shoal_proto::tuple::Tuple {
+    use shoal_proto::tuple::Value;
+    shoal_proto::tuple::Tuple(vec![Value::Str("ckpt".into()), Value::Int(-7), Value::Bytes(vec![0, 255])])
+}
+
+fn template() -> shoal_proto::tuple::Template {
+    use shoal_proto::tuple::{Field, Value, ValueKind};
+    shoal_proto::tuple::Template(vec![Field::Is(Value::Str("ckpt".into())), Field::AnyOf(ValueKind::Int), Field::Any])
 }

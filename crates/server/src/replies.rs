@@ -314,7 +314,9 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::Write { .. }
         | Op::WriteList { .. }
         | Op::Append { .. }
-        | Op::ReleaseOrphan { .. } => true,
+        | Op::ReleaseOrphan { .. }
+        | Op::TupleWrite { .. }
+        | Op::TupleRead { take: true, .. } => true,
         Op::Batch { ops } => ops.iter().any(|op| !matches!(op, BatchOp::Lookup { .. } | BatchOp::GetAttr { .. })),
         // Reads, and peer steps (sent by servers, idempotent by their op ids).
         Op::Hello { .. }
@@ -322,6 +324,8 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::Lookup { .. }
         | Op::ReadDir { .. }
         | Op::Find { .. }
+        | Op::TupleRead { take: false, .. }
+        | Op::TupleWatch { .. }
         | Op::GetAttr { .. }
         | Op::ReadLink { .. }
         | Op::Access { .. }

@@ -305,6 +305,9 @@ fn check_record(k: &[u8], v: &[u8]) -> Result<(), String> {
         Some(&key::APPLIED) => number("applied marker").and_then(|()| dec::<meta::AppliedRecord>(k, v)),
         Some(&key::GC) => number("gc").and_then(|()| dec::<meta::GcRecord>(k, v)),
         Some(&key::ORPHAN) => number("orphan").and_then(|()| dec::<meta::OrphanRecord>(k, v)),
+        Some(&key::TUPLE) if k.len() == 17 => dec::<meta::TupleRecord>(k, v),
+        Some(&key::TUPLE) => Err("tuple key of the wrong length".into()),
+        Some(&key::TUPLE_EVENT) => number("tuple event").and_then(|()| dec::<meta::TupleEventRecord>(k, v)),
         _ if k == key::FORMAT || k == key::SERVER => {
             if v.len() == 4 {
                 Ok(())

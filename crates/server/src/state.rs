@@ -91,6 +91,8 @@ pub struct State {
     /// Files whose size is committed smaller while their objects are still to be cut
     /// (`ops/truncate.rs`): nothing extends them until the cut is done.
     pub cuts: crate::ops::truncate::PendingCuts,
+    /// The tuple space's lock and change signal (`ops/tuples.rs`).
+    pub tuples: crate::ops::tuples::TupleSpace,
 }
 
 /// Times a peer call answered "stale map" is sent again, each after waiting up to
@@ -161,6 +163,7 @@ impl State {
             quiesce: Default::default(),
             stop: tokio::sync::watch::channel(None).0,
             cuts: Default::default(),
+            tuples: Default::default(),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod status;
 pub mod stripe;
 pub mod token;
 pub mod top;
+pub mod tuple;
 
 use anyhow::{Context, Result};
 use shoal_client::{Client, ClientOptions};

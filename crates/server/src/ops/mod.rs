@@ -10,6 +10,7 @@ pub mod inode;
 pub mod namespace;
 pub mod peer;
 pub mod truncate;
+pub mod tuples;
 
 use crate::error::{Fail, R};
 use crate::perm::Owner;

@@ -71,6 +71,12 @@ pub mod key {
     pub const APPLIED: u8 = b'o';
     pub const GC: u8 = b'g';
     pub const ORPHAN: u8 = b'O';
+    /// The tuple space (docs/tuples.md): `T` space seq, a tuple stored by the hash of its
+    /// first field (`space`) and the event that wrote it (`seq`), so a space's tuples sort
+    /// oldest first.
+    pub const TUPLE: u8 = b'T';
+    /// `N` seq: the tuple log, every tuple written or taken, numbered from 1 without gap.
+    pub const TUPLE_EVENT: u8 = b'N';
     pub const FORMAT: &[u8] = b"mformat";
     pub const SERVER: &[u8] = b"mserver";
     /// In a mirror's store (`replica::mirror`): the primary incarnation and the last
@@ -173,6 +179,18 @@ pub mod key {
     }
     pub fn gc(ino: Ino) -> [u8; 9] {
         tagged(GC, ino.0)
+    }
+    pub fn tuple(space: u64, seq: u64) -> [u8; 17] {
+        let mut k = [0u8; 17];
+        k[..9].copy_from_slice(&tagged(TUPLE, space));
+        k[9..].copy_from_slice(&seq.to_be_bytes());
+        k
+    }
+    pub fn tuple_prefix(space: u64) -> [u8; 9] {
+        tagged(TUPLE, space)
+    }
+    pub fn tuple_event(seq: u64) -> [u8; 9] {
+        tagged(TUPLE_EVENT, seq)
     }
     pub fn orphan(ino: Ino) -> [u8; 9] {
         tagged(ORPHAN, ino.0)
@@ -402,6 +420,22 @@ pub struct OrphanRecord {
     pub session: u64,
     /// Seconds since the epoch when the last name went.
     pub since: i64,
+}
+
+/// A tuple of the tuple space (`T` key), and who wrote it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TupleRecord {
+    pub tuple: shoal_proto::tuple::Tuple,
+    pub uid: u32,
+}
+
+/// An event of the tuple log (`N` key).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TupleEventRecord {
+    pub kind: shoal_proto::tuple::TupleEventKind,
+    pub tuple: shoal_proto::tuple::Tuple,
+    pub uid: u32,
+    pub at: Timestamp,
 }
 
 /// Block cache of the metadata store: inodes and entries of a few million files.
@@ -721,6 +755,24 @@ impl MetaStore {
             }
         }
         Ok(())
+    }
+
+    /// The last key starting with `prefix`, if any.
+    pub fn last_under(&self, prefix: &[u8]) -> R<Option<Vec<u8>>> {
+        let mut ro = ReadOptions::default();
+        ro.set_iterate_lower_bound(prefix.to_vec());
+        if let Some(end) = key::prefix_end(prefix) {
+            ro.set_iterate_upper_bound(end);
+        }
+        let db = self.db()?;
+        let last = match db.iterator_opt(IteratorMode::End, ro).next() {
+            Some(item) => {
+                let (k, _) = item?;
+                k.starts_with(prefix).then(|| k.to_vec())
+            }
+            None => None,
+        };
+        Ok(last)
     }
 
     /// Does directory `dir` have any entry?

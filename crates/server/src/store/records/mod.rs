@@ -23,9 +23,11 @@
 use crate::error::{Fail, R};
 use crate::store::meta::{
     AppliedRecord, EntryRecord, GcRecord, InodeRecord, Intent, IntentRecord, OrphanRecord, PartitionRecord,
+    TupleEventRecord, TupleRecord,
 };
 use prost::Message;
 use shoal_proto::msg::{DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, Reply, Timestamp, REPLICAS_MAX};
+use shoal_proto::tuple::{Tuple, TupleEventKind, Value};
 use shoal_proto::{Ino, ServerId};
 
 pub mod v1;
@@ -382,6 +384,49 @@ pub struct Orphan {
     pub since: i64,
 }
 
+/// One value of a tuple: `kind` says which of `int` and `bytes` holds it.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct StoredValue {
+    #[prost(enumeration = "ValueType", tag = "1")]
+    pub kind: i32,
+    #[prost(int64, tag = "2")]
+    pub int: i64,
+    #[prost(bytes = "vec", tag = "3")]
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, prost::Enumeration)]
+#[repr(i32)]
+pub enum ValueType {
+    Int = 0,
+    /// UTF-8 text in `bytes`.
+    Str = 1,
+    Bytes = 2,
+}
+
+/// `T` space seq.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct StoredTuple {
+    #[prost(message, repeated, tag = "1")]
+    pub values: Vec<StoredValue>,
+    #[prost(uint32, tag = "2")]
+    pub uid: u32,
+}
+
+/// `N` seq.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct StoredTupleEvent {
+    /// 0 written, 1 taken.
+    #[prost(uint32, tag = "1")]
+    pub taken: u32,
+    #[prost(message, repeated, tag = "2")]
+    pub values: Vec<StoredValue>,
+    #[prost(uint32, tag = "3")]
+    pub uid: u32,
+    #[prost(message, optional, tag = "4")]
+    pub at: Option<Time>,
+}
+
 // ---- Conversions between the stored types and the server's records (wire types). ----
 
 fn kind_out(k: FileKind) -> i32 {
@@ -668,6 +713,61 @@ impl Record for OrphanRecord {
     }
     fn from_stored(s: Orphan) -> Result<OrphanRecord, String> {
         Ok(OrphanRecord { session: s.session, since: s.since })
+    }
+}
+
+fn values_out(t: &Tuple) -> Vec<StoredValue> {
+    t.0.iter()
+        .map(|v| match v {
+            Value::Int(n) => StoredValue { kind: ValueType::Int as i32, int: *n, bytes: Vec::new() },
+            Value::Str(s) => StoredValue { kind: ValueType::Str as i32, int: 0, bytes: s.as_bytes().to_vec() },
+            Value::Bytes(b) => StoredValue { kind: ValueType::Bytes as i32, int: 0, bytes: b.clone() },
+        })
+        .collect()
+}
+
+fn values_in(values: Vec<StoredValue>) -> Result<Tuple, String> {
+    let values = values
+        .into_iter()
+        .map(|v| match ValueType::try_from(v.kind).map_err(|_| format!("unknown value type {}", v.kind))? {
+            ValueType::Int => Ok(Value::Int(v.int)),
+            ValueType::Str => String::from_utf8(v.bytes).map(Value::Str).map_err(|_| "a string is not UTF-8".into()),
+            ValueType::Bytes => Ok(Value::Bytes(v.bytes)),
+        })
+        .collect::<Result<Vec<Value>, String>>()?;
+    if values.is_empty() {
+        return Err("a tuple without fields".into());
+    }
+    Ok(Tuple(values))
+}
+
+impl Record for TupleRecord {
+    type Stored = StoredTuple;
+    fn to_stored(&self) -> StoredTuple {
+        StoredTuple { values: values_out(&self.tuple), uid: self.uid }
+    }
+    fn from_stored(s: StoredTuple) -> Result<TupleRecord, String> {
+        Ok(TupleRecord { tuple: values_in(s.values)?, uid: s.uid })
+    }
+}
+
+impl Record for TupleEventRecord {
+    type Stored = StoredTupleEvent;
+    fn to_stored(&self) -> StoredTupleEvent {
+        StoredTupleEvent {
+            taken: (self.kind == TupleEventKind::Taken) as u32,
+            values: values_out(&self.tuple),
+            uid: self.uid,
+            at: time_out(self.at),
+        }
+    }
+    fn from_stored(s: StoredTupleEvent) -> Result<TupleEventRecord, String> {
+        let kind = match s.taken {
+            0 => TupleEventKind::Written,
+            1 => TupleEventKind::Taken,
+            n => return Err(format!("unknown event kind {n}")),
+        };
+        Ok(TupleEventRecord { kind, tuple: values_in(s.values)?, uid: s.uid, at: time_in(s.at, "time")? })
     }
 }
 
