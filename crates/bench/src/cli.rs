@@ -56,6 +56,9 @@ pub enum BenchCmd {
     /// Metadata query: `shoal find` over a tree of many files against find on a FUSE mount,
     /// a local directory and tmpfs holding the same tree; times and ratios.
     Find(crate::find::FindArgs),
+    /// Checkpointing tasks of uneven speed: a global barrier at each checkpoint against
+    /// micro-checkpointing (each task saves its part and goes on); time lost and the ratio.
+    Ckpt(crate::ckpt::CkptArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -343,6 +346,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
         BenchCmd::Http(a) => crate::http::run(config, a).await,
         BenchCmd::Load(a) => crate::load::run(config, a).await,
         BenchCmd::Find(a) => crate::find::run(config, a).await,
+        BenchCmd::Ckpt(a) => crate::ckpt::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await

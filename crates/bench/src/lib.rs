@@ -18,6 +18,7 @@
 //! * [`mounts`]: FUSE mounts seen from outside (is it mounted, unmount, reap its process).
 //! * [`cli`]: the clap definitions used by the `shoal` binary.
 
+pub mod ckpt;
 pub mod cli;
 pub mod clock;
 pub mod container;

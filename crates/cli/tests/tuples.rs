@@ -273,3 +273,99 @@ fn the_cli_writes_reads_takes_and_watches() {
     assert_eq!((events[0]["event"].as_str(), events[1]["event"].as_str()), (Some("written"), Some("taken")));
     assert!(err.contains("cursor 2"), "{err}");
 }
+
+#[test]
+fn a_trigger_fires_once_in_the_step_of_the_write_that_completes_its_count() {
+    let c = Cluster::start(2);
+    let rt = rt();
+    let fs = c.client();
+    rt.block_on(async {
+        let done = tuple(&["set", "done"]);
+        let trigger = shoal_client::Trigger { count: template(&["set", "?int"]), reaches: 3, write: done.clone() };
+        for i in 0..5 {
+            fs.tuple_write_then(&tuple(&["set", &i.to_string()]), Some(&trigger)).await.unwrap();
+            let fired = fs.tuple_read(&Template::exactly(&done), NOW).await.unwrap().is_some();
+            assert_eq!(fired, i >= 2, "after {} tuples", i + 1);
+        }
+        // Once: the writes after the third found it there.
+        assert!(fs.tuple_take(&Template::exactly(&done), NOW).await.unwrap().is_some());
+        assert_eq!(fs.tuple_read(&Template::exactly(&done), NOW).await.unwrap(), None);
+        // A trigger naming another first field is refused (it would live on another server).
+        let bad = shoal_client::Trigger { count: template(&["other", "?"]), reaches: 1, write: tuple(&["set", "x"]) };
+        let err = fs.tuple_write_then(&tuple(&["set", "9"]), Some(&bad)).await.unwrap_err();
+        assert_eq!(err.errno, Errno::EINVAL);
+    });
+}
+
+#[test]
+fn micro_checkpoints_commit_without_a_barrier_and_a_restart_uses_the_newest_committed() {
+    let mut c = Cluster::start(3);
+    let rt = rt();
+    let fs = c.client();
+    rt.block_on(async {
+        const PARTS: u32 = 4;
+        let ck = shoal_client::MicroCheckpoint::open(&fs, "sim", "/ckpt/sim", PARTS).await.unwrap();
+        assert_eq!(ck.latest().await.unwrap(), None);
+        // Checkpoints 0 and 1: every task saves its part on its own schedule, in any order.
+        for n in 0..2u64 {
+            for part in [2, 0, 3, 1] {
+                assert!(!ck.is_committed(n, NOW).await.unwrap(), "{n} committed before part {part}");
+                ck.save(n, part, format!("step {n} part {part}").as_bytes()).await.unwrap();
+            }
+            assert!(ck.is_committed(n, NOW).await.unwrap());
+        }
+        // Checkpoint 2: task 3 is killed before it saves its part; the others go on to 3.
+        for part in 0..3 {
+            ck.save(2, part, b"partial").await.unwrap();
+            ck.save(3, part, b"partial").await.unwrap();
+        }
+        // A part saved twice counts once.
+        ck.save(2, 0, b"again").await.unwrap();
+        assert!(!ck.is_committed(2, Some(Duration::from_millis(200))).await.unwrap());
+        assert_eq!(ck.latest().await.unwrap(), Some(1), "2 is not committed: 1 is used");
+        assert_eq!(ck.load(1, 3).await.unwrap(), b"step 1 part 3");
+        assert!(ck.save(0, PARTS, b"x").await.is_err(), "no such part");
+    });
+    // Across kill -9 of every server: the commits and the parts stay, and the restarted
+    // task completes checkpoint 2 (its part is the last one).
+    for id in 0..3 {
+        c.kill9(id);
+        c.restart(id);
+    }
+    let fs = c.client();
+    rt.block_on(async {
+        let ck = shoal_client::MicroCheckpoint::open(&fs, "sim", "/ckpt/sim", 4).await.unwrap();
+        assert_eq!(ck.latest().await.unwrap(), Some(1));
+        ck.save(2, 3, b"late").await.unwrap();
+        assert_eq!(ck.latest().await.unwrap(), Some(2));
+        assert_eq!(ck.load(2, 0).await.unwrap(), b"again");
+    });
+}
+
+#[test]
+fn the_checkpoint_benchmark_runs_both_modes() {
+    let c = Cluster::start(2);
+    let (code, out, err) = c.shoal(&[
+        "bench",
+        "ckpt",
+        "--tasks",
+        "4",
+        "--steps",
+        "3",
+        "--compute-ms",
+        "20",
+        "--size",
+        "4K",
+        "--json",
+        "-q",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for m in ["barrier", "micro"] {
+        assert_eq!(r[m]["latest"], 2, "{out}");
+        assert!(r[m]["lost_s"].as_f64().unwrap() > 0.0);
+    }
+    assert!(r["lost_ratio"].as_f64().unwrap() > 0.0);
+    let (code, _, err) = c.shoal(&["bench", "ckpt", "--skew", "0.5"]);
+    assert_eq!(code, 2, "{err}");
+}

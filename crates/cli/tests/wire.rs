@@ -131,7 +131,8 @@ fn cap_of(reply: &Reply) -> Option<shoal_proto::cap::Capability> {
 fn a_newer_client_is_served_at_this_version_with_the_common_features() {
     let c = Cluster::start(1);
     let unknown_feature = 1u64 << 40;
-    let (mut raw, reply) = Raw::hello(&c, 0, MIN_PROTOCOL_VERSION, 9, FEATURE_DATA_CRC | unknown_feature);
+    let (mut raw, reply) =
+        Raw::hello(&c, 0, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION + 1, FEATURE_DATA_CRC | unknown_feature);
     match reply {
         Reply::Hello { protocol_version, features, .. } => {
             assert_eq!(protocol_version, PROTOCOL_VERSION);

@@ -73,6 +73,7 @@ mod attr_leases;
 mod blocking;
 mod cache;
 mod caps;
+mod checkpoint;
 mod client;
 mod detach;
 mod error;
@@ -93,6 +94,7 @@ mod stat_ahead;
 mod tuples;
 
 pub use blocking::{BlockingClient, BlockingFile};
+pub use checkpoint::MicroCheckpoint;
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
 pub use error::{Error, Result};
 pub use file::{File, GATHER_MAX, HOLD_FOR, MAX_APPEND, MAX_PIECE, READAHEAD_CHUNK};
@@ -110,7 +112,7 @@ pub use shoal_proto::msg::{
 };
 /// The tuple space's values, tuples and templates (docs/tuples.md).
 pub use shoal_proto::tuple::{
-    Field, Template, Tuple, TupleEvent, TupleEventKind, Value, ValueKind, WATCH_TAKEN, WATCH_WRITTEN,
+    Field, Template, Trigger, Tuple, TupleEvent, TupleEventKind, Value, ValueKind, WATCH_TAKEN, WATCH_WRITTEN,
 };
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 pub use tuples::{TupleWatch, WatchFrom};

@@ -7,7 +7,7 @@ use crate::client::{unexpected, Client, To};
 use crate::error::{Error, Result};
 use bytes::Bytes;
 use shoal_proto::msg::{Op, Reply};
-use shoal_proto::tuple::{Template, Tuple, TupleEvent, TupleEvents, Value};
+use shoal_proto::tuple::{Template, Trigger, Tuple, TupleEvent, TupleEvents, Value};
 use shoal_proto::{Errno, Ino};
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -30,10 +30,22 @@ pub enum WatchFrom {
 impl Client {
     /// Store `tuple`; returns the number of the event that recorded it on its server.
     pub async fn tuple_write(&self, tuple: &Tuple) -> Result<u64> {
+        self.tuple_write_then(tuple, None).await
+    }
+
+    /// As [`Client::tuple_write`], with an action the server runs in the same step: it
+    /// writes `then.write` too once `then.count` matches `then.reaches` tuples or more and no
+    /// tuple equal to `then.write` is there (once, and never split from the write by a
+    /// crash).
+    pub async fn tuple_write_then(&self, tuple: &Tuple, then: Option<&Trigger>) -> Result<u64> {
         tuple.check().map_err(|e| Error::new(Errno::EINVAL, e))?;
+        if let Some(t) = then {
+            t.check(tuple).map_err(|e| Error::new(Errno::EINVAL, e))?;
+        }
         let first = tuple.first().expect("checked");
         let to = self.tuple_server(first).await?;
-        match self.call(to, Op::TupleWrite { tuple: tuple.clone() }, Bytes::new()).await? {
+        let op = Op::TupleWrite { tuple: tuple.clone(), then: then.cloned() };
+        match self.call(to, op, Bytes::new()).await? {
             (Reply::Tuple { seq, .. }, _) => Ok(seq),
             (other, _) => Err(unexpected(&other)),
         }
@@ -42,16 +54,27 @@ impl Client {
     /// The oldest tuple matching `template`, left in place. `wait`: how long to wait for
     /// one (`None`: until there is one; zero: look once). `Ok(None)`: none in time.
     pub async fn tuple_read(&self, template: &Template, wait: Option<Duration>) -> Result<Option<Tuple>> {
-        self.tuple_get(template, false, wait).await
+        self.tuple_get(template, false, false, wait).await
+    }
+
+    /// As [`Client::tuple_read`], the newest matching tuple instead of the oldest.
+    pub async fn tuple_read_newest(&self, template: &Template, wait: Option<Duration>) -> Result<Option<Tuple>> {
+        self.tuple_get(template, false, true, wait).await
     }
 
     /// As [`Client::tuple_read`], and the tuple is taken away: of several callers taking
     /// at once, each tuple goes to one.
     pub async fn tuple_take(&self, template: &Template, wait: Option<Duration>) -> Result<Option<Tuple>> {
-        self.tuple_get(template, true, wait).await
+        self.tuple_get(template, true, false, wait).await
     }
 
-    async fn tuple_get(&self, template: &Template, take: bool, wait: Option<Duration>) -> Result<Option<Tuple>> {
+    async fn tuple_get(
+        &self,
+        template: &Template,
+        take: bool,
+        newest: bool,
+        wait: Option<Duration>,
+    ) -> Result<Option<Tuple>> {
         template.check().map_err(|e| Error::new(Errno::EINVAL, e))?;
         let to = self.tuple_server(template.first().expect("checked")).await?;
         let deadline = wait.map(|w| Instant::now() + w);
@@ -60,7 +83,7 @@ impl Client {
                 Some(d) => d.saturating_duration_since(Instant::now()).min(WAIT_STEP),
                 None => WAIT_STEP,
             };
-            let op = Op::TupleRead { template: template.clone(), take, wait_ms: step.as_millis() as u32 };
+            let op = Op::TupleRead { template: template.clone(), take, newest, wait_ms: step.as_millis() as u32 };
             match self.call(to, op, Bytes::new()).await? {
                 (Reply::Tuple { tuple: Some(t), .. }, _) => return Ok(Some(t)),
                 (Reply::Tuple { tuple: None, .. }, _) => {}

@@ -496,16 +496,19 @@ pub enum Op {
     },
     /// Store a tuple on this server (protocol 11, `FEATURE_TUPLES`; docs/tuples.md), the
     /// home of its first field's hash. Answered `Reply::Tuple { tuple: None, seq }`, `seq`
-    /// the event that recorded it.
+    /// the event that recorded it. With `then`, the trigger's tuple is written too when its
+    /// condition holds, in the same step (`tuple::Trigger`).
     TupleWrite {
         tuple: crate::tuple::Tuple,
+        then: Option<crate::tuple::Trigger>,
     },
-    /// The oldest tuple here matching `template`, taken away when `take`; when there is
-    /// none, waits up to `wait_ms` (at most 10 s) for one. Answered `Reply::Tuple`, with
-    /// `tuple: None` when none came in time.
+    /// The oldest (with `newest`, the newest) tuple here matching `template`, taken away
+    /// when `take`; when there is none, waits up to `wait_ms` (at most 10 s) for one.
+    /// Answered `Reply::Tuple`, with `tuple: None` when none came in time.
     TupleRead {
         template: crate::tuple::Template,
         take: bool,
+        newest: bool,
         wait_ms: u32,
     },
     /// The events of this server's tuple log after `after` (`None`: from now on) whose

@@ -228,6 +228,29 @@ impl Template {
     }
 }
 
+/// An action registered with a write (PXFS's actions, in the one form checkpoints need):
+/// once the write is in, when `count` matches at least `reaches` tuples and no tuple equal
+/// to `write` is there yet, `write` is written too, in the same atomic step. Both templates
+/// and the tuple must have the write's first field (they live on its server).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trigger {
+    pub count: Template,
+    pub reaches: u32,
+    pub write: Tuple,
+}
+
+impl Trigger {
+    /// Why this trigger cannot go with a write of `tuple`, if it cannot.
+    pub fn check(&self, tuple: &Tuple) -> Result<(), String> {
+        self.count.check()?;
+        self.write.check()?;
+        if self.count.first() != tuple.first() || self.write.first() != tuple.first() {
+            return Err("a trigger's template and tuple must have the written tuple's first field".into());
+        }
+        Ok(())
+    }
+}
+
 /// What happened to a tuple.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TupleEventKind {

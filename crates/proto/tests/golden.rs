@@ -142,8 +142,11 @@ fn ops() -> Vec<Op> {
             after: Some(vec![b'E', 1, 2]),
             limit: 4096,
         },
-        Op::TupleWrite { tuple: tuple() },
-        Op::TupleRead { template: template(), take: true, wait_ms: 5000 },
+        Op::TupleWrite {
+            tuple: tuple(),
+            then: Some(shoal_proto::tuple::Trigger { count: template(), reaches: 4, write: tuple() }),
+        },
+        Op::TupleRead { template: template(), take: true, newest: false, wait_ms: 5000 },
         Op::TupleWatch {
             template: template(),
             kinds: shoal_proto::tuple::WATCH_WRITTEN | shoal_proto::tuple::WATCH_TAKEN,

@@ -225,9 +225,9 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         }
         Op::LeaseAck { ids } => crate::leases::ack(st, &ids),
         Op::Find { query, after, limit } => crate::ops::find::find(st, cred, query, after, limit).await?,
-        Op::TupleWrite { tuple } => crate::ops::tuples::write(st, cred, tuple).await?,
-        Op::TupleRead { template, take, wait_ms } => {
-            crate::ops::tuples::read(st, cred, template, take, wait_ms).await?
+        Op::TupleWrite { tuple, then } => crate::ops::tuples::write(st, cred, tuple, then).await?,
+        Op::TupleRead { template, take, newest, wait_ms } => {
+            crate::ops::tuples::read(st, cred, template, take, newest, wait_ms).await?
         }
         Op::TupleWatch { template, kinds, after, limit, wait_ms } => {
             crate::ops::tuples::watch(st, template, kinds, after, limit, wait_ms).await?

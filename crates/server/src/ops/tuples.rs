@@ -18,7 +18,7 @@ use crate::state::State;
 use crate::store::meta::{decode, encode, key, TupleEventRecord, TupleRecord};
 use rocksdb::WriteBatch;
 use shoal_proto::msg::{Cred, Reply, Timestamp};
-use shoal_proto::tuple::{Template, Tuple, TupleEvent, TupleEventKind, TupleEvents, Value};
+use shoal_proto::tuple::{Template, Trigger, Tuple, TupleEvent, TupleEventKind, TupleEvents, Value};
 use shoal_proto::Errno;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,25 +53,58 @@ pub fn space_of(first: &Value) -> u64 {
     shoal_placement::bytes_hash(&first.key_bytes())
 }
 
-pub async fn write(st: &Arc<State>, cred: Cred, tuple: Tuple) -> R<Reply> {
+pub async fn write(st: &Arc<State>, cred: Cred, tuple: Tuple, then: Option<Trigger>) -> R<Reply> {
     tuple.check().map_err(|e| Fail::new(Errno::EINVAL, e))?;
-    let seq = st
+    if let Some(t) = &then {
+        t.check(&tuple).map_err(|e| Fail::new(Errno::EINVAL, e))?;
+    }
+    let (seq, last) = st
         .blocking(move |st| {
             let _changing = st.tuples.lock.lock();
             let seq = last_event(st)? + 1;
-            let first = tuple.first().expect("checked");
             let mut batch = WriteBatch::default();
-            batch.put(key::tuple(space_of(first), seq), encode(&TupleRecord { tuple: tuple.clone(), uid: cred.uid }));
-            log_event(&mut batch, seq, TupleEventKind::Written, tuple, cred.uid);
+            put_tuple(&mut batch, seq, &tuple, cred.uid);
+            let mut last = seq;
+            // The registered action: counted with the new tuple, decided under the lock,
+            // committed with it, so it fires once and a crash never splits the two.
+            if let Some(t) = then {
+                // The new tuple is not in the store yet: counted apart.
+                let count = count_matching(st, &t.count, t.reaches as usize)? + usize::from(t.count.matches(&tuple));
+                if count >= t.reaches as usize && first_matching(st, &Template::exactly(&t.write), false)?.is_none() {
+                    last += 1;
+                    put_tuple(&mut batch, last, &t.write, cred.uid);
+                }
+            }
             st.meta.write(batch)?;
-            Ok(seq)
+            Ok((seq, last))
         })
         .await?;
-    st.tuples.changed.send_replace(seq);
+    st.tuples.changed.send_replace(last);
     Ok(Reply::Tuple { tuple: None, seq })
 }
 
-pub async fn read(st: &Arc<State>, cred: Cred, template: Template, take: bool, wait_ms: u32) -> R<Reply> {
+/// Add tuple `tuple`, written by event `seq`, and that event, to `batch`.
+fn put_tuple(batch: &mut WriteBatch, seq: u64, tuple: &Tuple, uid: u32) {
+    let first = tuple.first().expect("checked");
+    batch.put(key::tuple(space_of(first), seq), encode(&TupleRecord { tuple: tuple.clone(), uid }));
+    log_event(batch, seq, TupleEventKind::Written, tuple.clone(), uid);
+}
+
+/// Tuples stored here matching `template`, counted up to `max`.
+fn count_matching(st: &State, template: &Template, max: usize) -> R<usize> {
+    let mut n = 0;
+    if max == 0 {
+        return Ok(0);
+    }
+    st.meta.scan(&key::tuple_prefix(space_of(template.first().expect("checked"))), None, |k, v| {
+        let rec: TupleRecord = decode(&format_args!("tuple {k:x?}"), v)?;
+        n += usize::from(template.matches(&rec.tuple));
+        Ok(n < max)
+    })?;
+    Ok(n)
+}
+
+pub async fn read(st: &Arc<State>, cred: Cred, template: Template, take: bool, newest: bool, wait_ms: u32) -> R<Reply> {
     template.check().map_err(|e| Fail::new(Errno::EINVAL, e))?;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(wait_ms as u64).min(WAIT_MAX);
     let template = Arc::new(template);
@@ -79,7 +112,11 @@ pub async fn read(st: &Arc<State>, cred: Cred, template: Template, take: bool, w
         // Subscribed before looking, so a tuple written after the look wakes this wait.
         let mut changed = st.tuples.changed.subscribe();
         let t = template.clone();
-        let found = st.blocking(move |st| if take { take_oldest(st, &t, cred.uid) } else { oldest(st, &t) }).await?;
+        let found = st
+            .blocking(
+                move |st| if take { take_first(st, &t, newest, cred.uid) } else { first_matching(st, &t, newest) },
+            )
+            .await?;
         if let Some((seq, tuple, taken)) = found {
             if let Some(taken) = taken {
                 st.tuples.changed.send_replace(taken);
@@ -147,26 +184,27 @@ fn log_event(batch: &mut WriteBatch, seq: u64, kind: TupleEventKind, tuple: Tupl
     }
 }
 
-/// The oldest tuple here matching `template`: its event number and the tuple.
-fn oldest(st: &State, template: &Template) -> R<Option<(u64, Tuple, Option<u64>)>> {
+/// The oldest (`newest`: the newest) tuple here matching `template`: its event number and
+/// the tuple.
+fn first_matching(st: &State, template: &Template, newest: bool) -> R<Option<(u64, Tuple, Option<u64>)>> {
     let space = space_of(template.first().expect("checked"));
     let mut found = None;
     st.meta.scan(&key::tuple_prefix(space), None, |k, v| {
         let rec: TupleRecord = decode(&format_args!("tuple {k:x?}"), v)?;
         if template.matches(&rec.tuple) {
             found = Some((key_seq(k), rec.tuple, None));
-            return Ok(false);
+            return Ok(newest); // the newest: the last match of the whole space
         }
         Ok(true)
     })?;
     Ok(found)
 }
 
-/// Take the oldest tuple matching `template`: also the number of the event recording the
-/// take.
-fn take_oldest(st: &State, template: &Template, uid: u32) -> R<Option<(u64, Tuple, Option<u64>)>> {
+/// Take the oldest (`newest`: newest) tuple matching `template`: also the number of the
+/// event recording the take.
+fn take_first(st: &State, template: &Template, newest: bool, uid: u32) -> R<Option<(u64, Tuple, Option<u64>)>> {
     let _changing = st.tuples.lock.lock();
-    let Some((seq, tuple, _)) = oldest(st, template)? else { return Ok(None) };
+    let Some((seq, tuple, _)) = first_matching(st, template, newest)? else { return Ok(None) };
     let event = last_event(st)? + 1;
     let mut batch = WriteBatch::default();
     batch.delete(key::tuple(space_of(tuple.first().expect("stored tuples have a field")), seq));
