@@ -23,6 +23,7 @@ use clap::Args;
 use serde::Serialize;
 use shoal_client::{Client, ClientOptions, MicroCheckpoint};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug, Clone)]
@@ -134,13 +135,18 @@ pub async fn run(config: Option<PathBuf>, a: CkptArgs) -> Result<()> {
 /// Run the job once: every task on its own client (its own connections), all at once.
 async fn one_mode(config: &std::path::Path, a: &CkptArgs, dir: &str, barrier: bool) -> Result<Mode> {
     let job = format!("{dir}-{}", std::process::id());
-    let start = Instant::now();
+    // Every task connects first, then all start at once (as the processes of a job do
+    // once launched): connecting is not part of what is compared.
+    let gate = Arc::new(tokio::sync::Barrier::new(a.tasks as usize + 1));
     let tasks: Vec<_> = (0..a.tasks)
         .map(|part| {
-            let (config, a, dir, job) = (config.to_path_buf(), a.clone(), dir.to_string(), job.clone());
-            tokio::spawn(async move { task(&config, &a, &dir, &job, part, barrier).await })
+            let (config, a, dir, job, gate) =
+                (config.to_path_buf(), a.clone(), dir.to_string(), job.clone(), gate.clone());
+            tokio::spawn(async move { task(&config, &a, &dir, &job, part, barrier, &gate).await })
         })
         .collect();
+    gate.wait().await;
+    let start = Instant::now();
     let (mut lost, mut saving) = (0.0, 0.0);
     for t in tasks {
         let (l, s) = t.await.context("a task panicked")??;
@@ -162,9 +168,21 @@ async fn task(
     job: &str,
     part: u32,
     barrier: bool,
+    gate: &tokio::sync::Barrier,
 ) -> Result<(f64, f64)> {
-    let client = Client::from_config(config, ClientOptions::default())?;
-    let ckpt = MicroCheckpoint::open(&client, job, dir, a.tasks).await?;
+    let client = Client::from_config(config, ClientOptions::default());
+    // Connected to every server before the start (`status_all` asks each one). A task that
+    // fails here still passes the gate, so the others are not held.
+    let opened = match &client {
+        Ok(c) => {
+            let opened = MicroCheckpoint::open(c, job, dir, a.tasks).await;
+            c.status_all().await;
+            opened.map_err(anyhow::Error::from)
+        }
+        Err(e) => Err(anyhow::anyhow!("{e}")),
+    };
+    gate.wait().await;
+    let ckpt = opened?;
     let slow = if a.tasks > 1 { part as f64 / (a.tasks - 1) as f64 } else { 0.0 };
     let compute = Duration::from_secs_f64(a.compute_ms as f64 / 1000.0 * (1.0 + (a.skew - 1.0) * slow));
     let data = vec![part as u8; a.size as usize];

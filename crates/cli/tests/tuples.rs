@@ -79,8 +79,14 @@ fn tuples_are_matched_by_value_type_and_arity_and_read_or_taken_oldest_first() {
             assert_eq!(fs.tuple_read(&bad, NOW).await.unwrap_err().errno, Errno::EINVAL);
         }
         assert_eq!(fs.tuple_write(&Tuple(vec![])).await.unwrap_err().errno, Errno::EINVAL);
-        let huge = Tuple(vec![Value::Str("big".into()), Value::Bytes(vec![0; (1 << 20) + 1])]);
+        let huge =
+            Tuple(vec![Value::Str("big".into()), Value::Bytes(vec![0; shoal_proto::tuple::TUPLE_BYTES_MAX + 1])]);
         assert_eq!(fs.tuple_write(&huge).await.unwrap_err().errno, Errno::EINVAL);
+        // The biggest tuple allowed is stored and read back.
+        let biggest =
+            Tuple(vec![Value::Str("big".into()), Value::Bytes(vec![9; shoal_proto::tuple::TUPLE_BYTES_MAX - 3])]);
+        fs.tuple_write(&biggest).await.unwrap();
+        assert_eq!(fs.tuple_take(&template(&["big", "?"]), NOW).await.unwrap(), Some(biggest));
     });
 }
 

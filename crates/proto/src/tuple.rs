@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 /// Fields a tuple or template may have, at most.
 pub const FIELDS_MAX: usize = 64;
 /// Bytes of a tuple's values, at most (strings and byte strings counted by their length,
-/// numbers as 8): a tuple stays well inside a frame and a record.
-pub const TUPLE_BYTES_MAX: usize = 1 << 20;
+/// numbers as 8): 960 KiB, so that a tuple and its encoding stay inside a frame and a stored
+/// record (1 MiB at most, `RECORD_LIMIT` in the server).
+pub const TUPLE_BYTES_MAX: usize = 960 << 10;
 
 /// One value of a tuple.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -109,7 +110,7 @@ impl Value {
 }
 
 fn hex(h: &str) -> Option<Vec<u8>> {
-    if h.len() % 2 != 0 {
+    if !h.len().is_multiple_of(2) {
         return None;
     }
     (0..h.len()).step_by(2).map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok()).collect()

@@ -179,7 +179,7 @@ fn first_event(st: &State) -> R<Option<u64>> {
 fn log_event(batch: &mut WriteBatch, seq: u64, kind: TupleEventKind, tuple: Tuple, uid: u32) {
     let event = TupleEventRecord { kind, tuple, uid, at: Timestamp::now() };
     batch.put(key::tuple_event(seq), encode(&event));
-    if seq % 1024 == 0 && seq > EVENTS_KEPT {
+    if seq.is_multiple_of(1024) && seq > EVENTS_KEPT {
         batch.delete_range(key::tuple_event(0), key::tuple_event(seq - EVENTS_KEPT + 1));
     }
 }
