@@ -130,6 +130,66 @@ macro_rules! path_calls {
                 })
             }
 
+            /// Store a tuple (docs/tuples.md): a sequence of int, str and bytes, the first
+            /// naming where it is kept. Returns the number of the event that recorded it.
+            fn tuple_write<'py>(&self, py: Python<'py>, fields: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+                let t = crate::tuples::tuple_of(&fields)?;
+                let c = self.client.clone();
+                $run(py, async move { c.tuple_write(&t).await.or_raise() })
+            }
+
+            /// The oldest tuple matching `template` (values; None: any value; int, str,
+            /// bytes: any of that type; the first field a value), left in place, waiting up
+            /// to `timeout` seconds (None: until there is one; 0: look once). None when
+            /// none came in time.
+            #[pyo3(signature = (template, timeout = Some(0.0)))]
+            fn tuple_read<'py>(
+                &self,
+                py: Python<'py>,
+                template: Bound<'py, PyAny>,
+                timeout: Option<f64>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let (t, wait) = (crate::tuples::template_of(&template)?, crate::tuples::wait_of(timeout)?);
+                let c = self.client.clone();
+                $run(py, async move { Ok(c.tuple_read(&t, wait).await.or_raise()?.map(crate::tuples::TupleOut)) })
+            }
+
+            /// As `tuple_read`, and the tuple is removed: of several takers, each tuple
+            /// goes to one.
+            #[pyo3(signature = (template, timeout = Some(0.0)))]
+            fn tuple_take<'py>(
+                &self,
+                py: Python<'py>,
+                template: Bound<'py, PyAny>,
+                timeout: Option<f64>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let (t, wait) = (crate::tuples::template_of(&template)?, crate::tuples::wait_of(timeout)?);
+                let c = self.client.clone();
+                $run(py, async move { Ok(c.tuple_take(&t, wait).await.or_raise()?.map(crate::tuples::TupleOut)) })
+            }
+
+            /// Follow the tuples matching `template` as they are written (and, with
+            /// `taken`, taken), after event `after` (None: from now on; a `cursor` kept
+            /// from an earlier watch). Returns a `TupleWatch`.
+            #[pyo3(signature = (template, written = true, taken = false, after = None))]
+            fn tuple_watch<'py>(
+                &self,
+                py: Python<'py>,
+                template: Bound<'py, PyAny>,
+                written: bool,
+                taken: bool,
+                after: Option<u64>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let t = crate::tuples::template_of(&template)?;
+                let kinds = crate::tuples::kinds_of(written, taken)?;
+                let from = after.map_or(shoal_client::WatchFrom::Now, shoal_client::WatchFrom::After);
+                let c = self.client.clone();
+                $run(py, async move {
+                    let w = c.tuple_watch(&t, kinds, from).await.or_raise()?;
+                    Ok(crate::tuples::TupleWatch::new(w))
+                })
+            }
+
             /// Make directory `path` with permission bits `mode`.
             #[pyo3(signature = (path, mode = 0o777))]
             fn mkdir<'py>(&self, py: Python<'py>, path: String, mode: u32) -> PyResult<Bound<'py, PyAny>> {

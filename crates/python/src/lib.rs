@@ -13,6 +13,7 @@ mod client;
 mod errors;
 mod file;
 mod find;
+mod tuples;
 mod types;
 
 use pyo3::prelude::*;
@@ -58,5 +59,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::DirEntry>()?;
     m.add_class::<types::StatFs>()?;
     m.add_class::<types::Layout>()?;
+    m.add_class::<tuples::TupleWatch>()?;
     Ok(())
 }
