@@ -19,6 +19,7 @@
 // does. Marking them `unsafe fn` would change nothing for C callers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+mod checkpoint;
 mod client;
 mod dir;
 mod error;
@@ -31,7 +32,9 @@ mod meta;
 mod meta_async;
 mod out;
 mod path_async;
+mod tuples;
 
+pub use checkpoint::*;
 pub use client::*;
 pub use dir::*;
 pub use error::*;
@@ -40,3 +43,4 @@ pub use find::*;
 pub use future::*;
 pub use layout::*;
 pub use meta::*;
+pub use tuples::*;

@@ -115,3 +115,21 @@ fn c_programs_search_metadata_with_find_style_tests() {
     let exe = compile(&lib, "find", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_write_read_take_and_watch_tuples() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(3);
+    let exe = compile(&lib, "tuples", "shared", tmp.path());
+    run(&exe, &c.config);
+}
+
+#[test]
+fn c_programs_save_micro_checkpoints_and_restart_from_the_newest_committed() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(3);
+    let exe = compile(&lib, "checkpoint", "shared", tmp.path());
+    run(&exe, &c.config);
+}

@@ -9,14 +9,17 @@ use crate::client::{Client, StatFs};
 use crate::error::{Error, Result};
 use crate::file::File;
 use crate::options::{ClientOptions, OpenFlags};
+use crate::tuples::{TupleWatch, WatchFrom};
 use bytes::Bytes;
 use shoal_placement::ClusterMap;
 use shoal_proto::msg::{Attr, Cred, DirEntry, Layout, LayoutSpec, RenameFlags, ServerStatus, SetAttrs, TimeSet};
+use shoal_proto::tuple::{Template, Trigger, Tuple, TupleEvent};
 use shoal_proto::{Errno, Ino, ServerId};
 use std::collections::HashMap;
 use std::io::SeekFrom;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The runtime, shut down without blocking when the last handle goes (dropping a runtime
 /// inside another runtime's task would otherwise panic).
@@ -157,9 +160,22 @@ impl BlockingClient {
         Ok(BlockingFile { rt: self.rt.clone(), file: f })
     }
 
+    /// Blocking twin of [`Client::tuple_watch`]: follow the events (`kinds`:
+    /// `WATCH_WRITTEN`, `WATCH_TAKEN`, or both) of tuples matching `template`, from `from`.
+    pub fn tuple_watch(&self, template: &Template, kinds: u8, from: WatchFrom) -> Result<BlockingTupleWatch> {
+        let watch = self.rt.block_on(self.client.tuple_watch(template, kinds, from))?;
+        Ok(BlockingTupleWatch { rt: self.rt.clone(), watch })
+    }
+
     twins! {
         // ---- metadata queries (docs/find.md) ----
         fn find(&self, path: &str, query: &crate::FindQuery, opts: crate::FindOptions) -> Result<(Vec<crate::Found>, crate::FindStats)>;
+        // ---- the tuple space (docs/tuples.md) ----
+        fn tuple_write(&self, tuple: &Tuple) -> Result<u64>;
+        fn tuple_write_then(&self, tuple: &Tuple, then: Option<&Trigger>) -> Result<u64>;
+        fn tuple_read(&self, template: &Template, wait: Option<Duration>) -> Result<Option<Tuple>>;
+        fn tuple_read_newest(&self, template: &Template, wait: Option<Duration>) -> Result<Option<Tuple>>;
+        fn tuple_take(&self, template: &Template, wait: Option<Duration>) -> Result<Option<Tuple>>;
         // ---- inode level ----
         fn lookup(&self, dir: Ino, name: &str) -> Result<Attr>;
         fn getattr(&self, ino: Ino) -> Result<Attr>;
@@ -223,6 +239,39 @@ impl Client {
             Ok(b) => b,
             Err(e) => panic!("{e}"),
         }
+    }
+}
+
+/// A running watch of the tuple space with blocking methods (see [`TupleWatch`]): events
+/// in order, and a cursor to resume from with nothing missed or repeated.
+pub struct BlockingTupleWatch {
+    rt: Arc<Rt>,
+    watch: TupleWatch,
+}
+
+impl BlockingTupleWatch {
+    /// Blocking twin of [`TupleWatch::next`]: the next matching event, waiting up to
+    /// `wait` (`None`: until there is one; zero: look once). `Ok(None)`: none in time.
+    pub fn next(&mut self, wait: Option<Duration>) -> Result<Option<TupleEvent>> {
+        self.rt.block_on(self.watch.next(wait))
+    }
+
+    /// Where this watch stands (see [`TupleWatch::cursor`]): give it back as
+    /// `WatchFrom::After` to go on from here.
+    pub fn cursor(&self) -> u64 {
+        self.watch.cursor()
+    }
+
+    /// Events the server dropped from its log before this watch read them (see
+    /// [`TupleWatch::lost`]).
+    pub fn lost(&self) -> u64 {
+        self.watch.lost()
+    }
+}
+
+impl std::fmt::Debug for BlockingTupleWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockingTupleWatch").field("cursor", &self.cursor()).field("lost", &self.lost()).finish()
     }
 }
 

@@ -1,6 +1,7 @@
 //! The clients: `Client` (blocking) and `AsyncClient` (asyncio), with the same calls on
 //! paths, written once in `path_calls!`.
 
+use crate::checkpoint::{AsyncMicroCheckpoint, MicroCheckpoint};
 use crate::errors::{errno, os_error, value, OrRaise};
 use crate::file::{bytes_of, AsyncFile, File, Handle};
 use crate::types::{Data, DirEntry, Layout, Stat, StatFs};
@@ -51,9 +52,9 @@ fn time_set(ns: i128) -> TimeSet {
 }
 
 /// The calls on paths, for the blocking class and the asyncio class alike: `$run` is
-/// `block` or `awaitable`, `$file` the class of open files.
+/// `block` or `awaitable`, `$file` the class of open files, `$ckpt` of micro-checkpoints.
 macro_rules! path_calls {
-    ($class:ident, $run:path, $file:ident) => {
+    ($class:ident, $run:path, $file:ident, $ckpt:ident) => {
         #[pymethods]
         impl $class {
             /// Connect to the cluster described by the configuration file `config` (default:
@@ -188,6 +189,20 @@ macro_rules! path_calls {
                     let w = c.tuple_watch(&t, kinds, from).await.or_raise()?;
                     Ok(crate::tuples::TupleWatch::new(w))
                 })
+            }
+
+            /// The micro-checkpoints of job `name` (docs/checkpoint.md), of `parts` parts
+            /// each (one per task), kept as files `DIR/N.PART` in `dir` (made if missing).
+            /// Every task of the job opens them with the same arguments.
+            fn micro_checkpoint<'py>(
+                &self,
+                py: Python<'py>,
+                name: String,
+                dir: String,
+                parts: u32,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let open = crate::checkpoint::Job::opening(self.client.clone(), name, dir, parts)?;
+                $run(py, async move { Ok($ckpt { job: open.await? }) })
             }
 
             /// Make directory `path` with permission bits `mode`.
@@ -488,5 +503,16 @@ pub struct AsyncClient {
     client: shoal_client::Client,
 }
 
-path_calls!(Client, block, File);
-path_calls!(AsyncClient, awaitable, AsyncFile);
+path_calls!(Client, block, File, MicroCheckpoint);
+path_calls!(AsyncClient, awaitable, AsyncFile, AsyncMicroCheckpoint);
+
+/// The native client inside a `Client` or `AsyncClient` (of this module or a subclass).
+pub(crate) fn native_of(obj: &Bound<'_, PyAny>) -> PyResult<shoal_client::Client> {
+    if let Ok(c) = obj.cast::<Client>() {
+        return Ok(c.get().client.clone());
+    }
+    if let Ok(c) = obj.cast::<AsyncClient>() {
+        return Ok(c.get().client.clone());
+    }
+    Err(pyo3::exceptions::PyTypeError::new_err(format!("a shoal.Client or shoal.AsyncClient, not {obj}")))
+}
