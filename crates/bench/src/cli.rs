@@ -59,6 +59,9 @@ pub enum BenchCmd {
     /// Checkpointing tasks of uneven speed: a global barrier at each checkpoint against
     /// micro-checkpointing (each task saves its part and goes on); time lost and the ratio.
     Ckpt(crate::ckpt::CkptArgs),
+    /// Change events: writers create and close files while a consumer follows the close
+    /// events (restarting now and then); latency after the acknowledgement, missed, repeated.
+    Watch(crate::watch::WatchArgs),
     /// Internal: one benchmark process, driven over stdin/stdout by its parent.
     /// (Under mpirun the ranks other than 0 are workers without this command: see --rendezvous.)
     #[command(hide = true)]
@@ -347,6 +350,7 @@ pub async fn run(config: Option<PathBuf>, timeout: Duration, cmd: BenchCmd) -> R
         BenchCmd::Load(a) => crate::load::run(config, a).await,
         BenchCmd::Find(a) => crate::find::run(config, a).await,
         BenchCmd::Ckpt(a) => crate::ckpt::run(config, a).await,
+        BenchCmd::Watch(a) => crate::watch::run(config, a).await,
         BenchCmd::Suite(a) => {
             refuse_mpi_suite()?;
             suite::run_suite(config, timeout, a).await

@@ -40,6 +40,7 @@ pub mod report;
 pub mod spec;
 pub mod suite;
 pub mod timeline;
+pub mod watch;
 pub mod worker;
 
 pub use cli::{run, BenchCmd, UsageError};

@@ -85,6 +85,22 @@ done --wait 30\n  shoal tuple watch ckpt ? ? ? --taken --json\n\nExit status: 0 
 matched in time (read, take) or a failure; 2 usage error."
     )]
     Tuple(cmd::tuple::TupleCmd),
+    /// Follow the changes under a directory as they happen: print them or run a command per event.
+    #[command(
+        long_about = "Follow the change log under a directory (docs/changes.md): every server logs the namespace and data events it commits (create, mkdir, symlink, link, unlink, rmdir, rename, setattr, xattr, and close of a file that was written), numbered, durably, in the same step as the change. This command reads every server's log at once and prints each event under PATH as it comes, or runs --exec for it.
+
+With --consumer NAME the servers keep the watch's place and the events it has not handled: a watch started again with the same NAME goes on after the last event it printed, with nothing missed or repeated (a watch killed with -9 may see again up to 256 events it handled but had not acknowledged). Events of one server come in order; those of different servers interleave.
+
+You see the events of directories you may read, and of files you own or may read.
+
+Exit status: 0 success (--count reached, --idle passed, or stopped by a signal); 1 failure (no such PATH, not a directory, a server too old); 2 usage error.",
+        after_help = "Examples:
+  shoal watch /proj/out --events close --match '*.h5'
+  shoal watch /proj --events create,unlink,rename --json
+  shoal watch /in --events close --exec 'process {}' --consumer ingest
+  shoal watch /in --consumer ingest --forget"
+    )]
+    Watch(cmd::watch::WatchArgs),
     /// Create directories.
     Mkdir(cmd::files::MkdirArgs),
     /// Remove files (and with -r, directories and their contents).
@@ -231,6 +247,7 @@ fn main() -> ExitCode {
             Command::Readmostly(a) => cmd::readmostly::readmostly(&ctx, a).await,
             Command::Find(a) => cmd::find::find(&ctx, a).await,
             Command::Tuple(c) => cmd::tuple::run(&ctx, c).await,
+            Command::Watch(a) => cmd::watch::run(&ctx, a).await,
             Command::Preload(a) => cmd::preload::preload(a).await,
             Command::Mount(a) => cmd::mount::mount(&ctx, a).await,
             Command::Umount(a) => cmd::mount::umount(&ctx, a).await,

@@ -101,7 +101,7 @@ fn data_requests_without_a_genuine_capability_are_refused_with_eacces_and_change
         assert!(m.contains("none given"), "{m}");
         let op = Op::Append { ino, cap: None };
         assert!(refusal(raw.call(client.home_of(ino), op, Bytes::from_static(b"more")).await).contains("none given"));
-        let op = Op::Fsync { ino, data_only: true, cap: None };
+        let op = Op::Fsync { ino, data_only: true, cap: None, closing: false };
         assert!(refusal(raw.call(server, op, Bytes::new()).await).contains("none given"));
 
         // A genuine one reads.

@@ -225,7 +225,7 @@ fn a_write_whose_data_fails_its_checksum_changes_nothing_in_the_object() {
         copies: 1,
     };
     assert!(matches!(raw.call(2, write(0, old.len()), old.clone()).0, Reply::Written { .. }));
-    let fsync = Op::Fsync { ino, data_only: false, cap: cap.clone() };
+    let fsync = Op::Fsync { ino, data_only: false, cap: cap.clone(), closing: false };
     assert_eq!(raw.call(3, fsync, Bytes::new()).0, Reply::Ok);
     let files = object_files(&c, ino);
     let before = files.clone().map(|p| std::fs::read(&p).unwrap());

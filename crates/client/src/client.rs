@@ -174,6 +174,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Found(_) => "Found",
         Reply::Tuple { .. } => "Tuple",
         Reply::TupleEvents(_) => "TupleEvents",
+        Reply::Changes(_) => "Changes",
     }
 }
 
@@ -202,6 +203,8 @@ pub(crate) fn reads_only(op: &Op) -> bool {
             | Op::ScrubStatus
             | Op::LeaseAck { .. }
             | Op::ReleaseOrphan { .. }
+            | Op::Changes { .. }
+            | Op::ChangeAck { .. }
     )
 }
 

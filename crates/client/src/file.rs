@@ -1233,16 +1233,17 @@ impl File {
     /// Make the data and the size durable: flush, then every server of the layout syncs
     /// the file's object and the inode's home server syncs its metadata log, in parallel.
     pub async fn fsync(&self) -> Result<()> {
-        self.sync(false).await.map_err(|e| e.within(self.what("fsync")))
+        self.sync(false, false).await.map_err(|e| e.within(self.what("fsync")))
     }
 
     /// As [`File::fsync`], but servers may skip what is not needed to read the data back
     /// (fdatasync).
     pub async fn sync_data(&self) -> Result<()> {
-        self.sync(true).await.map_err(|e| e.within(self.what("fdatasync")))
+        self.sync(true, false).await.map_err(|e| e.within(self.what("fdatasync")))
     }
 
-    async fn sync(&self, data_only: bool) -> Result<()> {
+    /// `closing`: the sync of a close (see [`File::close`]).
+    async fn sync(&self, data_only: bool, closing: bool) -> Result<()> {
         self.flush_inner().await?;
         let inner = &*self.inner;
         let (client, cap) = (&inner.client, &*inner.cap);
@@ -1254,7 +1255,13 @@ impl File {
         servers.dedup();
         futures::stream::iter(servers)
             .map(|s| async move {
-                let call = |cap| client.call(To::Server(s), Op::Fsync { ino, data_only, cap }, Bytes::new());
+                let call = |cap| {
+                    client.call(
+                        To::Server(s),
+                        Op::Fsync { ino, data_only, cap, closing: closing && s == home },
+                        Bytes::new(),
+                    )
+                };
                 match cap.with(client, call).await {
                     Ok((Reply::Ok, _)) => Ok(()),
                     Ok((other, _)) => Err(unexpected(&other)),
@@ -1345,7 +1352,13 @@ impl File {
     /// while it was open deletes the file (see `open_files.rs`).
     pub async fn close(self) -> Result<()> {
         let wrote = self.inner.state.lock().wrote;
-        let r = if wrote { self.fsync().await } else { self.flush().await };
+        // A handle that wrote syncs on close, and tells the inode's home it closes (a
+        // `Close` event in its change log: docs/changes.md).
+        let r = if wrote {
+            self.sync(false, true).await.map_err(|e| e.within(self.what("fsync")))
+        } else {
+            self.flush().await
+        };
         // The last clone: uncount here (not in drop), so the release is done when close returns.
         if Arc::strong_count(&self.inner) == 1 && self.inner.counted.swap(false, std::sync::atomic::Ordering::AcqRel) {
             let client = &self.inner.client;

@@ -121,7 +121,7 @@ impl Client {
         // The path asked about itself (depth 0), as find reports it.
         let base = path.trim_end_matches('/').rsplit('/').next().unwrap_or("").to_string();
         if opts.min_depth == 0
-            && query.matches_name(pattern.as_ref(), if base.is_empty() { "/" } else { &base }, root.kind)
+            && query.matches_name(pattern.as_ref(), if base.is_empty() { "/" } else { &base }, root.kind, root.ino)
             && query.matches_attr(&root)
             && self.xattr_passes(query, root.ino).await?
         {

@@ -73,6 +73,7 @@ mod attr_leases;
 mod blocking;
 mod cache;
 mod caps;
+mod changes;
 mod checkpoint;
 mod client;
 mod detach;
@@ -93,7 +94,8 @@ mod scrub;
 mod stat_ahead;
 mod tuples;
 
-pub use blocking::{BlockingClient, BlockingFile};
+pub use blocking::{BlockingClient, BlockingFile, BlockingTupleWatch};
+pub use changes::{Change, ChangeStart, ChangeWatch, ChangeWatchOptions};
 pub use checkpoint::MicroCheckpoint;
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
 pub use error::{Error, Result};
@@ -104,6 +106,8 @@ pub use list_io::SIEVE_GAP;
 pub use options::{ClientOptions, OpenFlags};
 pub use path_ops::MAX_SYMLINKS;
 pub use shoal_placement::{Bitmap, ClusterMap};
+/// The change log's events (docs/changes.md).
+pub use shoal_proto::change::{parse_kinds, ChangeKind, ALL_KINDS};
 /// Metadata queries' tests and find(1)-style parsing of them (docs/find.md).
 pub use shoal_proto::find::{parse_kind, parse_number, AgeTest, Cmp, FindQuery, PermTest, SizeTest, TimeField};
 pub use shoal_proto::msg::{

@@ -87,6 +87,9 @@ pub struct FindQuery {
     /// An extended attribute the inode must have (`xattr_value`: with exactly this value).
     pub xattr: Option<String>,
     pub xattr_value: Option<Vec<u8>>,
+    /// The entry names exactly this inode (find `-inum`; protocol 12).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inum: Option<crate::Ino>,
 }
 
 /// Longest name pattern a server accepts (a longer one is EINVAL).
@@ -103,8 +106,8 @@ impl FindQuery {
     }
 
     /// Whether `name` (of kind `kind`) passes the tests that need no attributes.
-    pub fn matches_name(&self, pattern: Option<&glob::Pattern>, name: &str, kind: FileKind) -> bool {
-        if self.kind.is_some_and(|k| k != kind) {
+    pub fn matches_name(&self, pattern: Option<&glob::Pattern>, name: &str, kind: FileKind, ino: crate::Ino) -> bool {
+        if self.kind.is_some_and(|k| k != kind) || self.inum.is_some_and(|i| i != ino) {
             return false;
         }
         let opts = glob::MatchOptions {
@@ -329,11 +332,11 @@ mod tests {
     fn names_kinds_owners_and_permission_bits() {
         let q = FindQuery { name: Some("*.H5".into()), ignore_case: true, ..Default::default() };
         let p = q.pattern().unwrap();
-        assert!(q.matches_name(p.as_ref(), "out.h5", FileKind::File));
-        assert!(q.matches_name(p.as_ref(), ".hidden.h5", FileKind::File), "find's * matches a leading dot");
-        assert!(!q.matches_name(p.as_ref(), "out.h5.bak", FileKind::File));
+        assert!(q.matches_name(p.as_ref(), "out.h5", FileKind::File, Ino(9)));
+        assert!(q.matches_name(p.as_ref(), ".hidden.h5", FileKind::File, Ino(9)), "find's * matches a leading dot");
+        assert!(!q.matches_name(p.as_ref(), "out.h5.bak", FileKind::File, Ino(9)));
         let q = FindQuery { kind: Some(FileKind::Dir), ..Default::default() };
-        assert!(!q.matches_name(None, "x", FileKind::File));
+        assert!(!q.matches_name(None, "x", FileKind::File, Ino(9)));
         let perm = |t| FindQuery { perm: Some(t), ..Default::default() };
         assert!(perm(PermTest::Exact(0o644)).matches_attr(&file(0, 0, 0o644)));
         assert!(!perm(PermTest::Exact(0o600)).matches_attr(&file(0, 0, 0o644)));

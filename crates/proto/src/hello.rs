@@ -73,6 +73,10 @@ pub const FEATURE_FIND: u64 = 1 << 9;
 /// `TupleWatch`.
 pub const FEATURE_TUPLES: u64 = 1 << 10;
 
+/// The change log (docs/changes.md): the server knows `Op::Changes` and `Op::ChangeAck`
+/// and logs a `Close` event for an `Fsync` with `closing`.
+pub const FEATURE_CHANGES: u64 = 1 << 11;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LEASES
@@ -84,7 +88,8 @@ pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_MEMBERSHIP
     | FEATURE_READ_MOSTLY
     | FEATURE_FIND
-    | FEATURE_TUPLES;
+    | FEATURE_TUPLES
+    | FEATURE_CHANGES;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
@@ -122,6 +127,7 @@ pub fn features_off() -> u64 {
             "read_mostly" => FEATURE_READ_MOSTLY,
             "find" => FEATURE_FIND,
             "tuples" => FEATURE_TUPLES,
+            "changes" => FEATURE_CHANGES,
             _ => 0,
         })
         .fold(0, |a, b| a | b)

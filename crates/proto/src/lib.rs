@@ -20,6 +20,7 @@
 
 pub mod auth;
 pub mod cap;
+pub mod change;
 pub mod errno;
 pub mod find;
 pub mod frame;
@@ -36,4 +37,4 @@ pub use ids::{Ino, ServerId, ROOT_INO};
 /// Newest version of the wire protocol this build speaks; `Hello` negotiates a version in
 /// both peers' ranges (`hello::MIN_PROTOCOL_VERSION ..= PROTOCOL_VERSION`). Bump on any
 /// change to [`msg`] or [`frame`] (additive ones included, so peers can tell).
-pub const PROTOCOL_VERSION: u32 = 11;
+pub const PROTOCOL_VERSION: u32 = 12;

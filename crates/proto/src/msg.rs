@@ -522,6 +522,29 @@ pub enum Op {
         limit: u32,
         wait_ms: u32,
     },
+    /// The events of this server's change log (protocol 12, `FEATURE_CHANGES`;
+    /// docs/changes.md) after `after`, or, when `after` is `None`, after the cursor
+    /// `consumer` acknowledged (`None` or a new consumer: from now on), of the kinds in
+    /// `kinds` (`change::ChangeKind::bit`) and that the caller may see, at most `limit`;
+    /// when there is none, waits up to `wait_ms` (at most 10 s). Answered
+    /// `Reply::Changes`.
+    Changes {
+        after: Option<u64>,
+        consumer: Option<String>,
+        kinds: u32,
+        limit: u32,
+        wait_ms: u32,
+    },
+    /// Consumer `consumer` has handled every event up to `upto` of this server's change
+    /// log: kept durably, it is where the consumer continues, and the log keeps what it has
+    /// not handled. `forget`: remove the consumer instead. Answered `Reply::Changes` with
+    /// no events and `next` the cursor kept (0 once forgotten).
+    ChangeAck {
+        consumer: String,
+        upto: u64,
+        #[serde(default, skip_serializing_if = "is_false")]
+        forget: bool,
+    },
     ReadLink {
         ino: Ino,
     },
@@ -644,6 +667,10 @@ pub enum Op {
         /// server holding the object when the cluster runs with keys.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cap: Option<Capability>,
+        /// The sync of a handle that wrote and is being closed (protocol 12): the inode's
+        /// home logs a `Close` change event.
+        #[serde(default, skip_serializing_if = "is_false")]
+        closing: bool,
     },
 
     /// Several namespace operations in one request (many creates, stats or unlinks), each
@@ -1019,6 +1046,8 @@ impl Op {
             Op::TupleRead { take: false, .. } => "tupleread",
             Op::TupleRead { take: true, .. } => "tupletake",
             Op::TupleWatch { .. } => "tuplewatch",
+            Op::Changes { .. } => "changes",
+            Op::ChangeAck { .. } => "changeack",
             Op::ReadLink { .. } => "readlink",
             Op::Access { .. } => "access",
             Op::ExtendSize { .. } => "extendsize",
@@ -1275,6 +1304,8 @@ pub enum Reply {
     },
     /// Answer to `TupleWatch`.
     TupleEvents(crate::tuple::TupleEvents),
+    /// Answer to `Changes` and `ChangeAck`.
+    Changes(crate::change::ChangePage),
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

@@ -78,6 +78,8 @@ impl Op {
             Op::TupleWrite { .. } => 63,
             Op::TupleRead { .. } => 64,
             Op::TupleWatch { .. } => 65,
+            Op::Changes { .. } => 66,
+            Op::ChangeAck { .. } => 67,
         }
     }
 }
@@ -120,6 +122,7 @@ impl Reply {
             Reply::Found(_) => 33,
             Reply::Tuple { .. } => 34,
             Reply::TupleEvents(_) => 35,
+            Reply::Changes(_) => 36,
         }
     }
 }

@@ -232,6 +232,10 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::TupleWatch { template, kinds, after, limit, wait_ms } => {
             crate::ops::tuples::watch(st, template, kinds, after, limit, wait_ms).await?
         }
+        Op::Changes { after, consumer, kinds, limit, wait_ms } => {
+            crate::ops::changes::changes(st, cred, after, consumer, kinds, limit, wait_ms).await?
+        }
+        Op::ChangeAck { consumer, upto, forget } => crate::ops::changes::ack(st, cred, consumer, upto, forget).await?,
 
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,
         Op::SetAttr { ino, set } => inode::setattr(st, cred, ino, set).await?,
@@ -272,8 +276,11 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
             caps::check(st, cap.as_ref(), ino, RIGHT_WRITE)?;
             fetch::fetch_into(st, &url, ino, index, pieces, parallel, etag, copies).await?
         }
-        Op::Fsync { ino, data_only, cap } => {
+        Op::Fsync { ino, data_only, cap, closing } => {
             caps::check(st, cap.as_ref(), ino, 0)?;
+            if closing {
+                crate::ops::changes::closed(st, cred.uid, ino).await?;
+            }
             data::fsync(st, ino, data_only).await?
         }
         Op::Open { ino, rights, renew } => caps::open(st, cred, ino, rights, renew).await?,

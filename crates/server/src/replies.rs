@@ -316,7 +316,8 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::Append { .. }
         | Op::ReleaseOrphan { .. }
         | Op::TupleWrite { .. }
-        | Op::TupleRead { take: true, .. } => true,
+        | Op::TupleRead { take: true, .. }
+        | Op::ChangeAck { .. } => true,
         Op::Batch { ops } => ops.iter().any(|op| !matches!(op, BatchOp::Lookup { .. } | BatchOp::GetAttr { .. })),
         // Reads, and peer steps (sent by servers, idempotent by their op ids).
         Op::Hello { .. }
@@ -326,6 +327,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::Find { .. }
         | Op::TupleRead { take: false, .. }
         | Op::TupleWatch { .. }
+        | Op::Changes { .. }
         | Op::GetAttr { .. }
         | Op::ReadLink { .. }
         | Op::Access { .. }

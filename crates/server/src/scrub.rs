@@ -308,6 +308,8 @@ fn check_record(k: &[u8], v: &[u8]) -> Result<(), String> {
         Some(&key::TUPLE) if k.len() == 17 => dec::<meta::TupleRecord>(k, v),
         Some(&key::TUPLE) => Err("tuple key of the wrong length".into()),
         Some(&key::TUPLE_EVENT) => number("tuple event").and_then(|()| dec::<meta::TupleEventRecord>(k, v)),
+        Some(&key::CHANGE) => number("change event").and_then(|()| dec::<meta::ChangeRecord>(k, v)),
+        Some(&key::CONSUMER) if k.len() > 5 => dec::<meta::ConsumerRecord>(k, v),
         _ if k == key::FORMAT || k == key::SERVER => {
             if v.len() == 4 {
                 Ok(())

@@ -576,9 +576,14 @@ async fn write_read_truncate_objects() {
     assert_eq!(d.len(), 96);
     // fsync on both servers
     for s in &layout.servers {
-        c.call_as(*s, &Cred::root(), Op::Fsync { ino: e.ino, data_only: true, cap: e.cap.clone() }, Bytes::new())
-            .await
-            .unwrap();
+        c.call_as(
+            *s,
+            &Cred::root(),
+            Op::Fsync { ino: e.ino, data_only: true, cap: e.cap.clone(), closing: false },
+            Bytes::new(),
+        )
+        .await
+        .unwrap();
     }
     // Truncate to 4096 + 12 cuts object 1 to 12 bytes.
     c.op(Op::SetAttr { ino: e.ino, set: SetAttrs { size: Some(4108), ..Default::default() } }).await.unwrap();

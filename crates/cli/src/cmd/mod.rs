@@ -23,6 +23,7 @@ pub mod stripe;
 pub mod token;
 pub mod top;
 pub mod tuple;
+pub mod watch;
 
 use anyhow::{Context, Result};
 use shoal_client::{Client, ClientOptions};

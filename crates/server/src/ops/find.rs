@@ -71,7 +71,7 @@ pub async fn find(st: &Arc<State>, cred: Cred, query: FindQuery, after: Option<V
             if e.kind == FileKind::Dir {
                 page.dirs.push(FoundDir { dir, name: name.to_string(), ino: e.ino });
             }
-            if !query.matches_name(pattern.as_ref(), name, e.kind) {
+            if !query.matches_name(pattern.as_ref(), name, e.kind, e.ino) {
                 return Ok(true);
             }
             let found = |attr| FoundEntry { dir, name: name.to_string(), ino: e.ino, kind: e.kind, attr };

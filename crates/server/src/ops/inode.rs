@@ -3,10 +3,12 @@
 
 use super::*;
 use crate::error::{fail, Fail, R};
+use crate::ops::changes;
 use crate::perm::{self, W_OK};
 use crate::state::State;
 use crate::store::meta::{InodeRecord, Intent};
 use shoal_placement::resolve_layout;
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Cred, FileKind, LayoutSpec, Reply, SetAttrs, TimeSet, Timestamp, XATTR_VALUE_MAX};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -152,6 +154,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                         }
                         let mut txn = st.meta.txn();
                         txn.put_inode(ino, new.clone());
+                        txn.log_change(changes::inode(ChangeKind::Setattr, cred2.uid, ino, &new, None));
                         drop_caps_on_size_change(&mut txn, ino, &set2);
                         if attempt > 1 {
                             // An earlier attempt's shrink intent: this change supersedes it
@@ -177,12 +180,15 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
             }
             Err(shrink) => shrink,
         };
-        if let Some(reply) = super::truncate::shrink(st, op_id, ino, old, new, layout).await? {
+        if let Some(reply) = super::truncate::shrink(st, op_id, ino, old, new, layout, cred.uid).await? {
             return Ok(reply);
         }
         if attempt == SETATTR_ATTEMPTS {
-            // The file kept changing: commit the size over the changes, then finish the cut.
-            return super::truncate::force(st, op_id, ino, size).await;
+            // The file kept changing: commit the size over the changes, then finish the cut
+            // (its event is logged after the cut, in a batch of its own).
+            let reply = super::truncate::force(st, op_id, ino, size).await?;
+            changes::log_inode(st, ChangeKind::Setattr, cred.uid, ino, None).await?;
+            return Ok(reply);
         }
     }
 }
@@ -371,7 +377,10 @@ pub async fn set_xattr(
             return fail(Errno::ENOSPC, format!("{ino} already has {XATTRS_MAX} attributes"));
         }
         txn.put_xattr(ino, &name, &value);
-        txn.inode_mut(ino)?.ctime = now();
+        let rec = txn.inode_mut(ino)?;
+        rec.ctime = now();
+        let c = changes::inode(ChangeKind::Xattr, cred.uid, ino, rec, Some(&name));
+        txn.log_change(c);
         txn.commit()?;
         Ok(Reply::Ok)
     })
@@ -414,7 +423,10 @@ pub async fn remove_xattr(st: &Arc<State>, cred: Cred, ino: Ino, name: String) -
             return Err(xattr_denied(Errno::ENODATA, &name));
         }
         txn.delete_xattr(ino, &name);
-        txn.inode_mut(ino)?.ctime = now();
+        let rec = txn.inode_mut(ino)?;
+        rec.ctime = now();
+        let c = changes::inode(ChangeKind::Xattr, cred.uid, ino, rec, Some(&name));
+        txn.log_change(c);
         txn.commit()?;
         Ok(Reply::Ok)
     })

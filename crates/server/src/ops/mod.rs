@@ -3,6 +3,7 @@
 //! of each other. Shared here: the pattern for checks that need a remote inode's owner, and
 //! the work left after a commit.
 
+pub mod changes;
 pub mod data;
 pub mod fetch;
 pub mod find;
@@ -51,7 +52,7 @@ pub enum Step<T> {
 pub type Known = HashMap<Ino, Owner>;
 
 /// Stand-in owner of an inode that no longer exists: matches nobody but root.
-const NOBODY: Owner = Owner { uid: u32::MAX, gid: u32::MAX, perm: 0, kind: FileKind::File };
+pub const NOBODY: Owner = Owner { uid: u32::MAX, gid: u32::MAX, perm: 0, kind: FileKind::File };
 
 /// The owner of `ino`, if known here (local inode, or fetched earlier). `None`: fetch it.
 pub fn owner_of(st: &State, txn: &mut Txn<'_>, known: &Known, ino: Ino) -> R<Option<Owner>> {

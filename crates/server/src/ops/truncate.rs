@@ -35,6 +35,7 @@ use crate::store::meta::{InodeRecord, Intent, IntentRecord};
 use futures::future::join_all;
 use parking_lot::Mutex;
 use shoal_placement::object_len;
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Layout, Op, Reply};
 use shoal_proto::{Errno, Ino};
 use std::collections::HashMap;
@@ -113,6 +114,7 @@ pub async fn shrink(
     old: InodeRecord,
     new: InodeRecord,
     layout: Layout,
+    uid: u32,
 ) -> R<Option<Reply>> {
     let size = new.size;
     st.store(move |st| {
@@ -134,6 +136,7 @@ pub async fn shrink(
             }
             let mut txn = st.meta.txn();
             txn.put_inode(ino, new.clone());
+            txn.log_change(crate::ops::changes::inode(ChangeKind::Setattr, uid, ino, &new, None));
             txn.delete_xattr(ino, CAPS_XATTR);
             txn.delete_intent(op_id);
             txn.commit()?;

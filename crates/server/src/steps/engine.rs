@@ -80,10 +80,16 @@ pub async fn drive(st: &Arc<State>, op_id: u64, intent: &Intent, ctx: Ctx) -> R<
 pub async fn run(st: &Arc<State>, op_id: u64, intent: &Intent, ctx: Ctx) -> End {
     let end = match intent {
         Intent::Mkdir { dir, name, ino } => mkdir::resume(st, op_id, *dir, name, *ino, ctx.made).await,
-        Intent::Link { dir, name, ino, kind } => link::resume(st, op_id, *dir, name, *ino, *kind, ctx.attr).await,
+        Intent::Link { dir, name, ino, kind } => {
+            let uid = ctx.cred.as_ref().map_or(crate::ops::changes::UNKNOWN_UID, |c| c.uid);
+            link::resume(st, op_id, *dir, name, *ino, *kind, ctx.attr, uid).await
+        }
         Intent::Unlink { ino } => unlink::resume(st, op_id, *ino, None).await,
         Intent::UnlinkKeep { ino, session } => unlink::resume(st, op_id, *ino, Some(*session)).await,
-        Intent::Rmdir { dir, name, ino } => rmdir::resume(st, op_id, *dir, name, *ino).await,
+        Intent::Rmdir { dir, name, ino } => {
+            let uid = ctx.cred.as_ref().map_or(crate::ops::changes::UNKNOWN_UID, |c| c.uid);
+            rmdir::resume(st, op_id, *dir, name, *ino, uid).await
+        }
         Intent::Rename { src_dir, src_name, dst_dir, dst_name, ino, kind, noreplace } => {
             let r = rename::Moving { src_dir: *src_dir, src_name, dst_dir: *dst_dir, dst_name, ino: *ino, kind: *kind };
             rename::resume(st, op_id, r, *noreplace, ctx.cred, ctx.keep).await

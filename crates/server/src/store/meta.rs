@@ -77,6 +77,12 @@ pub mod key {
     pub const TUPLE: u8 = b'T';
     /// `N` seq: the tuple log, every tuple written or taken, numbered from 1 without gap.
     pub const TUPLE_EVENT: u8 = b'N';
+    /// `C` seq: the change log (docs/changes.md), every namespace and data event committed
+    /// here, numbered from 1 without gap in commit order (`MetaStore::commit`).
+    pub const CHANGE: u8 = b'C';
+    /// `K` uid name: a consumer of the change log (user `uid`'s consumer `name`) and the
+    /// last event it acknowledged.
+    pub const CONSUMER: u8 = b'K';
     pub const FORMAT: &[u8] = b"mformat";
     pub const SERVER: &[u8] = b"mserver";
     /// In a mirror's store (`replica::mirror`): the primary incarnation and the last
@@ -194,6 +200,16 @@ pub mod key {
     }
     pub fn orphan(ino: Ino) -> [u8; 9] {
         tagged(ORPHAN, ino.0)
+    }
+    pub fn change(seq: u64) -> [u8; 9] {
+        tagged(CHANGE, seq)
+    }
+    pub fn consumer(uid: u32, name: &str) -> Vec<u8> {
+        let mut k = Vec::with_capacity(5 + name.len());
+        k.push(CONSUMER);
+        k.extend_from_slice(&uid.to_be_bytes());
+        k.extend_from_slice(name.as_bytes());
+        k
     }
 
     /// The number in a 9-byte tagged key.
@@ -445,6 +461,26 @@ const META_BLOCK_CACHE_BYTES: usize = 256 << 20;
 /// metadata; beyond that RocksDB reopens tables as needed.
 pub const MAX_OPEN_FILES: i32 = 512;
 
+/// An event of the change log (`C` key): the event as watchers get it (its `seq` is the
+/// key's), and who may see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeRecord {
+    pub event: shoal_proto::change::ChangeEvent,
+    /// The owner and mode deciding who may see the event (`ops::changes::visible`): the
+    /// directory of an entry event, the inode of an inode event.
+    pub guard: crate::perm::Owner,
+    /// A rename into another directory: that directory's, when the server knew it.
+    pub to_guard: Option<crate::perm::Owner>,
+}
+
+/// A consumer of the change log (`K` key): the last event it acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsumerRecord {
+    pub acked: u64,
+    /// When it acknowledged last (seconds since the epoch).
+    pub since: i64,
+}
+
 /// The RocksDB database.
 pub struct MetaStore {
     /// `None` only while [`MetaStore::reopen`] could not open it again.
@@ -487,6 +523,13 @@ pub struct MetaStore {
     /// to it, under `wal_lock`, so mirrors apply batches in commit order. Unset without
     /// mirrors, in tools and in a mirror's own store.
     repl: std::sync::OnceLock<std::sync::Arc<crate::replica::log::ReplLog>>,
+    /// The number of the last change event committed (`None`: not known, read from the
+    /// last `C` key at the next commit with events: after opening, a reopen, or a batch
+    /// applied from a primary). Changed under `wal_lock` only, so numbers follow commit
+    /// order and have no gap.
+    last_change: Mutex<Option<u64>>,
+    /// The number of the last change event committed, for watchers waiting for one.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl MetaStore {
@@ -520,6 +563,8 @@ impl MetaStore {
             reopen_wanted: tokio::sync::Notify::new(),
             leases: std::sync::OnceLock::new(),
             repl: std::sync::OnceLock::new(),
+            last_change: Mutex::new(None),
+            changed: tokio::sync::watch::channel(0).0,
         })
     }
 
@@ -678,6 +723,7 @@ impl MetaStore {
                 self.recovered.lock().push(seq);
                 self.committed.store(seq, Ordering::Release);
                 self.flushed.store(seq, Ordering::Release);
+                *self.last_change.lock() = None;
                 let gen = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
                 self.failed.store(0, Ordering::Release);
                 self.reopened.send_replace(gen);
@@ -696,7 +742,9 @@ impl MetaStore {
     pub fn apply_replicated(&self, batch: &[u8], position: &[u8]) -> R<()> {
         let mut b = WriteBatch::from_data(batch);
         b.put(key::REPLICA, position);
-        self.write(b)
+        let _w = self.wal_lock.lock();
+        *self.last_change.lock() = None;
+        self.commit_locked(b, Vec::new(), true)
     }
 
     pub fn get_raw(&self, key: &[u8]) -> R<Option<Vec<u8>>> {
@@ -988,7 +1036,34 @@ impl MetaStore {
     }
 
     pub fn write(&self, batch: WriteBatch) -> R<()> {
-        self.commit(batch, true)
+        self.commit(batch, Vec::new(), true)
+    }
+
+    /// Write `batch` with the change events `changes`, numbered next in this server's log.
+    pub fn write_changes(&self, batch: WriteBatch, changes: Vec<ChangeRecord>) -> R<()> {
+        self.commit(batch, changes, true)
+    }
+
+    /// The number of the last change event committed here (0: none).
+    pub fn last_change(&self) -> R<u64> {
+        let _w = self.wal_lock.lock();
+        self.last_change_locked()
+    }
+
+    /// Subscribe to the number of the last change event: changes when one is committed.
+    pub fn change_signal(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// [`MetaStore::last_change`], under `wal_lock`.
+    fn last_change_locked(&self) -> R<u64> {
+        let mut last = self.last_change.lock();
+        if let Some(n) = *last {
+            return Ok(n);
+        }
+        let n = self.last_under(&[key::CHANGE])?.and_then(|k| key::number(&k)).unwrap_or(0);
+        *last = Some(n);
+        Ok(n)
     }
 
     /// Put or (`None`) delete `key` on this server only, never shipped to mirrors: records
@@ -999,19 +1074,41 @@ impl MetaStore {
             Some(v) => b.put(key, v),
             None => b.delete(key),
         }
-        self.commit(b, false)
+        self.commit(b, Vec::new(), false)
     }
 
-    fn commit(&self, batch: WriteBatch, replicate: bool) -> R<()> {
+    fn commit(&self, batch: WriteBatch, changes: Vec<ChangeRecord>, replicate: bool) -> R<()> {
         let _w = self.wal_lock.lock();
+        self.commit_locked(batch, changes, replicate)
+    }
+
+    /// Write `batch` and its change events; the caller holds `wal_lock`.
+    fn commit_locked(&self, mut batch: WriteBatch, changes: Vec<ChangeRecord>, replicate: bool) -> R<()> {
         self.check_writable()?;
+        // The events are numbered here, under `wal_lock`, so that a watcher that has read
+        // event n has seen every event committed before it (the numbers follow commit order).
+        let mut last_event = None;
+        if !changes.is_empty() {
+            let first = self.last_change_locked()? + 1;
+            for (i, c) in changes.iter().enumerate() {
+                batch.put(key::change(first + i as u64), encode(c));
+            }
+            let last = first + changes.len() as u64 - 1;
+            crate::ops::changes::prune(self, &mut batch, first, last)?;
+            last_event = Some(last);
+        }
         let db = self.db()?;
         // The batch as committed, for the mirrors (a copy: RocksDB takes the batch).
         let shipped = self.repl.get().filter(|_| replicate).map(|_| bytes::Bytes::copy_from_slice(batch.data()));
         if let Err(e) = db.write_opt(batch, &self.wopts) {
             let f = Fail::from(e);
             self.note_failure(&f);
+            *self.last_change.lock() = None;
             return Err(f);
+        }
+        if let Some(last) = last_event {
+            *self.last_change.lock() = Some(last);
+            self.changed.send_replace(last);
         }
         // Ours: commits are serialised by `wal_lock`. The generation cannot change while
         // `db` is held (a reopen takes the lock exclusively).
@@ -1070,6 +1167,7 @@ impl MetaStore {
             partitions: HashMap::new(),
             changed_dirs: Vec::new(),
             reshaping: false,
+            changes: Vec::new(),
         }
     }
 }
@@ -1089,6 +1187,8 @@ pub struct Txn<'a> {
     changed_dirs: Vec<Ino>,
     /// The batch moves entries between servers (a split): see [`Txn::reshaping`].
     reshaping: bool,
+    /// Change events to log with the batch (`ops::changes`).
+    changes: Vec<ChangeRecord>,
 }
 
 impl<'a> Txn<'a> {
@@ -1238,6 +1338,11 @@ impl<'a> Txn<'a> {
         self.batch.put(key::orphan(ino), encode(rec));
     }
 
+    /// Log change event `c` with this batch.
+    pub fn log_change(&mut self, c: ChangeRecord) {
+        self.changes.push(c);
+    }
+
     pub fn delete_orphan(&mut self, ino: Ino) {
         self.batch.delete(key::orphan(ino));
     }
@@ -1255,7 +1360,7 @@ impl<'a> Txn<'a> {
                 None => self.batch.delete(key::inode(ino)),
             }
         }
-        if self.batch.is_empty() {
+        if self.batch.is_empty() && self.changes.is_empty() {
             return Ok(());
         }
         // Leases on the changed directories are revoked before the batch is written, and no
@@ -1272,7 +1377,7 @@ impl<'a> Txn<'a> {
             }
             _ => None,
         };
-        self.meta.write(std::mem::take(&mut self.batch))
+        self.meta.write_changes(std::mem::take(&mut self.batch), std::mem::take(&mut self.changes))
     }
 }
 

@@ -23,6 +23,7 @@ use crate::perm::{self, X_OK};
 use crate::state::State;
 use crate::store::meta::{EntryRecord, InodeRecord};
 use shoal_proto::cap::{RIGHT_READ, RIGHT_WRITE};
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Cred, EntryOut, FileKind, LayoutSpec, Reply};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -88,6 +89,15 @@ pub async fn create(
                 rec.read_mostly = parent.read_mostly;
                 txn.put_inode(ino, rec.clone());
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
+                txn.log_change(changes::entry(
+                    ChangeKind::Create,
+                    cred.uid,
+                    dir,
+                    parent.owner(),
+                    &name,
+                    ino,
+                    FileKind::File,
+                ));
                 dir_changed(st, &mut txn, dir, now, 0)?;
                 txn.commit()?;
                 Ok(Made::New(ino, rec))

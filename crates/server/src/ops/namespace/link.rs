@@ -8,6 +8,7 @@ use crate::state::{derive_op, State};
 use crate::steps;
 use crate::steps::engine::{self, unknown, Ctx, End};
 use crate::store::meta::{EntryRecord, Intent};
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Attr, Cred, EntryOut, FileKind, Op, Reply};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -40,6 +41,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 rec.ctime = now;
                 let rec = rec.clone();
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: rec.kind });
+                txn.log_change(changes::entry(ChangeKind::Link, cred.uid, dir, parent.owner(), &name, ino, rec.kind));
                 dir_changed(st, &mut txn, dir, now, 0)?;
                 txn.commit()?;
                 Ok(Reply::Entry(EntryOut {
@@ -67,11 +69,11 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
     let _active = st.activate(op_id);
     {
         let (_g, _) = lock_entry(st, dir, &name, true, &[dir], &[(dir, &name)], 0).await?;
-        let n2 = name.clone();
+        let (n2, c2) = (name.clone(), cred.clone());
         st.store(move |st| {
             let mut txn = st.meta.txn();
             let parent = parent_of(st, &mut txn, dir)?;
-            may_change(&cred, dir, &parent)?;
+            may_change(&c2, dir, &parent)?;
             if txn.entry(dir, &n2)?.is_some() {
                 return Err(exists(dir, &n2));
             }
@@ -82,13 +84,14 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
         st.locks.pin(dir, &name, op_id, Pin::Writes);
     }
     let intent = Intent::Link { dir, name, ino, kind };
-    steps::drive(st, op_id, &intent, Ctx { attr: Some(attr), ..Ctx::default() }).await
+    steps::drive(st, op_id, &intent, Ctx { attr: Some(attr), cred: Some(cred), ..Ctx::default() }).await
 }
 
 /// Drive a `Link` intent (step `link.nlink`: `PeerLinkDelta(+1)` at the inode's home, applied
 /// once per op id; finish: the entry). If the directory went away or the name was taken
 /// meanwhile, the link is taken back (step `link.undo`) and the link refused. `attr`: the
 /// inode's attributes the request fetched, for its reply.
+#[allow(clippy::too_many_arguments)] // the intent's fields, and what only the live request knows
 pub async fn resume(
     st: &Arc<State>,
     op_id: u64,
@@ -97,6 +100,7 @@ pub async fn resume(
     ino: Ino,
     kind: FileKind,
     attr: Option<Attr>,
+    uid: u32,
 ) -> End {
     let home = st.home(ino);
     let reply = match engine::remote(
@@ -125,7 +129,7 @@ pub async fn resume(
             };
         }
     };
-    match finish(st, op_id, dir, name, ino, kind).await {
+    match finish(st, op_id, dir, name, ino, kind, uid).await {
         Ok(true) => {}
         Ok(false) => {
             return End::Refused(Fail::new(Errno::ENOENT, format!("directory {dir} was removed or {name:?} was taken")))
@@ -143,18 +147,22 @@ pub async fn resume(
 /// Finish of a cross-server link, after `PeerLinkDelta(+1)` succeeded: commit the entry,
 /// or, if the directory went away or the name was taken, take the link back. Returns whether
 /// the entry was committed.
-async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kind: FileKind) -> R<bool> {
+async fn finish(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, kind: FileKind, uid: u32) -> R<bool> {
     let committed = engine::finish("link", async {
         let _g = st.locks.lock_names(&[dir], &[(dir, name)], op_id).await?;
         let name = name.to_string();
         st.store(move |st| {
             let mut txn = st.meta.txn();
             let now = now();
-            let usable = matches!(parent_of(st, &mut txn, dir), Ok(r) if r.kind == FileKind::Dir);
-            if !usable || txn.entry(dir, &name)?.is_some() {
+            let parent = match parent_of(st, &mut txn, dir) {
+                Ok(r) if r.kind == FileKind::Dir => r,
+                _ => return Ok(false),
+            };
+            if txn.entry(dir, &name)?.is_some() {
                 return Ok(false);
             }
             txn.put_entry(dir, &name, EntryRecord { ino, kind });
+            txn.log_change(changes::entry(ChangeKind::Link, uid, dir, parent.owner(), &name, ino, kind));
             dir_changed(st, &mut txn, dir, now, 0)?;
             txn.delete_intent(op_id);
             txn.commit()?;

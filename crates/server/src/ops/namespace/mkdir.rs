@@ -8,6 +8,7 @@ use crate::state::{derive_op, State};
 use crate::steps;
 use crate::steps::engine::{self, unknown, Ctx, End};
 use crate::store::meta::{EntryRecord, Intent};
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Cred, FileKind, Op, Reply};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -37,6 +38,15 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
             if local {
                 txn.put_inode(ino, rec.clone());
                 txn.put_entry(dir, &n2, EntryRecord { ino, kind: FileKind::Dir });
+                txn.log_change(changes::entry(
+                    ChangeKind::Mkdir,
+                    cred.uid,
+                    dir,
+                    parent.owner(),
+                    &n2,
+                    ino,
+                    FileKind::Dir,
+                ));
                 dir_changed(st, &mut txn, dir, now, 1)?;
             } else {
                 txn.put_intent(op_id, Intent::Mkdir { dir, name: n2, ino }, now.secs);
@@ -67,6 +77,7 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino,
             Err(f) => End::Kept(f),
         };
     };
+    let uid = rec.uid;
     let home = st.home(ino);
     match engine::remote(st, "mkdir", "object", home, None, Op::PeerMkdirObject { attr: rec.to_attr(ino, 0), op_id })
         .await
@@ -88,10 +99,10 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino,
             let mut txn = st.meta.txn();
             let now = now();
             // The parent may have been removed while the object was being made.
-            if parent_of(st, &mut txn, dir).is_err() {
-                return Ok(false);
-            }
+            let Ok(parent) = parent_of(st, &mut txn, dir) else { return Ok(false) };
             txn.put_entry(dir, &n2, EntryRecord { ino, kind: FileKind::Dir });
+            // The new directory's owner made it.
+            txn.log_change(changes::entry(ChangeKind::Mkdir, uid, dir, parent.owner(), &n2, ino, FileKind::Dir));
             dir_changed(st, &mut txn, dir, now, 1)?;
             txn.delete_intent(op_id);
             txn.commit()?;

@@ -312,9 +312,25 @@ async fn rename_local(
                     }
                     txn.delete_entry(src_dir, &src_name);
                     txn.put_entry(dst_dir, &dst_name, se);
+                    let (sd, dd) = (sd, Some(dd));
+                    txn.log_change(changes::rename(
+                        cred.uid, src_dir, sd, &src_name, dst_dir, dd, &dst_name, se.ino, se.kind,
+                    ));
                     if flags.exchange {
                         if let Some(t) = te {
                             txn.put_entry(src_dir, &src_name, t);
+                            let back = changes::rename(
+                                cred.uid,
+                                dst_dir,
+                                dd.unwrap_or(sd),
+                                &dst_name,
+                                src_dir,
+                                Some(sd),
+                                &src_name,
+                                t.ino,
+                                t.kind,
+                            );
+                            txn.log_change(back);
                         }
                     }
                     if src_dir != dst_dir {
@@ -408,7 +424,7 @@ async fn rename_local(
     if let Some((tino, rop)) = rmdir_done {
         if result.is_err() {
             // The target directory is gone but the rename did not commit: remove its entry.
-            if let Err(e) = finish_rmdir(st, rop, dst_dir, &dst_name, tino).await {
+            if let Err(e) = finish_rmdir(st, rop, dst_dir, &dst_name, tino, None).await {
                 tracing::warn!("removing the entry of removed directory {tino}: {e}");
             }
         }
@@ -551,7 +567,8 @@ pub async fn resume(
         // Both names were links of one file: nothing to do (POSIX).
         Ok(Reply::Replaced(Some(old))) if old.ino == m.ino => engine::finish("rename", delete_intent(st, op_id)).await,
         Ok(_) => {
-            let fin = finish_rename_source(st, op_id, m.src_dir, m.src_name, m.dst_dir, m.ino, m.kind);
+            let uid = cred.as_ref().map_or(changes::UNKNOWN_UID, |c| c.uid);
+            let fin = finish_rename_source(st, op_id, &m, uid);
             engine::finish("rename", fin).await
         }
         Err(e) if e != Errno::EBUSY && unknown(e) => return End::Kept(Fail::peer(home, e)),
@@ -570,16 +587,11 @@ pub async fn resume(
 
 /// Second half of a cross-server rename, once the destination entry is in place: remove the
 /// source entry (if it still names `ino`), adjust the source directory, delete the intent,
-/// and repoint a moved directory's parent. The caller unpins.
-pub async fn finish_rename_source(
-    st: &Arc<State>,
-    op_id: u64,
-    src_dir: Ino,
-    src_name: &str,
-    dst_dir: Ino,
-    ino: Ino,
-    kind: FileKind,
-) -> R<()> {
+/// and repoint a moved directory's parent. The caller unpins. `uid`: who renames, for the
+/// change log (the destination's directory is not known here: its event has no `to_guard`).
+pub async fn finish_rename_source(st: &Arc<State>, op_id: u64, m: &Moving<'_>, uid: u32) -> R<()> {
+    let (src_dir, src_name, dst_dir, ino, kind) = (m.src_dir, m.src_name, m.dst_dir, m.ino, m.kind);
+    let dst_name = m.dst_name.to_string();
     let mut inos = vec![src_dir];
     inos.extend(Some(ino).filter(|&i| st.is_home(i)));
     let after = {
@@ -591,6 +603,8 @@ pub async fn finish_rename_source(
             let mut after = After::default();
             if txn.entry(src_dir, &name)?.is_some_and(|e| e.ino == ino) {
                 txn.delete_entry(src_dir, &name);
+                let guard = parent_of(st, &mut txn, src_dir).map_or(NOBODY, |d| d.owner());
+                txn.log_change(changes::rename(uid, src_dir, guard, &name, dst_dir, None, &dst_name, ino, kind));
                 if !st.is_home(src_dir) || txn.inode(src_dir)?.is_some() {
                     if kind == FileKind::Dir {
                         dir_changed(st, &mut txn, src_dir, now, -1)?;

@@ -169,7 +169,7 @@ pub async fn peer_rename_in(
     .await;
     if let Some((tino, rop)) = rmdir_done {
         if result.is_err() {
-            if let Err(e) = finish_rmdir(st, rop, dst_dir, &dst_name, tino).await {
+            if let Err(e) = finish_rmdir(st, rop, dst_dir, &dst_name, tino, None).await {
                 tracing::warn!("removing the entry of removed directory {tino}: {e}");
             }
         }

@@ -9,6 +9,7 @@ use crate::state::State;
 use crate::steps;
 use crate::steps::engine::{self, unknown, Ctx, End};
 use crate::store::meta::Intent;
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Cred, FileKind, Op, Reply};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -64,6 +65,7 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
                     }
                     txn.remove_inode(e.ino)?;
                     txn.delete_entry(dir, &n2);
+                    txn.log_change(changes::entry(ChangeKind::Rmdir, cred.uid, dir, d, &n2, e.ino, FileKind::Dir));
                     dir_changed(st, &mut txn, dir, now, -1)?;
                     txn.commit()?;
                     Ok(Step::Done(Removed::Local))
@@ -83,7 +85,7 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
                 st.locks.pin(dir, &name, op_id, Pin::Reads);
                 drop(g);
                 let intent = Intent::Rmdir { dir, name: name.clone(), ino: child };
-                return steps::drive(st, op_id, &intent, Ctx::default()).await;
+                return steps::drive(st, op_id, &intent, Ctx { cred: Some(cred.clone()), ..Ctx::default() }).await;
             }
             Step::Done(Removed::Relock(ino)) => expect = Some(ino),
             Step::Need(ino) => {
@@ -98,10 +100,10 @@ pub async fn rmdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String) -> R<Rep
 
 /// Drive an `Rmdir` intent (step `rmdir.object`: `PeerRmdirObject` at the directory's home,
 /// which refuses with ENOTEMPTY; finish: the entry goes).
-pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino) -> End {
+pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, uid: u32) -> End {
     let home = st.home(ino);
     match engine::remote(st, "rmdir", "object", home, None, Op::PeerRmdirObject { ino, op_id }).await {
-        Ok(_) => match engine::finish("rmdir", finish_rmdir(st, op_id, dir, name, ino)).await {
+        Ok(_) => match engine::finish("rmdir", finish_rmdir(st, op_id, dir, name, ino, Some(uid))).await {
             Ok(()) => End::Done(Reply::Ok),
             Err(f) => End::Kept(f),
         },
@@ -116,7 +118,9 @@ pub async fn resume(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino)
 
 /// Second half of removing a remote directory object: the entry `dir/name` goes if it still
 /// names `ino` (with the parent's link count), and the intent with it. The caller unpins.
-pub async fn finish_rmdir(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino) -> R<()> {
+/// `uid`: who removes it, for the change log (`None`: not logged, a rename replacing the
+/// directory logs the rename).
+pub async fn finish_rmdir(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino: Ino, uid: Option<u32>) -> R<()> {
     let _g = st.locks.lock_names(&[dir], &[(dir, name)], op_id).await?;
     let name = name.to_string();
     st.store(move |st| {
@@ -124,6 +128,10 @@ pub async fn finish_rmdir(st: &Arc<State>, op_id: u64, dir: Ino, name: &str, ino
         let now = now();
         if txn.entry(dir, &name)?.is_some_and(|e| e.ino == ino) {
             txn.delete_entry(dir, &name);
+            if let Some(uid) = uid {
+                let guard = parent_of(st, &mut txn, dir).map_or(NOBODY, |d| d.owner());
+                txn.log_change(changes::entry(ChangeKind::Rmdir, uid, dir, guard, &name, ino, FileKind::Dir));
+            }
             if !st.is_home(dir) || txn.inode(dir)?.is_some() {
                 dir_changed(st, &mut txn, dir, now, -1)?;
             }

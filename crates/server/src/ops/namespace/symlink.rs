@@ -5,6 +5,7 @@ use crate::error::{fail, R};
 use crate::ops::*;
 use crate::state::State;
 use crate::store::meta::EntryRecord;
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Cred, FileKind, Reply, PATH_MAX};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -38,6 +39,15 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
             rec.read_mostly = parent.read_mostly;
             txn.put_inode(ino, rec.clone());
             txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::Symlink });
+            txn.log_change(changes::entry(
+                ChangeKind::Symlink,
+                cred.uid,
+                dir,
+                parent.owner(),
+                &name,
+                ino,
+                FileKind::Symlink,
+            ));
             dir_changed(st, &mut txn, dir, now, 0)?;
             txn.commit()?;
             Ok(entry_reply(ino, &rec))

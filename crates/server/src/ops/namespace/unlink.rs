@@ -9,6 +9,7 @@ use crate::state::State;
 use crate::steps;
 use crate::steps::engine::{self, Ctx, End};
 use crate::store::meta::Intent;
+use shoal_proto::change::ChangeKind;
 use shoal_proto::msg::{Cred, FileKind, KeepOpen, Op, Reply};
 use shoal_proto::{Errno, Ino};
 use std::sync::Arc;
@@ -63,6 +64,7 @@ pub async fn unlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, keep: O
                         }
                     }
                     txn.delete_entry(dir, &n2);
+                    txn.log_change(changes::entry(ChangeKind::Unlink, cred.uid, dir, d, &n2, e.ino, e.kind));
                     dir_changed(st, &mut txn, dir, now, 0)?;
                     let orphan_of = keeper(keep, e.ino);
                     let out = if local {

@@ -22,8 +22,8 @@
 
 use crate::error::{Fail, R};
 use crate::store::meta::{
-    AppliedRecord, EntryRecord, GcRecord, InodeRecord, Intent, IntentRecord, OrphanRecord, PartitionRecord,
-    TupleEventRecord, TupleRecord,
+    AppliedRecord, ChangeRecord, ConsumerRecord, EntryRecord, GcRecord, InodeRecord, Intent, IntentRecord,
+    OrphanRecord, PartitionRecord, TupleEventRecord, TupleRecord,
 };
 use prost::Message;
 use shoal_proto::msg::{DirEntry, FileKind, Layout, LayoutSpec, PlacementPolicy, Reply, Timestamp, REPLICAS_MAX};
@@ -427,6 +427,58 @@ pub struct StoredTupleEvent {
     pub at: Option<Time>,
 }
 
+/// Who may see a change event (`ChangeRecord::guard`).
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct StoredGuard {
+    #[prost(uint32, tag = "1")]
+    pub uid: u32,
+    #[prost(uint32, tag = "2")]
+    pub gid: u32,
+    #[prost(uint32, tag = "3")]
+    pub perm: u32,
+    #[prost(enumeration = "Kind", tag = "4")]
+    pub kind: i32,
+}
+
+/// `C` seq: a change event. `kind` is the event's position in `change::KINDS` (stable:
+/// kinds are only ever added at the end).
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct StoredChange {
+    #[prost(uint32, tag = "1")]
+    pub kind: u32,
+    #[prost(uint64, tag = "2")]
+    pub ino: u64,
+    #[prost(enumeration = "Kind", tag = "3")]
+    pub file_kind: i32,
+    #[prost(uint64, optional, tag = "4")]
+    pub dir: Option<u64>,
+    #[prost(string, optional, tag = "5")]
+    pub name: Option<String>,
+    #[prost(uint64, optional, tag = "6")]
+    pub to_dir: Option<u64>,
+    #[prost(string, optional, tag = "7")]
+    pub to_name: Option<String>,
+    #[prost(string, optional, tag = "8")]
+    pub xattr: Option<String>,
+    #[prost(uint32, tag = "9")]
+    pub uid: u32,
+    #[prost(message, optional, tag = "10")]
+    pub at: Option<Time>,
+    #[prost(message, optional, tag = "11")]
+    pub guard: Option<StoredGuard>,
+    #[prost(message, optional, tag = "12")]
+    pub to_guard: Option<StoredGuard>,
+}
+
+/// `K` name: a change-log consumer.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct StoredConsumer {
+    #[prost(uint64, tag = "1")]
+    pub acked: u64,
+    #[prost(int64, tag = "2")]
+    pub since: i64,
+}
+
 // ---- Conversions between the stored types and the server's records (wire types). ----
 
 fn kind_out(k: FileKind) -> i32 {
@@ -771,6 +823,66 @@ impl Record for TupleEventRecord {
     }
 }
 
+fn guard_out(o: &crate::perm::Owner) -> StoredGuard {
+    StoredGuard { uid: o.uid, gid: o.gid, perm: o.perm, kind: kind_out(o.kind) }
+}
+
+fn guard_in(g: StoredGuard) -> Result<crate::perm::Owner, String> {
+    Ok(crate::perm::Owner { uid: g.uid, gid: g.gid, perm: g.perm, kind: kind_in(g.kind)? })
+}
+
+impl Record for ChangeRecord {
+    type Stored = StoredChange;
+    fn to_stored(&self) -> StoredChange {
+        use shoal_proto::change::KINDS;
+        let e = &self.event;
+        StoredChange {
+            kind: KINDS.iter().position(|k| *k == e.kind).expect("every kind is listed") as u32,
+            ino: e.ino.0,
+            file_kind: kind_out(e.file_kind),
+            dir: e.dir.map(|d| d.0),
+            name: e.name.clone(),
+            to_dir: e.to_dir.map(|d| d.0),
+            to_name: e.to_name.clone(),
+            xattr: e.xattr.clone(),
+            uid: e.uid,
+            at: time_out(e.at),
+            guard: Some(guard_out(&self.guard)),
+            to_guard: self.to_guard.as_ref().map(guard_out),
+        }
+    }
+    fn from_stored(s: StoredChange) -> Result<ChangeRecord, String> {
+        let kind =
+            *shoal_proto::change::KINDS.get(s.kind as usize).ok_or_else(|| format!("unknown event kind {}", s.kind))?;
+        let event = shoal_proto::change::ChangeEvent {
+            seq: 0,
+            kind,
+            ino: Ino(s.ino),
+            file_kind: kind_in(s.file_kind)?,
+            dir: s.dir.map(Ino),
+            name: s.name,
+            to_dir: s.to_dir.map(Ino),
+            to_name: s.to_name,
+            xattr: s.xattr,
+            uid: s.uid,
+            at: time_in(s.at, "time")?,
+        };
+        let guard = guard_in(s.guard.ok_or("no guard")?)?;
+        let to_guard = s.to_guard.map(guard_in).transpose()?;
+        Ok(ChangeRecord { event, guard, to_guard })
+    }
+}
+
+impl Record for ConsumerRecord {
+    type Stored = StoredConsumer;
+    fn to_stored(&self) -> StoredConsumer {
+        StoredConsumer { acked: self.acked, since: self.since }
+    }
+    fn from_stored(s: StoredConsumer) -> Result<ConsumerRecord, String> {
+        Ok(ConsumerRecord { acked: s.acked, since: s.since })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -959,7 +1071,41 @@ mod tests {
             let _ = decode::<GcRecord>(&"gc", &v);
             let _ = decode::<OrphanRecord>(&"orphan", &v);
             let _ = decode::<PartitionRecord>(&"partition", &v);
+            let _ = decode::<ChangeRecord>(&"change", &v);
+            let _ = decode::<ConsumerRecord>(&"consumer", &v);
         }
+    }
+
+    #[test]
+    fn change_and_consumer_records_round_trip() {
+        use shoal_proto::change::{ChangeEvent, KINDS};
+        let guard = crate::perm::Owner { uid: 1000, gid: 100, perm: 0o750, kind: FileKind::Dir };
+        for kind in KINDS {
+            let rec = ChangeRecord {
+                event: ChangeEvent {
+                    seq: 0,
+                    kind,
+                    ino: Ino(42),
+                    file_kind: FileKind::File,
+                    dir: Some(Ino(7)),
+                    name: Some("a.h5".into()),
+                    to_dir: Some(Ino(8)),
+                    to_name: Some("b.h5".into()),
+                    xattr: Some("user.tag".into()),
+                    uid: 1000,
+                    at: Timestamp { secs: 5, nsecs: 6 },
+                },
+                guard,
+                to_guard: Some(guard),
+            };
+            assert_eq!(decode::<ChangeRecord>(&"change", &encode(&rec)).unwrap(), rec);
+        }
+        let c = ConsumerRecord { acked: 99, since: 1_700_000_000 };
+        assert_eq!(decode::<ConsumerRecord>(&"consumer", &encode(&c)).unwrap(), c);
+        // A change without its guard (who may see it) is refused, not shown to anyone.
+        let mut bad = encode(&ConsumerRecord { acked: 1, since: 1 });
+        bad.truncate(1);
+        assert!(decode::<ChangeRecord>(&"change", &bad).is_err());
     }
 
     #[test]
