@@ -191,6 +191,39 @@ macro_rules! path_calls {
                 })
             }
 
+            /// Follow the changes under directory `path` (docs/changes.md): `events` names
+            /// the kinds wanted as `shoal watch --events` does ("create,close", "all"),
+            /// `pattern` a shell pattern on the name (with a '/': on the path below `path`),
+            /// `recursive` the whole tree; `consumer` keeps the watch's place on the
+            /// servers (see `ChangeWatch.ack`), `oldest` starts with the oldest event kept.
+            /// Returns a `ChangeWatch`.
+            #[pyo3(signature = (path, events = "all", pattern = None, recursive = true, consumer = None, oldest = false))]
+            #[allow(clippy::too_many_arguments)]
+            fn watch<'py>(
+                &self,
+                py: Python<'py>,
+                path: String,
+                events: &str,
+                pattern: Option<String>,
+                recursive: bool,
+                consumer: Option<String>,
+                oldest: bool,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let opts = crate::changes::options_of(events, pattern, recursive, consumer, oldest)?;
+                let c = self.client.clone();
+                $run(py, async move {
+                    let w = c.watch_changes(&path, opts).await.or_raise()?;
+                    Ok(crate::changes::ChangeWatch::new(w))
+                })
+            }
+
+            /// Remove change-log consumer `name` from every server (its place, and the
+            /// events kept for it).
+            fn forget_consumer<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
+                let c = self.client.clone();
+                $run(py, async move { c.forget_consumer(&name).await.or_raise() })
+            }
+
             /// The micro-checkpoints of job `name` (docs/checkpoint.md), of `parts` parts
             /// each (one per task), kept as files `DIR/N.PART` in `dir` (made if missing).
             /// Every task of the job opens them with the same arguments.

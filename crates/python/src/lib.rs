@@ -9,6 +9,7 @@
 //! the runtime completes on the caller's event loop. One Tokio runtime per process drives
 //! both, and every client made in the process.
 
+mod changes;
 mod checkpoint;
 mod client;
 mod errors;
@@ -61,6 +62,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<types::StatFs>()?;
     m.add_class::<types::Layout>()?;
     m.add_class::<tuples::TupleWatch>()?;
+    m.add_class::<changes::ChangeWatch>()?;
     m.add_class::<checkpoint::MicroCheckpoint>()?;
     m.add_class::<checkpoint::AsyncMicroCheckpoint>()?;
     Ok(())

@@ -10,12 +10,12 @@
 pyarrow, xarray and Dask through fsspec (``shoal.filesystem``). See docs/python.md.
 """
 
-from ._native import AsyncFile, AsyncMicroCheckpoint, DirEntry, File, Layout, MicroCheckpoint, Stat, StatFs, TupleWatch
+from ._native import AsyncFile, AsyncMicroCheckpoint, DirEntry, File, Layout, MicroCheckpoint, Stat, StatFs, TupleWatch, ChangeWatch
 from ._native import AsyncClient as _NativeAsyncClient
 from ._native import Client as _NativeClient
 from .io import RawFile, open_file_object
 
-__all__ = ["Client", "AsyncClient", "AsyncFile", "File", "RawFile", "Stat", "DirEntry", "StatFs", "Layout", "TupleWatch",
+__all__ = ["Client", "AsyncClient", "AsyncFile", "File", "RawFile", "Stat", "DirEntry", "StatFs", "Layout", "TupleWatch", "ChangeWatch",
            "MicroCheckpoint", "AsyncMicroCheckpoint"]
 
 
