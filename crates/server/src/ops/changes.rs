@@ -128,9 +128,10 @@ pub fn visible(cred: &Cred, c: &ChangeRecord) -> bool {
 }
 
 /// Add to `batch` (which logs events `first ..= last`) the deletion of the events the log
-/// no longer keeps, when `last` crosses a multiple of 1,024. Under the store's `wal_lock`.
+/// no longer keeps, when `first ..= last` holds a multiple of 1,024. Under the store's
+/// `wal_lock`.
 pub fn prune(meta: &MetaStore, batch: &mut WriteBatch, first: u64, last: u64) -> R<()> {
-    if first / 1024 == last / 1024 || last <= KEPT {
+    if (first - 1) / 1024 == last / 1024 || last <= KEPT {
         return Ok(());
     }
     // The oldest event a consumer still needs: the one after the lowest cursor.
@@ -275,4 +276,60 @@ pub async fn closed(st: &Arc<State>, uid: u32, ino: Ino) -> R<()> {
         return Ok(());
     }
     log_inode(st, ChangeKind::Close, uid, ino, None).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(n: u64) -> ChangeRecord {
+        let owner = Owner { uid: 0, gid: 0, perm: 0o755, kind: FileKind::Dir };
+        entry(ChangeKind::Create, 0, Ino(1), owner, &format!("f{n}"), Ino(100 + n), FileKind::File)
+    }
+
+    fn kept(m: &MetaStore) -> Vec<u64> {
+        let mut v = Vec::new();
+        m.scan(&[key::CHANGE], None, |k, _| {
+            v.push(key::number(k).unwrap());
+            Ok(true)
+        })
+        .unwrap();
+        v
+    }
+
+    /// Numbers follow commits without gap, across a reopen of the store; the log keeps the
+    /// newest `KEPT`, and everything after a consumer's cursor.
+    #[test]
+    fn events_are_numbered_without_gap_and_pruned_past_what_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta");
+        {
+            let m = MetaStore::open(&path).unwrap();
+            m.write_changes(WriteBatch::default(), vec![event(1), event(2)]).unwrap();
+            assert_eq!(m.last_change().unwrap(), 2);
+        }
+        let m = MetaStore::open(&path).unwrap();
+        assert_eq!(m.last_change().unwrap(), 2, "read back after a restart");
+        // A consumer at 100 holds the log from 101 on, even past KEPT.
+        let c = ConsumerRecord { acked: 100, since: 0 };
+        m.put_raw(&key::consumer(1000, "slow"), &encode(&c)).unwrap();
+        let total = KEPT + 3000;
+        for n in 3..=total {
+            m.write_changes(WriteBatch::default(), vec![event(n)]).unwrap();
+        }
+        let k = kept(&m);
+        assert_eq!(*k.last().unwrap(), total);
+        assert!(k.windows(2).all(|w| w[1] == w[0] + 1), "no gap");
+        assert_eq!(k[0], 101, "kept from the consumer's cursor");
+        // Without it, the newest KEPT (give or take the 1,024 of a pruning step).
+        m.put_raw(&key::consumer(1000, "slow"), &encode(&ConsumerRecord { acked: total, since: 0 })).unwrap();
+        for n in total + 1..=total + 1024 {
+            m.write_changes(WriteBatch::default(), vec![event(n)]).unwrap();
+        }
+        let k = kept(&m);
+        let len = k.len() as u64;
+        assert!((KEPT..KEPT + 1024).contains(&len), "{len} kept");
+        let rec: ChangeRecord = decode(&"change", &m.get_raw(&key::change(total)).unwrap().unwrap()).unwrap();
+        assert_eq!(rec.event.name.as_deref(), Some(format!("f{total}").as_str()));
+    }
 }
