@@ -81,7 +81,8 @@ old); 2 usage error.",
         after_help = "Fields: 42 is an integer, s:42 or any text a string, x:00ff bytes; in templates ? \
 matches any value, ?int ?str ?bytes any value of that type. The first field must be a value: it \
 places the tuple.\n\nExamples:\n  shoal tuple write ckpt 7 rank-3 done\n  shoal tuple take ckpt 7 ? \
-done --wait 30\n  shoal tuple watch ckpt ? ? ? --taken --json\n\nExit status: 0 success; 1 no tuple \
+done --wait 30\n  shoal tuple watch ckpt ? ? ? --taken --json\n  shoal tuple files /proj file ? f ? 1000 ? ? ?   \
+# files as tuples: (file, path, type, size, uid, gid, mode, mtime)\n\nExit status: 0 success; 1 no tuple \
 matched in time (read, take) or a failure; 2 usage error."
     )]
     Tuple(cmd::tuple::TupleCmd),

@@ -375,3 +375,54 @@ fn the_checkpoint_benchmark_runs_both_modes() {
     let (code, _, err) = c.shoal(&["bench", "ckpt", "--skew", "0.5"]);
     assert_eq!(code, 2, "{err}");
 }
+
+#[test]
+fn files_metadata_is_matched_through_tuple_templates() {
+    let c = Cluster::start(2);
+    let rt = rt();
+    let fs = c.client();
+    let paths = |ts: Vec<Tuple>| -> Vec<String> {
+        ts.into_iter()
+            .map(|t| match &t.0[1] {
+                Value::Str(p) => p.clone(),
+                other => panic!("a path, not {other:?}"),
+            })
+            .collect()
+    };
+    rt.block_on(async {
+        fs.mkdir("/m", 0o755).await.unwrap();
+        fs.mkdir("/m/sub", 0o755).await.unwrap();
+        for (p, data) in [("/m/a", &b"abc"[..]), ("/m/b", b"hello"), ("/m/sub/c", b"xyz")] {
+            let f = fs.create(p, 0o644, None).await.unwrap();
+            f.write_at(0, data).await.unwrap();
+            f.close().await.unwrap();
+        }
+        fs.chown("/m/b", Some(1000), Some(1000)).await.unwrap();
+        let get = |fields: &[&str]| {
+            let (fs, t) = (fs.clone(), template(fields));
+            async move { fs.file_tuples("/m", &t).await.unwrap() }
+        };
+        assert_eq!(paths(get(&["file", "?", "f", "3", "?", "?", "?", "?"]).await), ["/m/a", "/m/sub/c"]);
+        assert_eq!(paths(get(&["file", "?", "?", "?", "1000", "?", "?", "?"]).await), ["/m/b"]);
+        assert_eq!(paths(get(&["file", "?", "d", "?", "?", "?", "?", "?"]).await), ["/m", "/m/sub"]);
+        assert_eq!(paths(get(&["file", "?", "f", "?", "?", "?", "420", "?int"]).await).len(), 3, "mode 0644");
+        assert!(get(&["file", "?", "f", "4", "?", "?", "?", "?"]).await.is_empty());
+        // A path given exactly: that file's tuple, whole.
+        let b = get(&["file", "/m/b", "?", "?", "?", "?", "?", "?"]).await;
+        assert_eq!(b.len(), 1);
+        assert_eq!(&b[0].0[..7], &tuple(&["file", "/m/b", "f", "5", "1000", "1000", "420"]).0[..]);
+        assert!(get(&["file", "/m/none", "?", "?", "?", "?", "?", "?"]).await.is_empty());
+        // Templates of another shape are refused.
+        for bad in [template(&["file", "?"]), template(&["other", "?", "?", "?", "?", "?", "?", "?"])] {
+            assert_eq!(fs.file_tuples("/m", &bad).await.unwrap_err().errno, Errno::EINVAL);
+        }
+        let bad = template(&["file", "?", "f", "s:big", "?", "?", "?", "?"]);
+        assert_eq!(fs.file_tuples("/m", &bad).await.unwrap_err().errno, Errno::EINVAL);
+    });
+    let (code, out, err) = c.shoal(&["tuple", "files", "/m", "file", "?", "f", "5", "?", "?", "?", "?", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!((j[1].as_str(), j[3].as_i64(), j[4].as_i64()), (Some("/m/b"), Some(5), Some(1000)));
+    let (code, out, _) = c.shoal(&["tuple", "files", "/m", "file", "?", "l", "?", "?", "?", "?", "?"]);
+    assert_eq!((code, out.as_str()), (1, ""), "nothing matched: exit 1");
+}

@@ -191,6 +191,23 @@ macro_rules! path_calls {
                 })
             }
 
+            /// The tuples `("file", path, type, size, uid, gid, mode, mtime)` of the files at
+            /// or under `root` matching `template` (docs/tuples.md, "Files as tuples"), by
+            /// path: `type` is "f", "d" or "l", `mode` the permission bits, `mtime` seconds.
+            fn file_tuples<'py>(
+                &self,
+                py: Python<'py>,
+                root: String,
+                template: Bound<'py, PyAny>,
+            ) -> PyResult<Bound<'py, PyAny>> {
+                let t = crate::tuples::template_of(&template)?;
+                let c = self.client.clone();
+                $run(py, async move {
+                    let found = c.file_tuples(&root, &t).await.or_raise()?;
+                    Ok(found.into_iter().map(crate::tuples::TupleOut).collect::<Vec<_>>())
+                })
+            }
+
             /// Follow the changes under directory `path` (docs/changes.md): `events` names
             /// the kinds wanted as `shoal watch --events` does ("create,close", "all"),
             /// `pattern` a shell pattern on the name (with a '/': on the path below `path`),

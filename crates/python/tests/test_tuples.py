@@ -76,3 +76,20 @@ def test_async_client_calls(cluster, base):
         assert await fs.tuple_take([k, None], timeout=1.0) == (k, b"x")
 
     asyncio.run(main())
+
+
+def test_files_metadata_through_templates(fs, base):
+    with fs.open(f"{base}/a.dat", "wb") as f:
+        f.write(b"abc")
+    fs.makedirs(f"{base}/sub")
+    with fs.open(f"{base}/sub/b.dat", "wb") as f:
+        f.write(b"hello")
+    three = fs.file_tuples(base, ["file", None, "f", 3, None, None, None, None])
+    assert [t[1] for t in three] == [f"{base}/a.dat"]
+    files = fs.file_tuples(base, ["file", None, "f", int, 0, 0, None, int])
+    assert [t[1] for t in files] == [f"{base}/a.dat", f"{base}/sub/b.dat"]
+    assert files[1][3] == 5
+    assert fs.file_tuples(base, ["file", f"{base}/sub", "d", None, None, None, None, None])[0][2] == "d"
+    with pytest.raises(OSError) as e:
+        fs.file_tuples(base, ["file", None])
+    assert e.value.errno == 22 and "shape" in str(e.value)

@@ -21,6 +21,23 @@ pub enum TupleCmd {
     Take(GetArgs),
     /// Print tuples matching a template as they are written (and with --taken, taken).
     Watch(WatchArgs),
+    /// Print the files under ROOT whose tuple ("file", path, type, size, uid, gid, mode,
+    /// mtime) matches a template: the servers' metadata in the tuple space's terms.
+    Files(FilesArgs),
+}
+
+#[derive(Args)]
+pub struct FilesArgs {
+    /// The directory whose tree is matched (a template giving the path exactly looks at
+    /// that file only).
+    root: String,
+    /// The template: file PATH TYPE SIZE UID GID MODE MTIME, each a value (as for write)
+    /// or ? (any); e.g. file ? f ? 1000 ? ? ? for alice's files.
+    #[arg(required = true, allow_negative_numbers = true)]
+    template: Vec<String>,
+    /// One JSON array per file.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -82,7 +99,26 @@ pub async fn run(ctx: &Ctx, cmd: TupleCmd) -> Result<()> {
         TupleCmd::Read(a) => get(ctx, a, false).await,
         TupleCmd::Take(a) => get(ctx, a, true).await,
         TupleCmd::Watch(a) => watch(ctx, a).await,
+        TupleCmd::Files(a) => files(ctx, a).await,
     }
+}
+
+async fn files(ctx: &Ctx, a: FilesArgs) -> Result<()> {
+    let template = Template(a.template.iter().map(|f| Field::parse(f)).collect());
+    let client = ctx.client()?;
+    let found =
+        client.file_tuples(&a.root, &template).await.with_context(|| format!("cannot match files under {}", a.root))?;
+    if found.is_empty() {
+        return Err(Exit::new(1, "no file matched").into());
+    }
+    for t in found {
+        if a.json {
+            println!("{}", json_of(&t));
+        } else {
+            println!("{t}");
+        }
+    }
+    Ok(())
 }
 
 async fn write(ctx: &Ctx, a: WriteArgs) -> Result<()> {
