@@ -42,7 +42,7 @@ const PAGES_AHEAD: usize = 256;
 /// Deepest directory chain walked up to the watched directory.
 const DEPTH_MAX: usize = 4096;
 /// Kinds a recursive watch always reads: what keeps its directory paths right.
-const TREE_KINDS: u32 = 0b111_0010; // mkdir, rmdir, rename (bits of `change::KINDS`)
+const TREE_KINDS: u32 = 0b110_0010; // mkdir, rmdir, rename (bits of `change::KINDS`)
 /// Kinds that name a file: read too when inode events are wanted, so that a file's
 /// `close` is placed by the `create` before it (the same server logs both, in order)
 /// instead of by a search, which no longer finds a file renamed or removed since.
