@@ -19,6 +19,7 @@
 // does. Marking them `unsafe fn` would change nothing for C callers.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
+mod changes;
 mod checkpoint;
 mod client;
 mod dir;
@@ -34,6 +35,7 @@ mod out;
 mod path_async;
 mod tuples;
 
+pub use changes::*;
 pub use checkpoint::*;
 pub use client::*;
 pub use dir::*;

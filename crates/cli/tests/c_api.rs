@@ -133,3 +133,12 @@ fn c_programs_save_micro_checkpoints_and_restart_from_the_newest_committed() {
     let exe = compile(&lib, "checkpoint", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_follow_the_change_log_and_a_consumer_resumes_with_nothing_missed_or_repeated() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(3);
+    let exe = compile(&lib, "changes", "shared", tmp.path());
+    run(&exe, &c.config);
+}

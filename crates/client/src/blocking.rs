@@ -5,6 +5,7 @@
 //! Do not call these from inside an async task: blocking on a runtime from within a
 //! runtime panics (use [`Client`] there).
 
+use crate::changes::{Change, ChangeWatch, ChangeWatchOptions};
 use crate::client::{Client, StatFs};
 use crate::error::{Error, Result};
 use crate::file::File;
@@ -167,7 +168,16 @@ impl BlockingClient {
         Ok(BlockingTupleWatch { rt: self.rt.clone(), watch })
     }
 
+    /// Blocking twin of [`Client::watch_changes`]: follow the change log under directory
+    /// `path` (docs/changes.md).
+    pub fn watch_changes(&self, path: &str, opts: ChangeWatchOptions) -> Result<BlockingChangeWatch> {
+        let watch = self.rt.block_on(self.client.watch_changes(path, opts))?;
+        Ok(BlockingChangeWatch { rt: self.rt.clone(), watch })
+    }
+
     twins! {
+        // ---- the change log (docs/changes.md) ----
+        fn forget_consumer(&self, name: &str) -> Result<()>;
         // ---- metadata queries (docs/find.md) ----
         fn find(&self, path: &str, query: &crate::FindQuery, opts: crate::FindOptions) -> Result<(Vec<crate::Found>, crate::FindStats)>;
         // ---- the tuple space (docs/tuples.md) ----
@@ -272,6 +282,49 @@ impl BlockingTupleWatch {
 impl std::fmt::Debug for BlockingTupleWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockingTupleWatch").field("cursor", &self.cursor()).field("lost", &self.lost()).finish()
+    }
+}
+
+/// A running watch of the change log with blocking methods (see [`ChangeWatch`]): events
+/// under a directory, as paths; with a consumer name, a place kept on the servers.
+pub struct BlockingChangeWatch {
+    rt: Arc<Rt>,
+    watch: ChangeWatch,
+}
+
+impl BlockingChangeWatch {
+    /// Blocking twin of [`ChangeWatch::next`]: the next event, waiting up to `wait`
+    /// (`None`: until there is one). `Ok(None)`: none in time.
+    pub fn next(&mut self, wait: Option<Duration>) -> Result<Option<Change>> {
+        self.rt.block_on(self.watch.next(wait))
+    }
+
+    /// Blocking twin of [`ChangeWatch::ack`]: keep on the servers that every event handed
+    /// out so far is handled (a consumer's watch only; EINVAL otherwise).
+    pub fn ack(&mut self) -> Result<()> {
+        self.rt.block_on(self.watch.ack())
+    }
+
+    /// Per server, the last event handed out or passed over (see [`ChangeWatch::cursors`]).
+    pub fn cursors(&self) -> Vec<(ServerId, u64)> {
+        self.watch.cursors()
+    }
+
+    /// Events the servers dropped before this watch read them (see [`ChangeWatch::lost`]).
+    pub fn lost(&self) -> u64 {
+        self.watch.lost()
+    }
+
+    /// Whether events are waiting to be handed out without a request (see
+    /// [`ChangeWatch::has_pending`]).
+    pub fn has_pending(&self) -> bool {
+        self.watch.has_pending()
+    }
+}
+
+impl std::fmt::Debug for BlockingChangeWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockingChangeWatch").field("cursors", &self.cursors()).field("lost", &self.lost()).finish()
     }
 }
 

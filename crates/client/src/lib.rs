@@ -95,7 +95,7 @@ mod scrub;
 mod stat_ahead;
 mod tuples;
 
-pub use blocking::{BlockingClient, BlockingFile, BlockingTupleWatch};
+pub use blocking::{BlockingChangeWatch, BlockingClient, BlockingFile, BlockingTupleWatch};
 pub use changes::{Change, ChangeStart, ChangeWatch, ChangeWatchOptions};
 pub use checkpoint::MicroCheckpoint;
 pub use client::{may_access, Client, RevokeHook, Revoked, StatFs};
