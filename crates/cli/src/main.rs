@@ -75,6 +75,22 @@ old); 2 usage error.",
         after_help = "Examples:\n  shoal find /proj --name '*.h5' --size +1G\n  shoal find /scratch --user alice --mtime +30 --type f --count\n  shoal find /data --xattr user.tag=hot --json"
     )]
     Find(cmd::find::FindArgs),
+    /// How much trees hold (like du -s), added up from the usage every server keeps per directory.
+    #[command(
+        long_about = "How much trees hold, like du -s (docs/du.md): bytes (apparent size, as du \
+--apparent-size) and inodes (files, symbolic links and directories, the tree's top included; as \
+du --inodes). Every server keeps, per directory, how many inodes it holds in it and their bytes, \
+updated in the same step as each change; this command reads those records from every server at \
+once and adds up the tree below PATH. No file is visited: the time grows with the number of \
+directories, not of files.\n\n\
+A file with several hard links counts once, in the directory it was created in or last renamed \
+into. You see what du run as you would count: directories you may not read add only themselves, \
+and are reported. The answer is not a snapshot of a tree being changed.\n\n\
+Exit status: 0 success; 1 failure (no such PATH, a server down or too old) or a directory could \
+not be read; 2 usage error.",
+        after_help = "Examples:\n  shoal du /proj\n  shoal du -d 1 /scratch/alice\n  shoal du --bytes --json /data /proj -c"
+    )]
+    Du(cmd::du::DuArgs),
     /// The tuple space: write, read, take and watch tuples of typed values (docs/tuples.md).
     #[command(
         subcommand,
@@ -247,6 +263,7 @@ fn main() -> ExitCode {
             Command::Demo(a) => cmd::demo::demo(&ctx, a).await,
             Command::Readmostly(a) => cmd::readmostly::readmostly(&ctx, a).await,
             Command::Find(a) => cmd::find::find(&ctx, a).await,
+            Command::Du(a) => cmd::du::du(&ctx, a).await,
             Command::Tuple(c) => cmd::tuple::run(&ctx, c).await,
             Command::Watch(a) => cmd::watch::run(&ctx, a).await,
             Command::Preload(a) => cmd::preload::preload(a).await,

@@ -175,6 +175,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Tuple { .. } => "Tuple",
         Reply::TupleEvents(_) => "TupleEvents",
         Reply::Changes(_) => "Changes",
+        Reply::Usage(_) => "Usage",
     }
 }
 
@@ -205,6 +206,7 @@ pub(crate) fn reads_only(op: &Op) -> bool {
             | Op::ReleaseOrphan { .. }
             | Op::Changes { .. }
             | Op::ChangeAck { .. }
+            | Op::Usage { .. }
     )
 }
 

@@ -94,6 +94,7 @@ pub mod pathname;
 mod scrub;
 mod stat_ahead;
 mod tuples;
+mod usage;
 
 pub use blocking::{BlockingChangeWatch, BlockingClient, BlockingFile, BlockingTupleWatch};
 pub use changes::{Change, ChangeStart, ChangeWatch, ChangeWatchOptions};
@@ -122,6 +123,7 @@ pub use shoal_proto::tuple::{
 };
 pub use shoal_proto::{Errno, Ino, ServerId, ROOT_INO};
 pub use tuples::{TupleWatch, WatchFrom};
+pub use usage::{DirUsage, DuReport};
 
 #[cfg(test)]
 mod tests {

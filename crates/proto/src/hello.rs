@@ -77,6 +77,9 @@ pub const FEATURE_TUPLES: u64 = 1 << 10;
 /// and logs a `Close` event for an `Fsync` with `closing`.
 pub const FEATURE_CHANGES: u64 = 1 << 11;
 
+/// Per-directory usage (docs/du.md): the server keeps usage records and knows `Op::Usage`.
+pub const FEATURE_USAGE: u64 = 1 << 12;
+
 /// Every feature bit this build knows. Bits a peer sets beyond these are ignored.
 pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_LEASES
@@ -89,7 +92,8 @@ pub const KNOWN_FEATURES: u64 = FEATURE_DATA_CRC
     | FEATURE_READ_MOSTLY
     | FEATURE_FIND
     | FEATURE_TUPLES
-    | FEATURE_CHANGES;
+    | FEATURE_CHANGES
+    | FEATURE_USAGE;
 
 /// The features this process offers by default: all it knows but attribute leases (a client
 /// that wants them adds the bit), less the data checksum when the environment says
@@ -128,6 +132,7 @@ pub fn features_off() -> u64 {
             "find" => FEATURE_FIND,
             "tuples" => FEATURE_TUPLES,
             "changes" => FEATURE_CHANGES,
+            "usage" => FEATURE_USAGE,
             _ => 0,
         })
         .fold(0, |a, b| a | b)
@@ -185,9 +190,9 @@ mod tests {
 
     #[test]
     fn a_newer_peer_is_spoken_to_in_our_newest_version_with_the_common_features() {
-        let a = negotiate(5, 12, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
+        let a = negotiate(5, PROTOCOL_VERSION + 1, FEATURE_DATA_CRC | 1 << 40, KNOWN_FEATURES).unwrap();
         assert_eq!(a, Agreed { version: PROTOCOL_VERSION, features: FEATURE_DATA_CRC });
-        let a = negotiate(1, 12, 1 << 40, KNOWN_FEATURES).unwrap();
+        let a = negotiate(1, PROTOCOL_VERSION + 1, 1 << 40, KNOWN_FEATURES).unwrap();
         assert_eq!(a.features, 0, "unknown bits are dropped");
     }
 

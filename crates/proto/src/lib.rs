@@ -30,6 +30,7 @@ pub mod lease;
 pub mod msg;
 pub mod opcode;
 pub mod tuple;
+pub mod usage;
 
 pub use errno::Errno;
 pub use ids::{Ino, ServerId, ROOT_INO};
@@ -37,4 +38,4 @@ pub use ids::{Ino, ServerId, ROOT_INO};
 /// Newest version of the wire protocol this build speaks; `Hello` negotiates a version in
 /// both peers' ranges (`hello::MIN_PROTOCOL_VERSION ..= PROTOCOL_VERSION`). Bump on any
 /// change to [`msg`] or [`frame`] (additive ones included, so peers can tell).
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;

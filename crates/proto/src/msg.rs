@@ -545,6 +545,13 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "is_false")]
         forget: bool,
     },
+    /// A page of this server's per-directory usage (protocol 13, `FEATURE_USAGE`;
+    /// docs/du.md): the directories after `after` (`None`: from the first) that it holds
+    /// usage of or the inode of, at most `limit`. Answered `Reply::Usage`.
+    Usage {
+        after: Option<Ino>,
+        limit: u32,
+    },
     ReadLink {
         ino: Ino,
     },
@@ -721,7 +728,8 @@ pub enum Op {
         /// As in `Rename`: the client session that has the replaced target open.
         keep: Option<KeepOpen>,
     },
-    /// Set a moved directory's parent pointer.
+    /// Set a moved inode's parent pointer (a directory's `..`; for every kind, the directory
+    /// its usage counts in, protocol 13).
     PeerSetParent {
         ino: Ino,
         parent: Ino,
@@ -1048,6 +1056,7 @@ impl Op {
             Op::TupleWatch { .. } => "tuplewatch",
             Op::Changes { .. } => "changes",
             Op::ChangeAck { .. } => "changeack",
+            Op::Usage { .. } => "usage",
             Op::ReadLink { .. } => "readlink",
             Op::Access { .. } => "access",
             Op::ExtendSize { .. } => "extendsize",
@@ -1306,6 +1315,8 @@ pub enum Reply {
     TupleEvents(crate::tuple::TupleEvents),
     /// Answer to `Changes` and `ChangeAck`.
     Changes(crate::change::ChangePage),
+    /// Answer to `Usage`.
+    Usage(crate::usage::UsagePage),
 }
 
 /// One partition of a split directory: `index` at `depth` holds the names whose hash has

@@ -80,6 +80,7 @@ impl Op {
             Op::TupleWatch { .. } => 65,
             Op::Changes { .. } => 66,
             Op::ChangeAck { .. } => 67,
+            Op::Usage { .. } => 68,
         }
     }
 }
@@ -123,6 +124,7 @@ impl Reply {
             Reply::Tuple { .. } => 34,
             Reply::TupleEvents(_) => 35,
             Reply::Changes(_) => 36,
+            Reply::Usage(_) => 37,
         }
     }
 }

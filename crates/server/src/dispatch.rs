@@ -235,6 +235,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::Changes { after, consumer, kinds, limit, wait_ms } => {
             crate::ops::changes::changes(st, cred, after, consumer, kinds, limit, wait_ms).await?
         }
+        Op::Usage { after, limit } => crate::ops::usage::usage(st, cred, after, limit).await?,
         Op::ChangeAck { consumer, upto, forget } => crate::ops::changes::ack(st, cred, consumer, upto, forget).await?,
 
         Op::GetAttr { ino } => inode::getattr(st, ino).await?,

@@ -787,7 +787,7 @@ fn make_root_if_home(st: &State) -> crate::error::R<()> {
             read_mostly: false,
         };
         let mut t = st.meta.txn();
-        t.put_inode(ROOT_INO, root);
+        t.put_inode(ROOT_INO, root)?;
         t.commit()?;
         tracing::info!("created the root directory");
     }

@@ -31,7 +31,7 @@ impl Owner {
     }
 }
 
-fn is_root(cred: &Cred) -> bool {
+pub fn is_root(cred: &Cred) -> bool {
     cred.uid == 0
 }
 

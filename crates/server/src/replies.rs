@@ -328,6 +328,7 @@ pub fn changes_state(op: &Op) -> bool {
         | Op::TupleRead { take: false, .. }
         | Op::TupleWatch { .. }
         | Op::Changes { .. }
+        | Op::Usage { .. }
         | Op::GetAttr { .. }
         | Op::ReadLink { .. }
         | Op::Access { .. }

@@ -310,6 +310,9 @@ fn check_record(k: &[u8], v: &[u8]) -> Result<(), String> {
         Some(&key::TUPLE_EVENT) => number("tuple event").and_then(|()| dec::<meta::TupleEventRecord>(k, v)),
         Some(&key::CHANGE) => number("change event").and_then(|()| dec::<meta::ChangeRecord>(k, v)),
         Some(&key::CONSUMER) if k.len() > 5 => dec::<meta::ConsumerRecord>(k, v),
+        Some(&key::USAGE) => number("usage").and_then(|()| dec::<meta::Usage>(k, v)),
+        Some(&key::DIR_INDEX) if v.is_empty() => number("directory index"),
+        Some(&key::DIR_INDEX) => Err(format!("directory index with a {}-byte value", v.len())),
         _ if k == key::FORMAT || k == key::SERVER => {
             if v.len() == 4 {
                 Ok(())

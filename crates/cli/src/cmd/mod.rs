@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod container;
 pub mod cp;
 pub mod demo;
+pub mod du;
 pub mod files;
 pub mod find;
 pub mod identityd;

@@ -99,7 +99,7 @@ pub async fn find(st: &Arc<State>, cred: Cred, query: FindQuery, after: Option<V
 
 /// The attributes of directory `dir` held here: its inode at its home, else the copy kept
 /// with a partition of it (`None`: neither, and its entries are shown to nobody).
-fn directory(st: &State, dir: Ino) -> Option<InodeRecord> {
+pub(crate) fn directory(st: &State, dir: Ino) -> Option<InodeRecord> {
     if let Ok(Some(rec)) = st.meta.get_inode(dir) {
         return Some(rec);
     }

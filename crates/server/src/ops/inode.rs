@@ -153,7 +153,7 @@ pub async fn setattr(st: &Arc<State>, cred: Cred, ino: Ino, set: SetAttrs) -> R<
                             st.space.check(crate::store::space::RECORD_ROOM)?;
                         }
                         let mut txn = st.meta.txn();
-                        txn.put_inode(ino, new.clone());
+                        txn.put_inode(ino, new.clone())?;
                         txn.log_change(changes::inode(ChangeKind::Setattr, cred2.uid, ino, &new, None));
                         drop_caps_on_size_change(&mut txn, ino, &set2);
                         if attempt > 1 {

@@ -12,6 +12,7 @@ pub mod namespace;
 pub mod peer;
 pub mod truncate;
 pub mod tuples;
+pub mod usage;
 
 use crate::error::{Fail, R};
 use crate::perm::Owner;

@@ -29,7 +29,7 @@ pub async fn mkdir_object(st: &Arc<State>, attr: Attr, op_id: u64) -> R<Reply> {
             Some(_) => return fail(Errno::EEXIST, format!("inode {ino} exists and is not a directory")),
             None => {}
         }
-        txn.put_inode(ino, InodeRecord::from_attr(&attr));
+        txn.put_inode(ino, InodeRecord::from_attr(&attr))?;
         txn.put_applied(op_id, &Reply::Ok, now().secs)?;
         txn.commit()?;
         Ok(Reply::Ok)
@@ -114,10 +114,8 @@ pub async fn set_parent(st: &Arc<State>, ino: Ino, parent: Ino) -> R<Reply> {
     let _g = st.locks.lock(&[ino]).await;
     st.store(move |st| {
         let mut txn = st.meta.txn();
+        // Any kind: a directory's `..`, and the directory a file's usage counts in.
         let r = txn.inode_mut(ino)?;
-        if r.kind != FileKind::Dir {
-            return fail(Errno::ENOTDIR, format!("{ino} is not a directory"));
-        }
         if r.parent != Some(parent) {
             r.parent = Some(parent);
             r.ctime = now();

@@ -135,7 +135,7 @@ pub async fn shrink(
                 return Ok(None);
             }
             let mut txn = st.meta.txn();
-            txn.put_inode(ino, new.clone());
+            txn.put_inode(ino, new.clone())?;
             txn.log_change(crate::ops::changes::inode(ChangeKind::Setattr, uid, ino, &new, None));
             txn.delete_xattr(ino, CAPS_XATTR);
             txn.delete_intent(op_id);

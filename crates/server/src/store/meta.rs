@@ -14,6 +14,8 @@
 //! | `o` op-id | [`AppliedRecord`]: a peer step applied, and what it answered |
 //! | `g` ino | [`GcRecord`]: data objects of a deleted file still to delete |
 //! | `O` ino | [`OrphanRecord`]: a file with no name left that a client has open |
+//! | `U` dir | [`Usage`]: inodes here whose parent is `dir`, and their bytes (`store::usage`) |
+//! | `D` dir | nothing: the inode of directory `dir` is held here (`store::usage`) |
 //! | `m` "format" / `m` "server" | metadata format version / owning server id (big-endian `u32`) |
 //!
 //! The records here hold wire types and are what the server works with; what is stored is
@@ -44,6 +46,7 @@
 //! the replay which commits were lost; no reply that depends on a lost commit is sent.
 
 use super::commits;
+pub use super::usage::Usage;
 use crate::error::{Fail, R};
 use crate::locks::Pin;
 use crate::store::records::AppliedReply;
@@ -83,6 +86,10 @@ pub mod key {
     /// `K` uid name: a consumer of the change log (user `uid`'s consumer `name`) and the
     /// last event it acknowledged.
     pub const CONSUMER: u8 = b'K';
+    /// `U` dir: per-directory usage (`store::usage`), kept by merges.
+    pub const USAGE: u8 = b'U';
+    /// `D` dir: the directories whose inodes are held here (no value).
+    pub const DIR_INDEX: u8 = b'D';
     pub const FORMAT: &[u8] = b"mformat";
     pub const SERVER: &[u8] = b"mserver";
     /// In a mirror's store (`replica::mirror`): the primary incarnation and the last
@@ -200,6 +207,12 @@ pub mod key {
     }
     pub fn orphan(ino: Ino) -> [u8; 9] {
         tagged(ORPHAN, ino.0)
+    }
+    pub fn usage(dir: Ino) -> [u8; 9] {
+        tagged(USAGE, dir.0)
+    }
+    pub fn dir_index(dir: Ino) -> [u8; 9] {
+        tagged(DIR_INDEX, dir.0)
     }
     pub fn change(seq: u64) -> [u8; 9] {
         tagged(CHANGE, seq)
@@ -616,6 +629,7 @@ impl MetaStore {
         table.set_whole_key_filtering(true);
         table.set_block_cache(&Cache::new_lru_cache(META_BLOCK_CACHE_BYTES));
         opts.set_block_based_table_factory(&table);
+        opts.set_merge_operator_associative(super::usage::MERGE_NAME, super::usage::merge);
         opts
     }
 
@@ -766,6 +780,11 @@ impl MetaStore {
 
     pub fn get_inode(&self, ino: Ino) -> R<Option<InodeRecord>> {
         self.get_decoded(&key::inode(ino), &format_args!("inode {ino}"))
+    }
+
+    /// The usage of `dir` held here (zero when there is none).
+    pub fn get_usage(&self, dir: Ino) -> R<Usage> {
+        Ok(self.get_decoded(&key::usage(dir), &format_args!("usage of {dir}"))?.unwrap_or_default())
     }
 
     pub fn get_entry(&self, dir: Ino, name: &str) -> R<Option<EntryRecord>> {
@@ -1163,6 +1182,7 @@ impl MetaStore {
             meta: self,
             batch: WriteBatch::default(),
             inodes: HashMap::new(),
+            originals: HashMap::new(),
             entries: HashMap::new(),
             partitions: HashMap::new(),
             changed_dirs: Vec::new(),
@@ -1181,6 +1201,9 @@ pub struct Txn<'a> {
     batch: WriteBatch,
     /// Loaded inodes: `Some(rec)` present, `None` absent; the bool marks changed ones.
     inodes: HashMap<Ino, (Option<InodeRecord>, bool)>,
+    /// What each changed inode was before this transaction changed it, kept when it is
+    /// first changed: the commit counts the difference into the usage of its parents.
+    originals: HashMap<Ino, Option<InodeRecord>>,
     entries: HashMap<(Ino, String), Option<EntryRecord>>,
     partitions: HashMap<(Ino, u32), Option<PartitionRecord>>,
     /// Directories whose entries this batch changes: their leases are revoked at commit.
@@ -1207,6 +1230,7 @@ impl<'a> Txn<'a> {
 
     /// The inode, to change (ENOENT if absent).
     pub fn inode_mut(&mut self, ino: Ino) -> R<&mut InodeRecord> {
+        self.keep_original(ino)?;
         let slot = self.load(ino)?;
         match slot.0.as_mut() {
             Some(rec) => {
@@ -1215,6 +1239,15 @@ impl<'a> Txn<'a> {
             }
             None => Err(Fail::new(Errno::ENOENT, format!("inode {ino} does not exist"))),
         }
+    }
+
+    /// Remember what `ino` is before this transaction first changes it.
+    fn keep_original(&mut self, ino: Ino) -> R<()> {
+        if !self.originals.contains_key(&ino) {
+            let rec = self.load(ino)?.0.clone();
+            self.originals.insert(ino, rec);
+        }
+        Ok(())
     }
 
     /// A directory that must exist (ENOENT) and be one (ENOTDIR).
@@ -1226,12 +1259,17 @@ impl<'a> Txn<'a> {
         }
     }
 
-    pub fn put_inode(&mut self, ino: Ino, rec: InodeRecord) {
+    /// Write inode `ino` whole (a new one, or a replacement). Reads what it was, for the
+    /// usage of its parents (a bloom filter answers for a new inode number).
+    pub fn put_inode(&mut self, ino: Ino, rec: InodeRecord) -> R<()> {
+        self.keep_original(ino)?;
         self.inodes.insert(ino, (Some(rec), true));
+        Ok(())
     }
 
     /// Delete an inode and its extended attributes; returns what it was.
     pub fn remove_inode(&mut self, ino: Ino) -> R<Option<InodeRecord>> {
+        self.keep_original(ino)?;
         let old = self.load(ino)?.0.take();
         self.inodes.insert(ino, (None, true));
         let mut keys = Vec::new();
@@ -1355,6 +1393,16 @@ impl<'a> Txn<'a> {
                 continue;
             }
             changed_inodes.push(ino);
+            let before = self.originals.get(&ino).and_then(|o| o.as_ref());
+            for (dir, d) in super::usage::differences(ino, before, rec.as_ref()) {
+                self.batch.merge(key::usage(dir), encode(&d));
+            }
+            let is_dir = |r: Option<&InodeRecord>| r.is_some_and(|r| r.kind == FileKind::Dir);
+            match (is_dir(before), is_dir(rec.as_ref())) {
+                (false, true) => self.batch.put(key::dir_index(ino), []),
+                (true, false) => self.batch.delete(key::dir_index(ino)),
+                _ => {}
+            }
             match rec {
                 Some(r) => self.batch.put(key::inode(ino), encode(&r)),
                 None => self.batch.delete(key::inode(ino)),
@@ -1492,7 +1540,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let m = MetaStore::open(&dir.path().join("meta")).unwrap();
         let mut t = m.txn();
-        t.put_inode(Ino(10), rec(FileKind::Dir));
+        t.put_inode(Ino(10), rec(FileKind::Dir)).unwrap();
         for name in ["b", "a", "c"] {
             t.put_entry(Ino(10), name, EntryRecord { ino: Ino(20), kind: FileKind::File });
         }
@@ -1632,7 +1680,7 @@ mod tests {
         assert_eq!(m.partitions().unwrap(), vec![(Ino(9), 6, p(3, true)), (Ino(10), 0, p(2, true))]);
         // The directory bitmap is stored with the inode.
         let mut t = m.txn();
-        t.put_inode(Ino(10), rec(FileKind::Dir));
+        t.put_inode(Ino(10), rec(FileKind::Dir)).unwrap();
         t.commit().unwrap();
         assert_eq!(m.get_inode(Ino(10)).unwrap().unwrap().bitmap, vec![0b1011]);
     }

@@ -10,4 +10,5 @@ pub mod records;
 pub mod space;
 pub mod sums_cache;
 pub mod upgrade;
+pub mod usage;
 pub mod write_crcs;

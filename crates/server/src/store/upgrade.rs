@@ -13,6 +13,14 @@
 //! 2. From formats 1 to 3: every entry moves from its format-3 key (`e` dir name, name
 //!    order) to its format-4 key (`E` dir listing-key name, listing order): the old key is
 //!    deleted and the new one written in the same batch.
+//! 3. From formats 1 to 4: every file and symbolic link held here with no parent pointer
+//!    gets the directory of a name of it held here, and the per-directory usage
+//!    (`store::usage`) is counted from every inode: any `U` and `D` record left by an
+//!    interrupted upgrade is deleted first and the counts written whole, so this step is
+//!    done again from the start when it was interrupted. A file whose every name is held
+//!    by another server (renamed into a directory placed elsewhere, or linked there and
+//!    unlinked here) cannot be placed by this server alone: it counts nowhere until it is
+//!    renamed (docs/du.md).
 //!
 //! **Crash safety of the upgrade.** Every record value starts with a byte saying how it is
 //! encoded (1: bincode of format 1, 2: MessagePack of format 2, 3: Protocol Buffers of
@@ -95,6 +103,10 @@ pub struct Upgraded {
     pub moved: u64,
     /// Entries found under their format-4 key (an earlier upgrade was interrupted).
     pub moved_before: u64,
+    /// Files given the directory of one of their names as parent (step 3).
+    pub parents_set: u64,
+    /// Directories whose usage step 3 counted.
+    pub usage_dirs: u64,
 }
 
 /// The record kinds of formats 1 and 2 whose values carry a format byte (`x` values are raw
@@ -146,8 +158,11 @@ pub fn upgrade(meta: &MetaStore, found: u32, dir: &Path) -> R<Upgraded> {
     if found < 3 {
         rewrite_values(meta, &mut done)?;
     }
-    done.moved_before = meta.count(key::ENTRY)?;
-    done.moved = move_entries(meta, BATCH, None)?;
+    if found < 4 {
+        done.moved_before = meta.count(key::ENTRY)?;
+        done.moved = move_entries(meta, BATCH, None)?;
+    }
+    count_usage(meta, &mut done)?;
     // Every rewritten record is durable before the version says they all are.
     meta.sync_wal()?;
     meta.put_raw(key::FORMAT, &FORMAT_VERSION.to_be_bytes())?;
@@ -159,7 +174,10 @@ pub fn upgrade(meta: &MetaStore, found: u32, dir: &Path) -> R<Upgraded> {
     if done.dropped > 0 {
         note.push(format!("{} undecodable applied markers dropped", done.dropped));
     }
-    note.push(format!("{} entries moved to listing order", done.moved));
+    if found < 4 {
+        note.push(format!("{} entries moved to listing order", done.moved));
+    }
+    note.push(format!("{} files given their parent, usage of {} directories", done.parents_set, done.usage_dirs));
     if done.moved_before > 0 {
         note.push(format!("{} entries moved by an interrupted upgrade", done.moved_before));
     }
@@ -264,6 +282,70 @@ fn move_entries(meta: &MetaStore, batch: usize, stop_after: Option<usize>) -> R<
     Ok(moved)
 }
 
+/// Step 3: parent pointers of files, then the per-directory usage counted from scratch.
+fn count_usage(meta: &MetaStore, done: &mut Upgraded) -> R<()> {
+    use crate::store::meta::{decode, EntryRecord, InodeRecord};
+    use shoal_proto::msg::FileKind;
+    use std::collections::{BTreeMap, HashSet};
+    // Parents: the directory of the first name of each file held here.
+    let mut given = HashSet::new();
+    let mut b = WriteBatch::default();
+    meta.scan(&[key::ENTRY], None, |k, v| {
+        let Some(dir) = key::entry_dir(k) else { return Ok(true) };
+        let e: EntryRecord = decode(&format_args!("entry {}", hex(k)), v)?;
+        if e.kind == FileKind::Dir || given.contains(&e.ino) {
+            return Ok(true);
+        }
+        if let Some(mut rec) = meta.get_inode(e.ino)? {
+            if rec.parent.is_none() {
+                rec.parent = Some(dir);
+                b.put(key::inode(e.ino), encode(&rec));
+                given.insert(e.ino);
+                if b.len() >= BATCH {
+                    meta.write(std::mem::take(&mut b))?;
+                }
+            }
+        }
+        Ok(true)
+    })?;
+    if !b.is_empty() {
+        meta.write(std::mem::take(&mut b))?;
+    }
+    done.parents_set = given.len() as u64;
+    // Usage, from every inode; what an interrupted run wrote goes first.
+    for tag in [key::USAGE, key::DIR_INDEX] {
+        b.delete_range(vec![tag], vec![tag + 1]);
+    }
+    meta.write(std::mem::take(&mut b))?;
+    let mut usage: BTreeMap<Ino, crate::store::meta::Usage> = BTreeMap::new();
+    meta.scan(&[key::INODE], None, |k, v| {
+        let Some(ino) = key::number(k).map(Ino) else { return Ok(true) };
+        let rec: InodeRecord = decode(&format_args!("inode {ino}"), v)?;
+        for (dir, d) in crate::store::usage::differences(ino, None, Some(&rec)) {
+            let u = usage.entry(dir).or_default();
+            (u.files, u.dirs, u.bytes) = (u.files + d.files, u.dirs + d.dirs, u.bytes + d.bytes);
+        }
+        if rec.kind == FileKind::Dir {
+            b.put(key::dir_index(ino), []);
+            if b.len() >= BATCH {
+                meta.write(std::mem::take(&mut b))?;
+            }
+        }
+        Ok(true)
+    })?;
+    done.usage_dirs = usage.len() as u64;
+    for (dir, u) in usage {
+        b.put(key::usage(dir), encode(&u));
+        if b.len() >= BATCH {
+            meta.write(std::mem::take(&mut b))?;
+        }
+    }
+    if !b.is_empty() {
+        meta.write(b)?;
+    }
+    Ok(())
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -294,7 +376,7 @@ mod tests {
     use std::path::PathBuf;
 
     /// The fixtures: stores of every older format (`tests/fixtures/README.md`).
-    const OLDER: [u32; 3] = [1, 2, 3];
+    const OLDER: [u32; 4] = [1, 2, 3, 4];
 
     /// The entries under format-3 keys (`e` dir name), by directory.
     fn v3_entries(meta: &MetaStore) -> BTreeMap<Ino, Vec<String>> {
@@ -344,6 +426,42 @@ mod tests {
             std::process::Command::new("tar").arg("-xzf").arg(&archive).arg("-C").arg(dir.path()).status().unwrap();
         assert!(status.success(), "unpack {}", archive.display());
         dir
+    }
+
+    /// Every file held here with a name here points at a directory, and the usage records
+    /// are exactly what the inodes add up to, with a `D` record per directory held here.
+    fn usage_is_counted_from_the_inodes(meta: &MetaStore, what: &str) {
+        use crate::store::meta::{EntryRecord, Usage};
+        use std::collections::BTreeMap;
+        let mut want: BTreeMap<Ino, Usage> = BTreeMap::new();
+        let mut dirs = 0;
+        meta.scan(&[key::INODE], None, |k, v| {
+            let ino = Ino(key::number(k).unwrap());
+            let rec: InodeRecord = decode(&"inode", v).unwrap();
+            dirs += u64::from(rec.kind == shoal_proto::msg::FileKind::Dir);
+            for (d, u) in crate::store::usage::differences(ino, None, Some(&rec)) {
+                let w = want.entry(d).or_default();
+                (w.files, w.dirs, w.bytes) = (w.files + u.files, w.dirs + u.dirs, w.bytes + u.bytes);
+            }
+            Ok(true)
+        })
+        .unwrap();
+        let mut got = BTreeMap::new();
+        meta.scan(&[key::USAGE], None, |k, v| {
+            got.insert(Ino(key::number(k).unwrap()), decode::<Usage>(&"usage", v).unwrap());
+            Ok(true)
+        })
+        .unwrap();
+        assert_eq!(got, want, "{what}: usage records");
+        assert_eq!(meta.count(key::DIR_INDEX).unwrap(), dirs, "{what}: directory index");
+        meta.scan(&[key::ENTRY], None, |_, v| {
+            let e: EntryRecord = decode(&"entry", v).unwrap();
+            if let Some(rec) = meta.get_inode(e.ino).unwrap() {
+                assert!(rec.parent.is_some(), "{what}: inode {} held here has no parent", e.ino);
+            }
+            Ok(true)
+        })
+        .unwrap();
     }
 
     /// Every record of every kind decodes in the current format; how many there are.
@@ -411,13 +529,22 @@ mod tests {
                 }
                 // Entries under their format-3 keys are not where this code looks for them.
                 let before = v3_entries(&meta);
-                assert!(before.values().map(Vec::len).sum::<usize>() > 3, "format {format}: server {id} has entries");
-                let (dir0, names) = before.iter().next().unwrap();
-                assert_eq!(meta.get_entry(*dir0, &names[0]).unwrap(), None);
+                if format < 4 {
+                    assert!(
+                        before.values().map(Vec::len).sum::<usize>() > 3,
+                        "format {format}: server {id} has entries"
+                    );
+                    let (dir0, names) = before.iter().next().unwrap();
+                    assert_eq!(meta.get_entry(*dir0, &names[0]).unwrap(), None);
+                }
+                assert_eq!(meta.count(key::USAGE).unwrap(), 0, "format {format} has no usage");
                 check_and_upgrade(&meta, ServerId(id), &data).unwrap();
                 assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), FORMAT_VERSION.to_be_bytes());
                 assert!(decode_all(&meta) > 10, "format {format}: server {id} holds records");
-                entries_are_found_and_listed_once(&meta, &before, &format!("format {format}, server {id}"));
+                if format < 4 {
+                    entries_are_found_and_listed_once(&meta, &before, &format!("format {format}, server {id}"));
+                }
+                usage_is_counted_from_the_inodes(&meta, &format!("format {format}, server {id}"));
             }
         }
     }
@@ -487,7 +614,7 @@ mod tests {
     /// is lost or doubled, and the store ends exactly as an uninterrupted upgrade leaves it.
     #[test]
     fn an_upgrade_interrupted_while_moving_entries_resumes_and_loses_or_doubles_nothing() {
-        for format in OLDER {
+        for format in OLDER.into_iter().filter(|&f| f < 4) {
             let whole = fixture_dir(format);
             let cut = fixture_dir(format);
             let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
@@ -515,5 +642,44 @@ mod tests {
             entries_are_found_and_listed_once(&meta, &before, &format!("format {format}"));
             assert_eq!(dump(&meta), dump(&whole_meta), "format {format}");
         }
+    }
+
+    /// An upgrade stopped while counting usage (some `U` and `D` records written, some
+    /// parents given) counts again from the start on the next open, and ends exactly as an
+    /// uninterrupted upgrade: nothing counted twice.
+    #[test]
+    fn an_upgrade_interrupted_while_counting_usage_counts_again_and_ends_as_an_uninterrupted_one() {
+        let whole = fixture_dir(4);
+        let cut = fixture_dir(4);
+        let whole_meta = MetaStore::open(&whole.path().join("s0/meta")).unwrap();
+        upgrade(&whole_meta, 4, whole.path()).unwrap();
+        let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+        // What an interrupted count leaves: the first parents given, partial usage, a stray
+        // directory index.
+        let mut first = None;
+        meta.scan(&[key::ENTRY], None, |_, v| {
+            let e: crate::store::meta::EntryRecord = decode(&"entry", v).unwrap();
+            if e.kind != shoal_proto::msg::FileKind::Dir && meta.get_inode(e.ino).unwrap().is_some() {
+                first = Some(e.ino);
+                return Ok(false);
+            }
+            Ok(true)
+        })
+        .unwrap();
+        let mut half = WriteBatch::default();
+        let ino = first.expect("a file held with its name");
+        let mut rec = meta.get_inode(ino).unwrap().unwrap();
+        let dir = whole_meta.get_inode(ino).unwrap().unwrap().parent.expect("given a parent");
+        rec.parent = Some(dir);
+        half.put(key::inode(ino), encode(&rec));
+        half.put(key::usage(dir), encode(&crate::store::meta::Usage { files: 5, dirs: 1, bytes: 99 }));
+        half.put(key::dir_index(Ino(0xdead)), []);
+        meta.write(half).unwrap();
+        drop(meta);
+        let meta = MetaStore::open(&cut.path().join("s0/meta")).unwrap();
+        assert_eq!(meta.get_raw(key::FORMAT).unwrap().unwrap(), 4u32.to_be_bytes(), "still the old format");
+        upgrade(&meta, 4, cut.path()).unwrap();
+        usage_is_counted_from_the_inodes(&meta, "resumed");
+        assert_eq!(dump(&meta), dump(&whole_meta));
     }
 }

@@ -87,7 +87,9 @@ pub async fn create(
                 let mut rec = new_inode(FileKind::File, perm, cred.uid, gid, now);
                 rec.layout = Some(layout);
                 rec.read_mostly = parent.read_mostly;
-                txn.put_inode(ino, rec.clone());
+                // Files point at their directory too: usage is counted there (store::usage).
+                rec.parent = Some(dir);
+                txn.put_inode(ino, rec.clone())?;
                 txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::File });
                 txn.log_change(changes::entry(
                     ChangeKind::Create,

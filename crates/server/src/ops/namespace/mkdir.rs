@@ -36,7 +36,7 @@ pub async fn mkdir(st: &Arc<State>, cred: Cred, dir: Ino, name: String, perm: u3
             rec.read_mostly = parent.read_mostly;
             let local = st.is_home(ino);
             if local {
-                txn.put_inode(ino, rec.clone());
+                txn.put_inode(ino, rec.clone())?;
                 txn.put_entry(dir, &n2, EntryRecord { ino, kind: FileKind::Dir });
                 txn.log_change(changes::entry(
                     ChangeKind::Mkdir,

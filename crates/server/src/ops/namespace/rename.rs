@@ -90,8 +90,9 @@ pub(super) fn replace_target(
     Ok(None)
 }
 
-/// Point a moved directory at its new parent: in place if its inode is here, else through a
-/// `SetParent` intent acted on after the commit.
+/// Point a moved inode at its new parent (a directory's `..`, and for every inode the
+/// directory its usage counts in, `store::usage`): in place if its inode is here, else
+/// through a `SetParent` intent acted on after the commit.
 pub(super) fn set_parent(
     st: &State,
     txn: &mut Txn<'_>,
@@ -337,11 +338,13 @@ async fn rename_local(
                         if se.kind == FileKind::Dir {
                             dir_changed(st, &mut txn, src_dir, now, -1)?;
                             dir_changed(st, &mut txn, dst_dir, now, 1)?;
-                            set_parent(st, &mut txn, &mut after, se.ino, dst_dir, derive_op(op_id, 3), now)?;
                         }
-                        if let Some(t) = te.filter(|t| flags.exchange && t.kind == FileKind::Dir) {
-                            dir_changed(st, &mut txn, dst_dir, now, -1)?;
-                            dir_changed(st, &mut txn, src_dir, now, 1)?;
+                        set_parent(st, &mut txn, &mut after, se.ino, dst_dir, derive_op(op_id, 3), now)?;
+                        if let Some(t) = te.filter(|_| flags.exchange) {
+                            if t.kind == FileKind::Dir {
+                                dir_changed(st, &mut txn, dst_dir, now, -1)?;
+                                dir_changed(st, &mut txn, src_dir, now, 1)?;
+                            }
                             set_parent(st, &mut txn, &mut after, t.ino, src_dir, derive_op(op_id, 4), now)?;
                         }
                     }
@@ -611,9 +614,7 @@ pub async fn finish_rename_source(st: &Arc<State>, op_id: u64, m: &Moving<'_>, u
                     }
                     dir_changed(st, &mut txn, src_dir, now, 0)?;
                 }
-                if kind == FileKind::Dir {
-                    set_parent(st, &mut txn, &mut after, ino, dst_dir, derive_op(op_id, 3), now)?;
-                }
+                set_parent(st, &mut txn, &mut after, ino, dst_dir, derive_op(op_id, 3), now)?;
             }
             txn.delete_intent(op_id);
             txn.commit()?;

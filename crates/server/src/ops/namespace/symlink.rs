@@ -37,7 +37,8 @@ pub async fn symlink(st: &Arc<State>, cred: Cred, dir: Ino, name: String, target
             rec.size = target.len() as u64;
             rec.target = Some(target);
             rec.read_mostly = parent.read_mostly;
-            txn.put_inode(ino, rec.clone());
+            rec.parent = Some(dir);
+            txn.put_inode(ino, rec.clone())?;
             txn.put_entry(dir, &name, EntryRecord { ino, kind: FileKind::Symlink });
             txn.log_change(changes::entry(
                 ChangeKind::Symlink,

@@ -34,11 +34,13 @@ pub mod v1;
 pub mod v2;
 
 /// Version of the metadata format this code writes (under `m` "format"). Stores of formats
-/// 1 to 3 are upgraded in place when opened (`store::upgrade`); newer ones are refused.
+/// 1 to 4 are upgraded in place when opened (`store::upgrade`); newer ones are refused.
 /// Format 4 = format 3's values with entries keyed in listing order (`E` keys), partition
-/// records and the directory bitmap.
-pub const FORMAT_VERSION: u32 = 4;
-/// First byte of every record value of formats 3 and 4 (the value encoding did not change).
+/// records and the directory bitmap. Format 5 = format 4 with every inode pointing at its
+/// parent directory and per-directory usage (`U` and `D` records, `store::usage`), whose
+/// `U` values are merged (a store of format 5 needs the merge operator to open).
+pub const FORMAT_VERSION: u32 = 5;
+/// First byte of every record value of formats 3 to 5 (the value encoding did not change).
 pub const VALUE_PROTOBUF: u8 = 3;
 /// First byte of every format-2 record value (MessagePack follows).
 pub const VALUE_MSGPACK: u8 = v2::VALUE;
