@@ -57,6 +57,8 @@ pub struct FindArgs {
 #[derive(Serialize, Debug, Clone)]
 pub struct Case {
     pub name: String,
+    /// "find" (found = paths printed) or "du" (found = inodes counted).
+    pub query: &'static str,
     pub found: usize,
     pub best_s: f64,
     pub median_s: f64,
@@ -72,6 +74,10 @@ pub struct FindReport {
     pub shoal_vs_fuse: f64,
     /// shoal find / find on the local directory, medians.
     pub shoal_vs_local: f64,
+    /// shoal du / du on the FUSE mount, medians.
+    pub du_vs_fuse: f64,
+    /// shoal du / du on the local directory, medians.
+    pub du_vs_local: f64,
 }
 
 const PATTERN: &str = "*7";
@@ -116,8 +122,11 @@ pub async fn run(config: Option<PathBuf>, a: FindArgs) -> Result<()> {
         let _ = client.remove_all(&base).await;
     }
     let cases = result?;
-    if let Some(c) = cases.iter().find(|c| c.found != cases[0].found) {
-        bail!("{} found {} paths, {} found {}: the trees differ", cases[0].name, cases[0].found, c.name, c.found);
+    for query in ["find", "du"] {
+        let group: Vec<&Case> = cases.iter().filter(|c| c.query == query).collect();
+        if let Some(c) = group.iter().find(|c| c.found != group[0].found) {
+            bail!("{} found {}, {} found {}: the trees differ", group[0].name, group[0].found, c.name, c.found);
+        }
     }
     let median = |n: &str| cases.iter().find(|c| c.name == n).map(|c| c.median_s).unwrap_or(f64::NAN);
     let report = FindReport {
@@ -126,6 +135,8 @@ pub async fn run(config: Option<PathBuf>, a: FindArgs) -> Result<()> {
         servers: client.status_all().await.len(),
         shoal_vs_fuse: median(SHOAL) / median(FUSE),
         shoal_vs_local: median(SHOAL) / median(LOCAL),
+        du_vs_fuse: median(SHOAL_DU) / median(DU_FUSE),
+        du_vs_local: median(SHOAL_DU) / median(DU_LOCAL),
         cases,
     };
     if a.json {
@@ -140,6 +151,10 @@ const SHOAL: &str = "shoal find";
 const FUSE: &str = "find, FUSE mount";
 const LOCAL: &str = "find, local directory";
 const TMPFS: &str = "find, tmpfs";
+const SHOAL_DU: &str = "shoal du";
+const DU_FUSE: &str = "du, FUSE mount";
+const DU_LOCAL: &str = "du, local directory";
+const DU_TMPFS: &str = "du, tmpfs";
 
 #[allow(clippy::too_many_arguments)]
 async fn measure(
@@ -186,12 +201,56 @@ async fn measure(
         }
         cases.push(case(name, found, times));
     }
+    say("shoal du");
+    let mut times = Vec::new();
+    for _ in 0..a.runs {
+        let fresh = Client::from_config(config, ClientOptions::default())?;
+        let t = Instant::now();
+        let r = fresh.du(tree, 0).await?;
+        times.push(t.elapsed().as_secs_f64());
+        found = r.dirs.last().map_or(0, |d| d.inodes() as usize);
+    }
+    cases.push(case(SHOAL_DU, found, times));
+    say("du on a FUSE mount (a fresh mount each run)");
+    let mut times = Vec::new();
+    for _ in 0..a.runs {
+        let m = Mounts::start(config, work, 1, false)?;
+        let (t, n) = du_in(&m.points[0].join(tree.trim_start_matches('/')))?;
+        times.push(t);
+        found = n;
+    }
+    cases.push(case(DU_FUSE, found, times));
+    for (name, dir) in [(DU_LOCAL, Some(local.to_path_buf())), (DU_TMPFS, shm.map(|s| s.join("tree")))] {
+        let Some(dir) = dir else { continue };
+        say(name);
+        let mut times = Vec::new();
+        for _ in 0..a.runs {
+            let (t, n) = du_in(&dir)?;
+            times.push(t);
+            found = n;
+        }
+        cases.push(case(name, found, times));
+    }
     Ok(cases)
+}
+
+/// `du -s --inodes DIR`: seconds and the inodes it counted.
+fn du_in(dir: &Path) -> Result<(f64, usize)> {
+    let t = Instant::now();
+    let out = Command::new("du").args(["-s", "--inodes"]).arg(dir).output().context("run du")?;
+    let secs = t.elapsed().as_secs_f64();
+    if !out.status.success() {
+        bail!("du {}: {}", dir.display(), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let n = text.split_whitespace().next().and_then(|n| n.parse().ok());
+    Ok((secs, n.with_context(|| format!("du printed {text:?}"))?))
 }
 
 fn case(name: &str, found: usize, mut times: Vec<f64>) -> Case {
     times.sort_by(f64::total_cmp);
-    Case { name: name.to_string(), found, best_s: times[0], median_s: times[times.len() / 2] }
+    let query = if name.contains("du") { "du" } else { "find" };
+    Case { name: name.to_string(), query, found, best_s: times[0], median_s: times[times.len() / 2] }
 }
 
 /// `find DIR -name PATTERN`: seconds and lines printed.
@@ -270,12 +329,14 @@ fn print_table(r: &FindReport) {
         r.files, r.per_dir, r.servers
     );
     println!("{:<24} {:>8} {:>9} {:>9}", "case", "found", "best s", "median s");
+    // "found": paths for the find cases, inodes for the du cases.
     for c in &r.cases {
         println!("{:<24} {:>8} {:>9.3} {:>9.3}", c.name, c.found, c.best_s, c.median_s);
     }
     let met = if r.shoal_vs_fuse <= 0.25 { "met" } else { "NOT met" };
     println!("shoal find / find on the FUSE mount: {:.3} (target <= 0.25: {met})", r.shoal_vs_fuse);
     println!("shoal find / find on the local directory: {:.3}", r.shoal_vs_local);
+    println!("shoal du / du on the FUSE mount: {:.3}; on the local directory: {:.3}", r.du_vs_fuse, r.du_vs_local);
 }
 
 #[cfg(test)]

@@ -234,7 +234,8 @@ fn a_user_sees_only_what_they_may_see() {
     });
 }
 
-/// `shoal bench find`: every case runs and finds the same paths (it fails otherwise).
+/// `shoal bench find`: every case runs and finds the same paths, and every du case counts
+/// the same inodes (it fails otherwise).
 #[test]
 fn bench_find_compares_shoal_find_with_find_on_the_mount() {
     if skip_without_fuse() {
@@ -249,8 +250,14 @@ fn bench_find_compares_shoal_find_with_find_on_the_mount() {
     let names: Vec<&str> = cases.iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert!(names.starts_with(&["shoal find", "find, FUSE mount", "find, local directory"]), "{names:?}");
     // Names ending in 7: 30 files (and no directory: d000, e000..e002).
-    assert!(cases.iter().all(|c| c["found"] == 30), "{r}");
+    assert!(cases.iter().filter(|c| c["query"] == "find").all(|c| c["found"] == 30), "{r}");
     assert!(r["shoal_vs_fuse"].as_f64().unwrap() > 0.0);
+    // du: the tree, d000, e000..e002 and 300 files, counted alike by every case.
+    let du: Vec<&serde_json::Value> = cases.iter().filter(|c| c["query"] == "du").collect();
+    let du_names: Vec<&str> = du.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert!(du_names.starts_with(&["shoal du", "du, FUSE mount", "du, local directory"]), "{du_names:?}");
+    assert!(du.iter().all(|c| c["found"] == 305), "{r}");
+    assert!(r["du_vs_fuse"].as_f64().unwrap() > 0.0);
     let (code, _, err) = c.shoal(&["bench", "find", "--files", "0"]);
     assert_eq!(code, 2, "{err}");
 }

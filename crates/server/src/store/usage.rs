@@ -104,14 +104,15 @@ pub fn differences(ino: Ino, before: Option<&InodeRecord>, after: Option<&InodeR
 pub const MERGE_NAME: &str = "shoal.usage.v1";
 
 /// RocksDB's merge of `U` records: the sum of the existing value and every operand. Only
-/// `U` keys are ever merged. A value that does not decode (a damaged record) adds nothing:
-/// failing the merge would fail RocksDB's compactions, which stops every write to the
-/// store, for the sake of a counter (the scrub reports the damaged record).
-pub fn merge(_key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
+/// `U` keys are ever merged. A value that does not decode (a damaged record) adds nothing,
+/// with a warning: failing the merge would fail RocksDB's compactions, which stops every
+/// write to the store, for the sake of a counter.
+pub fn merge(key: &[u8], existing: Option<&[u8]>, operands: &rocksdb::MergeOperands) -> Option<Vec<u8>> {
     let mut sum = Usage::default();
     for v in existing.into_iter().chain(operands) {
-        if let Some(u) = decoded(v) {
-            sum.add(&u);
+        match decoded(v) {
+            Some(u) => sum.add(&u),
+            None => tracing::warn!("usage record {key:02x?}: a value of {} bytes does not decode; left out", v.len()),
         }
     }
     Some(crate::store::records::encode(&sum))
