@@ -142,3 +142,12 @@ fn c_programs_follow_the_change_log_and_a_consumer_resumes_with_nothing_missed_o
     let exe = compile(&lib, "changes", "shared", tmp.path());
     run(&exe, &c.config);
 }
+
+#[test]
+fn c_programs_add_up_trees_from_per_directory_usage() {
+    let lib = libshoal();
+    let tmp = tempfile::tempdir().unwrap();
+    let c = Cluster::start(4);
+    let exe = compile(&lib, "du", "shared", tmp.path());
+    run(&exe, &c.config);
+}

@@ -180,6 +180,8 @@ impl BlockingClient {
         fn forget_consumer(&self, name: &str) -> Result<()>;
         // ---- metadata queries (docs/find.md) ----
         fn find(&self, path: &str, query: &crate::FindQuery, opts: crate::FindOptions) -> Result<(Vec<crate::Found>, crate::FindStats)>;
+        // ---- usage per directory (docs/du.md) ----
+        fn du(&self, path: &str, depth: usize) -> Result<crate::DuReport>;
         // ---- the tuple space (docs/tuples.md) ----
         fn tuple_write(&self, tuple: &Tuple) -> Result<u64>;
         fn tuple_write_then(&self, tuple: &Tuple, then: Option<&Trigger>) -> Result<u64>;

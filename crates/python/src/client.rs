@@ -131,6 +131,19 @@ macro_rules! path_calls {
                 })
             }
 
+            /// What the tree at `path` holds, added up from the usage every server keeps
+            /// per directory (docs/du.md): `{"dirs": [...], "unreadable": [...]}`, `dirs`
+            /// one dict per directory down to `depth` levels below `path` (`path`, `ino`,
+            /// `depth`, `files`, `dirs`, `bytes`, `inodes`), each before its parent,
+            /// siblings by name, `path` last (its totals); `unreadable` the inode numbers
+            /// of the directories the caller may not read (each adds only itself). A path
+            /// that is not a directory reports itself.
+            #[pyo3(signature = (path = String::from("/"), depth = 0))]
+            fn du<'py>(&self, py: Python<'py>, path: String, depth: usize) -> PyResult<Bound<'py, PyAny>> {
+                let c = self.client.clone();
+                $run(py, async move { c.du(&path, depth).await.or_raise().map(crate::du::DuOut) })
+            }
+
             /// Store a tuple (docs/tuples.md): a sequence of int, str and bytes, the first
             /// naming where it is kept. Returns the number of the event that recorded it.
             fn tuple_write<'py>(&self, py: Python<'py>, fields: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {

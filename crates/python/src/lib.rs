@@ -12,6 +12,7 @@
 mod changes;
 mod checkpoint;
 mod client;
+mod du;
 mod errors;
 mod file;
 mod find;
