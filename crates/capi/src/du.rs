@@ -19,7 +19,7 @@ pub struct shoal_du_totals {
     pub dirs: u64,
     /// Apparent size of those files and links, in bytes (du --apparent-size).
     pub bytes: u64,
-    /// Inodes: files + dirs + 1 (the path itself; du --inodes).
+    /// Inodes: files + dirs + 1 (the path itself; du --inodes); 1 for a file or link.
     pub inodes: u64,
     /// Directories the caller may not read: each adds only itself, not its contents.
     pub unreadable: u64,

@@ -112,7 +112,7 @@ fn du_matches_a_walk_after_every_kind_of_change_and_a_kill_9() {
         }
         // A file reports itself; no such path is ENOENT.
         let one = fresh.du("/q/r/late", 3).await.unwrap();
-        assert_eq!((one.dirs.len(), one.dirs[0].files, one.dirs[0].bytes), (1, 1, 777));
+        assert_eq!((one.dirs.len(), one.dirs[0].files, one.dirs[0].bytes, one.dirs[0].inodes()), (1, 1, 777, 1));
         let e = fresh.du("/q/missing", 0).await.unwrap_err();
         assert_eq!(e.errno, shoal_client::Errno::ENOENT, "{e}");
     });

@@ -23,7 +23,8 @@ use shoal_proto::usage::UsagePage;
 use shoal_proto::{Errno, Ino, ServerId};
 use std::collections::HashMap;
 
-/// What a directory (or the file asked about) holds, itself not included.
+/// What a directory holds, itself not included; or the file (or link) asked about, as one
+/// file of its size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirUsage {
     /// The path asked about, joined with the directory's path below it.
@@ -38,12 +39,14 @@ pub struct DirUsage {
     pub dirs: u64,
     /// Apparent size of those files and links, in bytes.
     pub bytes: u64,
+    /// A directory (false: the path asked about is a file or a link).
+    pub is_dir: bool,
 }
 
 impl DirUsage {
-    /// Inodes in the tree, the directory itself included (`du --inodes`).
+    /// Inodes in the tree, the directory itself included (`du --inodes`); 1 for a file.
     pub fn inodes(&self) -> u64 {
-        self.files + self.dirs + 1
+        self.files + self.dirs + u64::from(self.is_dir)
     }
 }
 
@@ -87,7 +90,15 @@ impl Client {
         let top = self.lstat(path).await?;
         let shown = if path.ends_with('/') && path.len() > 1 { path.trim_end_matches('/') } else { path };
         if top.kind != FileKind::Dir {
-            let only = DirUsage { path: shown.to_string(), ino: top.ino, depth: 0, files: 1, dirs: 0, bytes: top.size };
+            let only = DirUsage {
+                path: shown.to_string(),
+                ino: top.ino,
+                depth: 0,
+                files: 1,
+                dirs: 0,
+                bytes: top.size,
+                is_dir: false,
+            };
             return Ok(DuReport { dirs: vec![only], ..Default::default() });
         }
         let servers: Vec<ServerId> =
@@ -151,7 +162,8 @@ impl Client {
                 continue;
             }
             let row = rows.get(&dir).copied().unwrap_or_default();
-            let mut t = DirUsage { path: String::new(), ino: dir, depth: d, files: 0, dirs: 0, bytes: 0 };
+            let mut t =
+                DirUsage { path: String::new(), ino: dir, depth: d, files: 0, dirs: 0, bytes: 0, is_dir: true };
             if readable(dir) {
                 (t.files, t.dirs, t.bytes) = (row.files, row.dirs, row.bytes);
                 for c in children.get(&dir).into_iter().flatten() {
