@@ -162,8 +162,7 @@ impl Client {
                 continue;
             }
             let row = rows.get(&dir).copied().unwrap_or_default();
-            let mut t =
-                DirUsage { path: String::new(), ino: dir, depth: d, files: 0, dirs: 0, bytes: 0, is_dir: true };
+            let mut t = DirUsage { path: String::new(), ino: dir, depth: d, files: 0, dirs: 0, bytes: 0, is_dir: true };
             if readable(dir) {
                 (t.files, t.dirs, t.bytes) = (row.files, row.dirs, row.bytes);
                 for c in children.get(&dir).into_iter().flatten() {
