@@ -496,7 +496,7 @@ async fn striped_io_and_sizes() {
     assert_eq!(g.write_at(0, b"x").await.unwrap_err().errno, Errno::EBADF);
 
     // Cursor and truncation. (Appends are placed by the inode's home server, `Op::Append`:
-    // tested on real servers in crates/cli/tests/append.rs, not against this mock.)
+    // tested on real servers in crates/cli/tests/system/append.rs, not against this mock.)
     let t = c.create("/big", 0o644, None).await.unwrap();
     assert_eq!(t.attr().size, 0, "create truncates");
     t.write(b"hello ").await.unwrap();

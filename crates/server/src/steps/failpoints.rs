@@ -6,7 +6,7 @@
 //! (`panic`, `sleep(ms)`, `pause`, `print`, `off`, `N%`, `N*`, …) plus one of ours,
 //! **`return(crash)`** (or plain `return`): the process kills itself with SIGKILL at that
 //! point, exactly as `kill -9` would — no destructor, no log flush beyond what the kernel
-//! already holds. Crash tests (crates/cli/tests/step_crashes.rs) use it to stop a server
+//! already holds. Crash tests (crates/cli/tests/faults/step_crashes.rs) use it to stop a server
 //! at every step of every operation and check what recovery makes of it.
 //!
 //! Names are `<operation>.<step>.<before|after>` (see [`point`]): `before` runs with the
