@@ -2,21 +2,14 @@
 //! through `shoal_rpc::Pool` the way a client drives them.
 
 use bytes::Bytes;
-use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind};
 use shoal_proto::msg::{
-    Attr, BatchOp, BatchReply, Cred, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, Request, SetAttrs,
-    BATCH_MAX,
+    BatchOp, BatchReply, Cred, EntryOut, FileKind, LayoutSpec, Op, RenameFlags, Reply, Request, SetAttrs, BATCH_MAX,
 };
 use shoal_proto::{Errno, Ino, ServerId, PROTOCOL_VERSION, ROOT_INO};
-use shoal_rpc::{Pool, PoolOptions};
-use shoal_server::ServerOptions;
-use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use tokio::net::TcpStream;
 
 use shoal_testkit::inproc::InProcCluster as Cluster;
 

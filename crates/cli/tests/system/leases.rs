@@ -206,7 +206,8 @@ async fn a_holder_that_does_not_acknowledge_delays_a_change_at_most_its_lease_te
     let admin = c.uncached_client();
     let d = admin.mkdir("/d", 0o755).await.unwrap().ino;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_lease_holder_process", "--nocapture", "--test-threads=1"])
+        // Its full name in this binary (`leases::…`, the module this file is).
+        .args(["--exact", "leases::a_lease_holder_process", "--nocapture", "--test-threads=1"])
         .env(HOLDER, &c.config)
         .stdout(std::process::Stdio::piped())
         .spawn()

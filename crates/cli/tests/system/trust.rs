@@ -195,7 +195,8 @@ fn a_user_who_claims_uid_0_is_treated_as_itself() {
     std::fs::copy(&exe, &copy).unwrap();
     std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
     let out = Command::new(&copy)
-        .args(["--exact", "claiming_root_as_a_user", "--nocapture", "--ignored"])
+        // Its full name in this binary (the module this file is, then the test).
+        .args(["--exact", "trust::claiming_root_as_a_user", "--nocapture", "--ignored"])
         .env("SHOAL_TRUST_CONFIG", &c.config)
         .uid(5000)
         .gid(5000)
