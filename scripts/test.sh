@@ -55,29 +55,36 @@ build() {
 fast() {
   # Everything but the `shoal` package's integration tests (crates/cli/tests: the system
   # tier), then the unit tests of the `shoal` binaries, then the examples in the docs.
-  nextest fast fast-workspace --workspace --exclude shoal $SHOAL_NOT_CARGO "$@"
-  nextest fast fast-cli -p shoal --bins "$@"
-  cargo test --release --workspace $SHOAL_NOT_CARGO --doc --quiet
+  # (Called as `phase ... || rc`, where `set -e` is off: each step's failure is kept.)
+  local rc=0
+  nextest fast fast-workspace --workspace --exclude shoal $SHOAL_NOT_CARGO "$@" || rc=1
+  nextest fast fast-cli -p shoal --bins "$@" || rc=1
+  cargo test --release --workspace $SHOAL_NOT_CARGO --doc --quiet || rc=1
+  return $rc
 }
 
 system() {
-  # crates/cli/tests/{system,mount,faults,interop}: one binary per group.
-  nextest system system -p shoal --test system --test mount --test faults --test interop "$@"
-  shoal_install_python_package
+  # crates/cli/tests/{system,mount,faults,interop}: one binary per group; then pytest.
+  local rc=0
+  nextest system system -p shoal --test system --test mount --test faults --test interop "$@" || rc=1
+  shoal_install_python_package || return 1
   echo "== pytest (crates/python/tests)"
   SHOAL_BIN="$CARGO_TARGET_DIR/release/shoal" python3 -m pytest -q -p no:cacheprovider \
-    --timeout 300 --durations 5 --junitxml "$REPORTS/pytest.xml" crates/python/tests
+    --timeout 300 --durations 5 --junitxml "$REPORTS/pytest.xml" crates/python/tests || rc=1
+  return $rc
 }
 
 soak() {
+  local rc=0
   # The history runs (with faults, with partitions) at 10 minutes each, and the POSIX
   # suites with a million fsx operations: one at a time (profile soak).
   SHOAL_HISTORY_SECS=${SHOAL_HISTORY_SECS:-600} FSX_OPS=${FSX_OPS:-1000000} \
     FSX_WB_OPS=${FSX_WB_OPS:-200000} FSX_PRELOAD_OPS=${FSX_PRELOAD_OPS:-200000} \
     nextest soak soak -p shoal --test faults --test mount \
-    -E 'test(/^(history|partition)::/) | test(/^fuse_suites::/)' "$@"
+    -E 'test(/^(history|partition)::/) | test(/^fuse_suites::/)' "$@" || rc=1
   # A million files in one shared directory, listed exactly once (bench/million.sh).
-  bash bench/million.sh
+  bash bench/million.sh || rc=1
+  return $rc
 }
 
 # Run each phase, timed; the summary at the end says where the time went.
