@@ -235,6 +235,11 @@ impl NetLab {
         self.namespaces.len()
     }
 
+    /// Whether the lab has no host (never, once made: a lab has 1 to 200).
+    pub fn is_empty(&self) -> bool {
+        self.namespaces.is_empty()
+    }
+
     /// Address of host `i` (`10.A.B.<i+1>`).
     pub fn addr(&self, i: usize) -> Ipv4Addr {
         let [a, b, c] = self.subnet;
