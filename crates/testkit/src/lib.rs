@@ -727,3 +727,23 @@ pub async fn check_files(client: &Client, want: &[(String, Vec<u8>)]) {
         assert!(got[..] == data[..], "{path}: other bytes than written");
     }
 }
+
+/// Wait (at most 60 s) until every server answers and none holds an intent: the operations
+/// that a crash interrupted have been finished or undone by recovery.
+pub async fn wait_no_intents(fs: &Client) {
+    for _ in 0..600 {
+        let mut pending = 0;
+        let mut all_up = true;
+        for (_, st) in fs.status_all().await {
+            match st {
+                Ok(st) => pending += st.pending_intents,
+                Err(_) => all_up = false,
+            }
+        }
+        if all_up && pending == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("intents still pending 60 s after recovery started");
+}

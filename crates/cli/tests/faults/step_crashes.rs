@@ -10,6 +10,7 @@
 //! right, and no intent is left behind.
 
 use shoal_client::{Attr, Client, Errno, FileKind, Ino, RenameFlags, ServerId, ROOT_INO};
+use shoal_testkit::wait_no_intents;
 use shoal_testkit::Cluster;
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -43,25 +44,6 @@ async fn subdir_on(c: &Cluster, fs: &Client, parent: Ino, server: ServerId, pref
         fs.rmdir_at(parent, &name).await.unwrap();
     }
     panic!("no subdirectory landed on server {server}");
-}
-
-/// Wait (bounded) until no server holds an intent.
-async fn wait_no_intents(fs: &Client) {
-    for _ in 0..600 {
-        let mut pending = 0;
-        let mut all_up = true;
-        for (_, st) in fs.status_all().await {
-            match st {
-                Ok(st) => pending += st.pending_intents,
-                Err(_) => all_up = false,
-            }
-        }
-        if all_up && pending == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("intents still pending 60 s after recovery started");
 }
 
 /// Run `op` with failpoint `point` armed on server `id`, which must die there; if

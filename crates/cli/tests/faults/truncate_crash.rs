@@ -7,6 +7,7 @@
 //! truncated size, never the old bytes that were cut (or are still to be cut).
 
 use shoal_client::{Client, LayoutSpec, OpenFlags, ServerId};
+use shoal_testkit::wait_no_intents;
 use shoal_testkit::{pattern, Cluster};
 use std::time::Duration;
 
@@ -38,25 +39,6 @@ async fn read_all(c: &Cluster, path: &str) -> Vec<u8> {
     let data = f.read_at(0, size as usize).await.unwrap().to_vec();
     assert_eq!(data.len() as u64, size, "{path}: short read");
     data
-}
-
-/// Wait (bounded) until no server holds an intent.
-async fn wait_no_intents(fs: &Client) {
-    for _ in 0..600 {
-        let mut pending = 0;
-        let mut all_up = true;
-        for (_, st) in fs.status_all().await {
-            match st {
-                Ok(st) => pending += st.pending_intents,
-                Err(_) => all_up = false,
-            }
-        }
-        if all_up && pending == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("intents still pending 60 s after recovery started");
 }
 
 /// The truncated file reads as the old content's first `NEW_LEN` bytes; extended again (by
