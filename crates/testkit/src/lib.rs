@@ -609,19 +609,37 @@ impl Cluster {
     /// Start the identity helper of this cluster (at the map's `identity_socket`), for
     /// tests whose clients run as unprivileged users; waits until it answers.
     pub fn start_identityd(&self) -> Identityd {
+        self.start_identityd_limited(None)
+    }
+
+    /// [`Cluster::start_identityd`] with at most `descriptors` open files (soft and hard
+    /// limit), for floods bounded in count.
+    pub fn start_identityd_limited(&self, descriptors: Option<u64>) -> Identityd {
+        use std::os::unix::process::CommandExt;
         let map = ClusterMap::load(&self.config).unwrap();
         let socket = map.security.identity_socket.clone();
         let log = std::fs::File::create(self.dir.path().join("identityd.log")).unwrap();
-        let child = Command::new(shoal_bin())
-            .env_remove("SHOAL_CONFIG")
+        let mut cmd = Command::new(shoal_bin());
+        cmd.env_remove("SHOAL_CONFIG")
             .arg("--config")
             .arg(&self.config)
             .arg("identityd")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start shoal identityd");
+            .stderr(log);
+        if let Some(n) = descriptors {
+            // SAFETY: setrlimit(2) only, between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let lim = libc::rlimit { rlim_cur: n, rlim_max: n };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd.spawn().expect("start shoal identityd");
         let mut d = Identityd { child, socket };
         let start = Instant::now();
         while std::os::unix::net::UnixStream::connect(&d.socket).is_err() {
@@ -679,7 +697,24 @@ pub fn workspace_root() -> std::path::PathBuf {
 /// test, for the reason given at [`manifest_dir`].
 pub fn build_c_library(package: &str, outputs: &[&str]) -> std::path::PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-    let out = std::process::Command::new(&cargo)
+    let mut cmd = std::process::Command::new(&cargo);
+    // Not the variables cargo (or cargo-nextest) sets for the running test: some build
+    // scripts (ring's) declare `rerun-if-env-changed` on CARGO_MANIFEST_DIR, CARGO_PKG_NAME
+    // and the like, so this build would see them changed from the workspace build's (where
+    // they are unset), rerun those scripts and rebuild ring and everything above it, in
+    // place, for the next workspace build to rebuild back (two minutes per test here).
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        let set_for_the_test = n == "OUT_DIR"
+            || n.starts_with("NEXTEST")
+            || ["CARGO_MANIFEST_", "CARGO_PKG_", "CARGO_CRATE_", "CARGO_BIN_", "CARGO_PRIMARY_", "CARGO_TARGET_TMPDIR"]
+                .iter()
+                .any(|p| n.starts_with(p));
+        if set_for_the_test {
+            cmd.env_remove(&name);
+        }
+    }
+    let out = cmd
         .args(["build", "-p", package])
         .args(if cfg!(debug_assertions) { &[][..] } else { &["--release"][..] })
         .current_dir(manifest_dir())
@@ -746,4 +781,32 @@ pub async fn wait_no_intents(fs: &Client) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("intents still pending 60 s after recovery started");
+}
+
+/// A `shoal` command that runs as user `uid` (primary group `gid`, supplementary `groups`),
+/// for tests of what an unprivileged user may do. The binary is a copy in `dir` (made once):
+/// the build folder may sit under a home only root can enter (~/.cache). The command gets
+/// no `SHOAL_CONFIG` and no stdin; the caller adds `--config` and the arguments.
+pub fn shoal_as_user(dir: &Path, uid: u32, gid: u32, groups: Vec<u32>) -> Command {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let copy = dir.join("shoal-as-user");
+    if !copy.exists() {
+        std::fs::copy(shoal_bin(), &copy).expect("copy the shoal binary");
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let mut cmd = Command::new(&copy);
+    cmd.env_remove("SHOAL_CONFIG").stdin(Stdio::null()).current_dir("/");
+    let groups: Vec<libc::gid_t> = groups;
+    // SAFETY: only async-signal-safe calls between fork and exec. The groups are set here,
+    // before dropping root, because `Command::uid` would clear them.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }

@@ -193,7 +193,9 @@ fn a_lease_holder_process() {
         let opts = ClientOptions { cache_ttl: Duration::ZERO, dir_lease: Duration::from_secs(2), ..Default::default() };
         let fs = Client::from_config(config.as_ref(), opts).unwrap();
         let d = fs.resolve("/d", true).await.unwrap().ino;
-        assert!(fs.lookup(d, "later").await.is_err());
+        // ENOENT, and nothing else, is the answer that comes with a lease on "/d".
+        let e = fs.lookup(d, "later").await.unwrap_err();
+        assert_eq!(e.errno, Errno::ENOENT, "{e}");
         println!("LEASED");
         tokio::time::sleep(Duration::from_secs(60)).await;
     });
