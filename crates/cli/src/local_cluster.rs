@@ -5,6 +5,7 @@
 use anyhow::{bail, Context, Result};
 use shoal_placement::ClusterMap;
 use std::net::TcpStream;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -149,7 +150,8 @@ fn start_identityd(dir: &Path, config: &Path, map: &ClusterMap) -> Result<()> {
         );
         return Ok(());
     }
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("identityd.log"))?;
+    // Logs name paths and users: for the cluster's owner only.
+    let log = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(dir.join("identityd.log"))?;
     let exe = std::env::current_exe().context("cannot find the shoal executable")?;
     let mut cmd = std::process::Command::new(&exe);
     cmd.arg("--config").arg(config).arg("identityd");
@@ -180,11 +182,14 @@ fn start_identityd(dir: &Path, config: &Path, map: &ClusterMap) -> Result<()> {
 fn stop_identityd(dir: &Path, grace: Duration) {
     let file = dir.join(IDENTITYD_PID);
     let Some(pid) = pid_file_alive(&file) else { return };
-    unsafe { libc::kill(pid, libc::SIGTERM) };
+    if signal(pid, libc::SIGTERM).is_err() {
+        // Another user's helper: theirs to stop (the servers' report says so already).
+        return;
+    }
     let start = Instant::now();
     while pid_file_alive(&file).is_some() {
         if start.elapsed() > grace {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = signal(pid, libc::SIGKILL);
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -214,11 +219,16 @@ pub fn start_server(dir: &Path, config: &Path, id: u32, throttle: Option<f64>) -
 /// per server, so the share of this machine's CPUs is not the map's business).
 pub fn start_server_threads(dir: &Path, config: &Path, id: u32, threads: usize, throttle: Option<f64>) -> Result<u32> {
     use std::os::unix::process::CommandExt;
+    // Logs name paths and users: for the cluster's owner only.
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(dir.join(format!("s{id}.log")))
         .with_context(|| format!("cannot open the log of server {id} in {}", dir.display()))?;
+    // One made by an older version may be 0644.
+    use std::os::unix::fs::PermissionsExt;
+    let _ = log.set_permissions(std::fs::Permissions::from_mode(0o600));
     let bin = shoald_binary();
     let mut cmd = std::process::Command::new(&bin);
     cmd.arg("--config").arg(config).arg("--id").arg(id.to_string());
@@ -277,30 +287,59 @@ fn pid_file_alive(file: &Path) -> Option<i32> {
     (state != "Z").then_some(pid)
 }
 
-/// Stop every server of the cluster in `dir`: SIGTERM, then SIGKILL after `grace`.
-/// Returns how many were running.
-pub fn down(dir: &Path, grace: Duration) -> Result<usize> {
+/// What `down` did: the servers it stopped, and those it could not (a user who may not
+/// signal them, say), each with the reason.
+#[derive(Debug, Default)]
+pub struct DownReport {
+    pub stopped: Vec<u32>,
+    pub not_stopped: Vec<(u32, i32, String)>,
+}
+
+/// Send `sig` to `pid`; the error names why it could not be sent (EPERM: another user's).
+fn signal(pid: i32, sig: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+    if unsafe { libc::kill(pid, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Stop every server of the cluster in `dir`: SIGTERM, then SIGKILL after `grace`. A
+/// server's pid file is removed only once its process is gone; one that cannot be signalled
+/// or outlives SIGKILL is reported, not counted as stopped.
+pub fn down(dir: &Path, grace: Duration) -> Result<DownReport> {
     let config = dir.join("cluster.toml");
     let map = ClusterMap::load(&config)?;
+    let mut report = DownReport::default();
     let mut running = Vec::new();
     for s in map.processes() {
         if let Some(pid) = pid_alive(dir, s.id) {
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-            running.push((s.id, pid));
+            match signal(pid, libc::SIGTERM) {
+                Ok(()) => running.push((s.id, pid)),
+                Err(e) => report.not_stopped.push((s.id, pid, format!("cannot signal it: {e}"))),
+            }
         }
     }
     let start = Instant::now();
-    for (id, pid) in &running {
-        while pid_alive(dir, *id).is_some() {
-            if start.elapsed() > grace {
-                unsafe { libc::kill(*pid, libc::SIGKILL) };
-                std::thread::sleep(Duration::from_millis(50));
-                break;
-            }
+    for (id, pid) in running {
+        while pid_alive(dir, id).is_some() && start.elapsed() <= grace {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = std::fs::remove_file(dir.join(format!("s{id}.pid")));
+        if pid_alive(dir, id).is_some() {
+            let _ = signal(pid, libc::SIGKILL);
+            let killed = Instant::now();
+            while pid_alive(dir, id).is_some() && killed.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if pid_alive(dir, id).is_some() {
+            report.not_stopped.push((id, pid, "still running after SIGKILL".into()));
+        } else {
+            let _ = std::fs::remove_file(dir.join(format!("s{id}.pid")));
+            report.stopped.push(id);
+        }
     }
     stop_identityd(dir, grace);
-    Ok(running.len())
+    Ok(report)
 }

@@ -21,6 +21,7 @@
 //! anonymous = "read"                 # or "none": requests without a token are refused
 //! anonymous_uid = 65534              # who anonymous requests act as (nobody/nogroup)
 //! anonymous_gid = 65534
+//! anonymous_min_id = 1000            # anonymous_uid/gid below this are refused (0 never allowed)
 //! import_from = []                   # URL prefixes `shoal import` may fetch (empty: any)
 //!
 //! [membership]                       # optional (docs/membership.md)
@@ -33,6 +34,7 @@
 //! auth = "keys"                      # or "none": trust whoever reaches a port (explicit only)
 //! cluster_key = "cluster.key"        # servers only; relative to this file's folder
 //! host_key = "host.key"              # root on client hosts; relative to this file's folder
+//! admin_gid = 1500                   # optional: this group may start a scrub, as root may
 //! ```
 
 use crate::rendezvous;
@@ -324,6 +326,18 @@ pub struct Security {
     /// sooner, at the cost of one `Open` per handle per lifetime).
     #[serde(default = "default_capability_lifetime")]
     pub capability_lifetime_secs: u64,
+    /// Members of this group may run the cluster's administrative operations (start a
+    /// scrub), besides root on a host with the host key. None: root only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_gid: Option<u32>,
+}
+
+impl Security {
+    /// Whether `cred` (as the server admitted it: a user's own uid and groups, proven) may
+    /// run administrative operations: root, or a member of `admin_gid`.
+    pub fn is_admin(&self, cred: &shoal_proto::msg::Cred) -> bool {
+        cred.uid == 0 || self.admin_gid.is_some_and(|g| cred.gid == g || cred.groups.contains(&g))
+    }
 }
 
 impl Default for Security {
@@ -339,6 +353,7 @@ impl Default for Security {
             tls_cert: default_tls_cert(),
             tls_key: default_tls_key(),
             capability_lifetime_secs: default_capability_lifetime(),
+            admin_gid: None,
         }
     }
 }
@@ -358,6 +373,12 @@ fn nobody() -> u32 {
     65534
 }
 
+/// Debian's and most distributions' first uid of an ordinary user: ids below are system
+/// accounts, which anonymous HTTP readers must not act as by default.
+fn first_ordinary_id() -> u32 {
+    1000
+}
+
 /// The `[http]` table: who the servers' HTTP services serve (docs/http.md).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -370,6 +391,10 @@ pub struct HttpSettings {
     /// The gid anonymous requests act as.
     #[serde(default = "nobody")]
     pub anonymous_gid: u32,
+    /// The lowest uid and gid anonymous requests may act as (root, 0, never): a site that
+    /// means anonymous readers to be a system account lowers it knowingly.
+    #[serde(default = "first_ordinary_id")]
+    pub anonymous_min_id: u32,
     /// URL prefixes the servers may fetch from for `shoal import` (docs/import.md); empty:
     /// any `http` or `https` URL. Servers fetch from their own network position, so a site
     /// whose servers reach internal services should list what users may import from.
@@ -383,6 +408,7 @@ impl Default for HttpSettings {
             anonymous: AnonymousAccess::Read,
             anonymous_uid: nobody(),
             anonymous_gid: nobody(),
+            anonymous_min_id: first_ordinary_id(),
             import_from: Vec::new(),
         }
     }
@@ -391,6 +417,23 @@ impl Default for HttpSettings {
 impl HttpSettings {
     fn is_default(&self) -> bool {
         *self == HttpSettings::default()
+    }
+
+    /// Anonymous HTTP readers never act as root, nor (unless the site lowers
+    /// `anonymous_min_id`) as a system account.
+    fn validate(&self) -> Result<(), String> {
+        for (what, id) in [("anonymous_uid", self.anonymous_uid), ("anonymous_gid", self.anonymous_gid)] {
+            if id == 0 {
+                return Err(format!("http.{what} is 0: anonymous HTTP requests would act as root (use 65534, nobody)"));
+            }
+            if id < self.anonymous_min_id {
+                return Err(format!(
+                    "http.{what} {id} is below http.anonymous_min_id {}: a system account (lower anonymous_min_id to allow it)",
+                    self.anonymous_min_id
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -781,6 +824,7 @@ impl ClusterMap {
                 "cluster.stripe_count {sc} is more than the {placeable} servers that can hold data (0 means all of them)"
             ));
         }
+        self.http.validate()?;
         let r = self.cluster.replicas;
         if !(1..=REPLICAS_MAX).contains(&r) {
             return Err(format!("cluster.replicas {r} must be 1 to {REPLICAS_MAX}"));
@@ -1148,8 +1192,26 @@ mod tests {
             }),
             "cluster.replicas 3 is more than the 2 servers that can hold data"
         );
+        // Issue 51: anonymous HTTP readers acting as root, or as a system account.
+        assert_eq!(
+            refused(&|m| m.http.anonymous_uid = 0),
+            "http.anonymous_uid is 0: anonymous HTTP requests would act as root (use 65534, nobody)"
+        );
+        assert!(refused(&|m| m.http.anonymous_gid = 0).starts_with("http.anonymous_gid is 0"));
+        assert_eq!(
+            refused(&|m| m.http.anonymous_uid = 33),
+            "http.anonymous_uid 33 is below http.anonymous_min_id 1000: a system account (lower anonymous_min_id to allow it)"
+        );
+        assert!(refused(&|m| {
+            m.http.anonymous_min_id = 0;
+            m.http.anonymous_uid = 0;
+        })
+        .starts_with("http.anonymous_uid is 0"));
         // Still accepted: all servers, and a count up to the servers not marked out.
         let mut m = map(4);
+        m.http.anonymous_min_id = 33;
+        m.http.anonymous_uid = 33;
+        m.validate().unwrap();
         m.cluster.stripe_count = 0;
         m.validate().unwrap();
         m.cluster.stripe_count = 4;

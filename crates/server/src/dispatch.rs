@@ -329,7 +329,7 @@ async fn route_op(st: &Arc<State>, cred: Cred, op: Op, data: Bytes, crcs: Option
         Op::PeerRaft { kind, payload } => crate::membership::handle(st, kind, &payload).await?,
         Op::GetMap { .. } => crate::membership::get_map(st),
         Op::ProposeMap { expect_version, toml } => crate::membership::propose(st, &cred, expect_version, toml).await?,
-        Op::ScrubStart => crate::scrub::start(st).await?,
+        Op::ScrubStart => crate::scrub::start(st, &cred).await?,
         Op::ScrubStatus => crate::scrub::status(st).await?,
         Op::PeerScrubRead { slot, ino, index, offset, len } => {
             return crate::scrub_repair::serve_read(st, slot, ino, index, offset, len).await

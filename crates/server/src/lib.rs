@@ -137,6 +137,25 @@ fn load_tls(map: &ClusterMap, config: &std::path::Path) -> anyhow::Result<Option
     Ok(Some(tokio_rustls::TlsAcceptor::from(cfg)))
 }
 
+/// The data directory holds names of files in 0700 directories and private xattr values
+/// (the metadata store) and every file's bytes: no other user of the host may enter it.
+/// A directory made by an older version (0755) is tightened to 0700, with a warning; what
+/// the server creates inside is 0600/0700 by shoald's umask.
+fn keep_private(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir).with_context(|| format!("cannot read {}", dir.display()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot make data directory {} private (mode 0700)", dir.display()))?;
+        tracing::warn!(
+            "data directory {} was mode {:04o}, open to other users of this host: now 0700",
+            dir.display(),
+            mode & 0o7777
+        );
+    }
+    Ok(())
+}
+
 /// The cluster key ring the map's `[security]` table names, or `None` under `auth = "none"`
 /// (said once in the log, since such a server trusts whoever reaches its port).
 fn load_cluster_key(map: &ClusterMap, config: &std::path::Path) -> anyhow::Result<Option<shoal_auth::KeyRing>> {
@@ -220,6 +239,7 @@ impl Server {
             tokio::task::spawn_blocking(move || -> anyhow::Result<(MetaStore, DataStore, Space, bool)> {
                 std::fs::create_dir_all(&dd)
                     .with_context(|| format!("cannot create data directory {}", dd.display()))?;
+                keep_private(&dd)?;
                 // On a nearly full disk, opening the store needs the reserve's space.
                 let space = Space::new(&dd);
                 space.prepare_for_open();

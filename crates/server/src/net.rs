@@ -13,9 +13,12 @@
 //! stops reading.
 //!
 //! Connections are bounded too (`limits::ConnLimits`), so that clients can never take the
-//! descriptors the server needs for its files. At the limit, a new connection first takes
-//! the place of the oldest one that has not said `Hello` yet (a silent flood cannot lock
-//! real clients out); if every connection is established, the newcomer's `Hello` is answered
+//! descriptors the server needs for its files. A connection is *established* once it has
+//! said `Hello` and, where keys are required, authenticated; both within the one handshake
+//! timeout, or it is closed (one that says `Hello` and proves nothing is closed at that
+//! deadline too). At the limit, a new connection first takes the place of the oldest one
+//! not established yet (a flood that is silent, or says `Hello` and stops, cannot lock real
+//! clients out); if every connection is established, the newcomer's `Hello` is answered
 //! with EAGAIN and "server N: connection limit L reached", and it is closed. Peers' `Hello`s
 //! are still accepted, within a reserve of their own: a cross-server operation must not
 //! fail because clients filled the server. An idle connection holds no buffer
@@ -473,14 +476,11 @@ async fn serve_conn(
         }
     };
 
-    // Admission: a place of our own, or a peer's place from the reserve, or a refusal.
+    // Admission: a place of our own, or a peer's place from the reserve, or a refusal. A
+    // place of our own stays evictable (HANDSHAKING) until the connection has authenticated:
+    // one that says `Hello` and then nothing must not hold it (issue 51).
     let _place = match slot {
-        Slot::Conn(p) => {
-            if state.compare_exchange(HANDSHAKING, ESTABLISHED, Ordering::AcqRel, Ordering::Acquire).is_err() {
-                return; // closed by the accept loop to make room, just now
-            }
-            p
-        }
+        Slot::Conn(p) => p,
         Slot::Refusing(r) => match from_peer.then(|| shared.peers.clone().try_acquire_owned().ok()).flatten() {
             Some(p) => {
                 drop(r);
@@ -519,15 +519,20 @@ async fn serve_conn(
     };
     send_now(&mut wr, first.request_id, &hello).await;
     drop(timed);
+    // `Hello` and `Authenticate` together within the one handshake timeout.
     let auth = match challenge {
         Err(settled) => settled,
-        Ok(ch) => {
-            match authenticate(&st, &mut rd, &mut wr, &ch, addr, &client, shared.limits.handshake_timeout).await {
-                Some(a) => a,
-                None => return,
-            }
-        }
+        Ok(ch) => match authenticate(&st, &mut rd, &mut wr, &ch, addr, &client, deadline).await {
+            Some(a) => a,
+            None => return,
+        },
     };
+    // A connection that proved nothing (no key claim where keys are required) may only
+    // repeat `Hello`: it stays a handshaking one, evictable, and is closed at the deadline.
+    let unproven = auth == crate::auth::ConnAuth::Unauthenticated;
+    if !unproven && state.compare_exchange(HANDSHAKING, ESTABLISHED, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return; // closed by the accept loop to make room, just now
+    }
     // Under authentication only a proven peer is one; without it, the name says so.
     let from_peer = if auth == crate::auth::ConnAuth::Open { from_peer } else { auth.is_peer() };
     let conn = ConnInfo {
@@ -546,11 +551,19 @@ async fn serve_conn(
     let (tx, rx) = mpsc::unbounded_channel::<Outgoing>();
     let reader = read_requests(st.clone(), &mut rd, tx, conn, auth);
     let writer = write_replies(st.clone(), wr, rx, conn);
-    tokio::join!(reader, writer);
+    if unproven {
+        if tokio::time::timeout_at(deadline, async { tokio::join!(reader, writer) }).await.is_err() {
+            shared.silent.warn(|| {
+                format!("connection from {addr} ({client}): not authenticated within the handshake timeout, closing")
+            });
+        }
+    } else {
+        tokio::join!(reader, writer);
+    }
 }
 
-/// Read and check the `Authenticate` that must follow a `Hello` claiming a role, within
-/// `wait`, and answer it. The connection's role, or `None` when it is refused (logged, told
+/// Read and check the `Authenticate` that must follow a `Hello` claiming a role, by
+/// `deadline` (the handshake's), and answer it. The connection's role, or `None` when it is refused (logged, told
 /// why, and to be closed).
 async fn authenticate(
     st: &State,
@@ -559,10 +572,11 @@ async fn authenticate(
     ch: &crate::auth::Challenge,
     addr: SocketAddr,
     client: &str,
-    wait: Duration,
+    deadline: tokio::time::Instant,
 ) -> Option<crate::auth::ConnAuth> {
     let role = ch.role().name();
-    let (id, verdict) = match tokio::time::timeout(wait, Frame::read_from(rd)).await {
+    let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+    let (id, verdict) = match tokio::time::timeout_at(deadline, Frame::read_from(rd)).await {
         Ok(Ok(Some(f))) if f.kind == FrameKind::Request => match f.request_body() {
             Ok(req) => (f.request_id, crate::auth::check(st, ch, req.op)),
             Err(e) => (f.request_id, Err(format!("sent an undecodable Authenticate: {e}"))),

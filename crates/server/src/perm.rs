@@ -78,6 +78,28 @@ pub fn sticky_needs_owner(cred: &Cred, dir: &Owner) -> bool {
     dir.perm & S_ISVTX != 0 && !is_root(cred) && cred.uid != dir.uid
 }
 
+/// Linux's `protected_hardlinks` rule (fs/namei.c, `may_linkat`), which every Linux
+/// distribution turns on: a user may give a new name to an inode they own, or to a *safe*
+/// source: a regular file, not set-user-id, not set-group-id and group-executable, that
+/// they may both read and write. Root (CAP_FOWNER) may link anything. Otherwise EPERM:
+/// without it, a user could pin another user's private file under a name in a
+/// world-writable directory (where its owner cannot remove it), or keep a set-user-id
+/// program that its owner later fixes.
+pub fn may_hardlink(cred: &Cred, o: &Owner) -> Result<(), Errno> {
+    if is_owner_or_root(cred, o) {
+        return Ok(());
+    }
+    let safe = o.kind == FileKind::File
+        && o.perm & S_ISUID == 0
+        && o.perm & (S_ISGID | 0o010) != (S_ISGID | 0o010)
+        && allowed(cred, o, R_OK | W_OK);
+    if safe {
+        Ok(())
+    } else {
+        Err(Errno::EPERM)
+    }
+}
+
 /// chmod: only the owner or root (EPERM). Returns the mode to store: a non-root caller who
 /// is not in the file's group cannot set the set-group-id bit on a non-directory (it is
 /// cleared silently, as Linux does).
@@ -225,6 +247,34 @@ mod tests {
     }
     fn dir(uid: u32, gid: u32, perm: u32) -> Owner {
         Owner { uid, gid, perm, kind: FileKind::Dir }
+    }
+
+    /// Issue 51: the native client let a user hard-link another user's 0600 file into a
+    /// world-writable directory; the rule is Linux's `protected_hardlinks`.
+    #[test]
+    fn hard_links_follow_protected_hardlinks() {
+        let alice = cred(1000, 1000, &[]);
+        let bob = cred(1001, 1001, &[1000]);
+        let root = Cred::root();
+        let symlink = Owner { uid: 1000, gid: 1000, perm: 0o777, kind: FileKind::Symlink };
+        // (who, inode, allowed)
+        let cases: &[(&Cred, Owner, bool)] = &[
+            (&alice, file(1000, 1000, 0o600), true),  // the owner, whatever the mode
+            (&alice, file(1000, 1000, 0o4755), true), // even set-user-id
+            (&bob, file(1000, 1000, 0o600), false),   // another user's private file
+            (&bob, file(1000, 1000, 0o644), false),   // readable is not enough
+            (&bob, file(1000, 1000, 0o666), true),    // read and write: safe
+            (&bob, file(1000, 1000, 0o660), true),    // through the group
+            (&bob, file(1000, 1000, 0o4666), false),  // set-user-id
+            (&bob, file(1000, 1000, 0o2676), false),  // set-group-id and group-executable
+            (&bob, file(1000, 1000, 0o2666), true),   // set-group-id alone (mandatory locking)
+            (&bob, symlink, false),                   // not a regular file
+            (&root, file(1000, 1000, 0o4700), true),  // CAP_FOWNER
+        ];
+        for (i, (who, o, want)) in cases.iter().enumerate() {
+            assert_eq!(may_hardlink(who, o).is_ok(), *want, "case {i}: uid {} on {o:?}", who.uid);
+        }
+        assert_eq!(may_hardlink(&bob, &file(1000, 1000, 0o600)), Err(Errno::EPERM));
     }
 
     #[test]

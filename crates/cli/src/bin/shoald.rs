@@ -108,6 +108,10 @@ fn main() -> ExitCode {
     // Write requests arrive in buffers of their size: reuse them instead of faulting in
     // fresh pages for each.
     shoal_proto::frame::keep_freed_frame_memory();
+    // Everything a server creates (metadata store, objects, membership log, certificates)
+    // is for it alone: 0600 files in 0700 directories, whatever the caller's umask.
+    // SAFETY: umask(2) only sets the process's file-creation mask.
+    unsafe { libc::umask(0o077) };
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("SHOAL_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

@@ -106,10 +106,16 @@ pub async fn run(ctx: &Ctx, cmd: ClusterCmd) -> Result<()> {
             };
             let grace = std::time::Duration::from_secs(a.grace);
             let d = dir.clone();
-            let n = tokio::task::spawn_blocking(move || local_cluster::down(&d, grace))
+            let report = tokio::task::spawn_blocking(move || local_cluster::down(&d, grace))
                 .await?
                 .with_context(|| format!("cannot stop the cluster in {}", dir.display()))?;
-            println!("stopped {n} servers of {}", dir.display());
+            println!("stopped {} servers of {}", report.stopped.len(), dir.display());
+            for (id, pid, why) in &report.not_stopped {
+                eprintln!("shoal: server {id} (pid {pid}) was not stopped: {why}");
+            }
+            if !report.not_stopped.is_empty() {
+                anyhow::bail!("{} of the servers of {} are still running", report.not_stopped.len(), dir.display());
+            }
             Ok(())
         }
     }

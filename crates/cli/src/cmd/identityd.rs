@@ -14,9 +14,12 @@ use shoal_auth::{KeyKind, KeyRing};
 use shoal_placement::ClusterMap;
 use shoal_proto::msg::Cred;
 use shoal_rpc::auth::{now_secs, read_message, write_message, IdentityAnswer, IdentityRequest};
+use std::collections::HashMap;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::net::{UnixListener, UnixStream};
 
 #[derive(Args)]
@@ -29,8 +32,83 @@ pub struct IdentitydArgs {
     host_key: Option<PathBuf>,
 }
 
-/// How long a caller may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a caller may take to send its request. A client sends it as soon as it is
+/// connected; a connection that sends nothing only holds a descriptor.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections one uid may have open at once. A user's processes that start clients at the
+/// same instant need a few each; a user who opens thousands and sends nothing (issue 51:
+/// 20,000 idle connections used up the helper's descriptors, and every other user's clients
+/// got EAGAIN) gets the rest closed at once, so the helper keeps serving everyone else.
+const PER_UID_CONNECTIONS: usize = 64;
+
+/// Connections in flight, per uid (from SO_PEERCRED, which the caller cannot forge).
+#[derive(Default)]
+struct PerUid {
+    open: Mutex<HashMap<u32, usize>>,
+    /// Connections closed for being over the limit, since the last line about it.
+    refused: AtomicU64,
+    last_logged: Mutex<Option<Instant>>,
+}
+
+/// One of a uid's places, given back on drop.
+struct Place {
+    table: Arc<PerUid>,
+    uid: u32,
+}
+
+impl PerUid {
+    /// A place for a connection of `uid`, unless it has `limit` open already.
+    fn take(self: &Arc<Self>, uid: u32, limit: usize) -> Option<Place> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(uid).or_insert(0);
+        if *n >= limit {
+            return None;
+        }
+        *n += 1;
+        Some(Place { table: self.clone(), uid })
+    }
+
+    /// Count a refusal; say so at most once a minute, with how many there were.
+    fn refused(&self, uid: u32) {
+        let n = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut last = self.last_logged.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        self.refused.store(0, Ordering::Relaxed);
+        eprintln!(
+            "shoal identityd: uid {uid} has {PER_UID_CONNECTIONS} connections open: further ones closed \
+             ({n} closed over the limit since the last such line)"
+        );
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut open = self.table.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.uid);
+            }
+        }
+    }
+}
+
+/// Raise this process's descriptor limit to its hard limit: each caller holds one while
+/// it is served.
+fn raise_descriptor_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit write and read only `lim`.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
 
 pub async fn identityd(ctx: &Ctx, a: IdentitydArgs) -> Result<()> {
     let map = match (&a.socket, &a.host_key) {
@@ -41,7 +119,9 @@ pub async fn identityd(ctx: &Ctx, a: IdentitydArgs) -> Result<()> {
     let host_key = a.host_key.or_else(|| map.as_ref().map(|m| m.security.host_key.clone())).expect("checked");
     // Fail now, in one line, rather than at the first caller.
     KeyRing::load(&host_key, KeyKind::Host)?;
+    raise_descriptor_limit();
     let listener = bind(&socket).await?;
+    let per_uid = Arc::new(PerUid::default());
     eprintln!("shoal identityd: answering on {} with the host key {}", socket.display(), host_key.display());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
@@ -50,8 +130,14 @@ pub async fn identityd(ctx: &Ctx, a: IdentitydArgs) -> Result<()> {
             _ = tokio::signal::ctrl_c() => break,
             r = listener.accept() => match r {
                 Ok((stream, _)) => {
+                    let Ok(peer) = stream.peer_cred() else { continue };
+                    let Some(place) = per_uid.take(peer.uid(), PER_UID_CONNECTIONS) else {
+                        per_uid.refused(peer.uid());
+                        continue; // dropped: closed at once
+                    };
                     let host_key = host_key.clone();
                     tokio::spawn(async move {
+                        let _place = place;
                         if let Err(e) = serve(stream, &host_key).await {
                             eprintln!("shoal identityd: {e:#}");
                         }
@@ -154,5 +240,23 @@ fn system_groups(uid: u32) -> Vec<u32> {
             }
             n = count;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_uid_gets_at_most_its_places_and_others_are_unaffected() {
+        let t = Arc::new(PerUid::default());
+        let mut held: Vec<Place> = (0..3).map(|_| t.take(5000, 3).expect("a place")).collect();
+        assert!(t.take(5000, 3).is_none(), "a fourth place for uid 5000");
+        let other = t.take(5001, 3).expect("another uid is not affected");
+        held.pop();
+        assert!(t.take(5000, 3).is_some(), "a place given back is free again");
+        drop(held);
+        drop(other);
+        assert!(t.open.lock().unwrap().is_empty(), "no entries left behind");
     }
 }

@@ -42,6 +42,8 @@ pub struct ScrubArgs {
 enum Outcome {
     Done(ScrubStatus),
     Unreachable(String),
+    /// The server refused to start it: the user is not an administrator (EPERM).
+    Refused(String),
 }
 
 pub async fn scrub(ctx: &Ctx, a: ScrubArgs) -> Result<()> {
@@ -69,12 +71,19 @@ pub async fn scrub(ctx: &Ctx, a: ScrubArgs) -> Result<()> {
     let outcomes = futures::future::join_all(runs).await;
     let _ = bars.clear();
     let results: Vec<(ServerId, Outcome)> = servers.into_iter().zip(outcomes).collect();
+    // Not allowed is one answer for the whole cluster, not a table of failures.
+    if let Some(why) = results.iter().find_map(|(_, o)| match o {
+        Outcome::Refused(e) => Some(e),
+        _ => None,
+    }) {
+        anyhow::bail!("{why}");
+    }
 
     let damaged: u64 = results
         .iter()
         .map(|(_, o)| match o {
             Outcome::Done(s) => still_damaged(s),
-            Outcome::Unreachable(_) => 0,
+            Outcome::Unreachable(_) | Outcome::Refused(_) => 0,
         })
         .sum();
     let incomplete = results.iter().filter(|(_, o)| !matches!(o, Outcome::Done(s) if s.failure.is_none())).count();
@@ -114,6 +123,10 @@ fn still_damaged(s: &ScrubStatus) -> u64 {
 async fn follow(client: &Client, server: ServerId, bar: ProgressBar) -> Outcome {
     let mut status = match client.scrub_start(server).await {
         Ok(s) => s,
+        Err(e) if e.errno == shoal_client::Errno::EPERM => {
+            bar.finish_with_message("refused");
+            return Outcome::Refused(e.to_string());
+        }
         Err(e) => {
             bar.finish_with_message("unreachable");
             return Outcome::Unreachable(e.to_string());
@@ -184,7 +197,9 @@ fn print_table(client: &Client, results: &[(ServerId, Outcome)]) {
                     s.elapsed_ms as f64 / 1000.0
                 );
             }
-            Outcome::Unreachable(_) => println!("{:<4} {:<21} {:<11}", id.to_string(), addr, "UNREACHABLE"),
+            Outcome::Unreachable(_) | Outcome::Refused(_) => {
+                println!("{:<4} {:<21} {:<11}", id.to_string(), addr, "UNREACHABLE")
+            }
         }
     }
     for (id, o) in results {
@@ -204,7 +219,7 @@ fn print_table(client: &Client, results: &[(ServerId, Outcome)]) {
                     println!("server {id}: scrub stopped early: {f}");
                 }
             }
-            Outcome::Unreachable(e) => println!("server {id}: {e}"),
+            Outcome::Unreachable(e) | Outcome::Refused(e) => println!("server {id}: {e}"),
         }
     }
 }
@@ -225,7 +240,7 @@ fn print_json(client: &Client, results: &[(ServerId, Outcome)], damaged: u64) ->
                     })).collect::<Vec<_>>(),
                     "errors_unlisted": s.errors_unlisted, "elapsed_ms": s.elapsed_ms, "failure": s.failure,
                 }),
-                Outcome::Unreachable(e) => serde_json::json!({
+                Outcome::Unreachable(e) | Outcome::Refused(e) => serde_json::json!({
                     "id": id.0, "addr": addr, "reachable": false, "complete": false, "error": e,
                 }),
             }

@@ -36,8 +36,10 @@ pub struct WatchArgs {
     /// Start with the oldest event the servers keep (default: from now on).
     #[arg(long)]
     oldest: bool,
-    /// Run this shell command for each event, with {} replaced by the path (quoted), and
-    /// SHOAL_EVENT, SHOAL_PATH, SHOAL_TO_PATH, SHOAL_INO, SHOAL_SERVER and SHOAL_SEQ set.
+    /// Run this shell command (`sh -c`) for each event. The path is its first argument,
+    /// "$1"; a {} in the command stands for it, quoted or not. The path never becomes
+    /// shell code. SHOAL_EVENT, SHOAL_PATH, SHOAL_TO_PATH, SHOAL_INO, SHOAL_SERVER and
+    /// SHOAL_SEQ are set.
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
     /// Stop after N events.
@@ -114,21 +116,7 @@ async fn finish(w: &mut ChangeWatch, consumer: bool) -> Result<()> {
 /// Print event `c`, or run the command for it.
 fn handle(c: &Change, a: &WatchArgs) -> Result<()> {
     if let Some(cmd) = &a.exec {
-        let line = cmd.replace("{}", &shell_quote(c.any_path()));
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&line)
-            .env("SHOAL_EVENT", c.kind.name())
-            .env("SHOAL_PATH", c.path.as_deref().unwrap_or(""))
-            .env("SHOAL_TO_PATH", c.to_path.as_deref().unwrap_or(""))
-            .env("SHOAL_INO", c.ino.0.to_string())
-            .env("SHOAL_SERVER", c.server.0.to_string())
-            .env("SHOAL_SEQ", c.seq.to_string())
-            .status()
-            .with_context(|| format!("cannot run {line:?}"))?;
-        if !status.success() {
-            eprintln!("shoal: {line:?} for {} failed ({status})", c.line());
-        }
+        run_exec(cmd, c);
         return Ok(());
     }
     let mut out = std::io::stdout().lock();
@@ -154,6 +142,91 @@ fn handle(c: &Change, a: &WatchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Run `--exec CMD` for event `c`: `sh -c SCRIPT sh PATH`, the path passed as an argument
+/// (never spliced into the script: a name may hold quotes, `$(…)`, backticks or newlines)
+/// and the event in the environment. A command that fails is reported, not fatal.
+fn run_exec(cmd: &str, c: &Change) {
+    use std::os::unix::ffi::OsStrExt;
+    let script = substitute_path_argument(cmd);
+    let path = std::ffi::OsStr::from_bytes(c.any_path().as_bytes());
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(&script)
+        .arg("sh")
+        .arg(path)
+        .env("SHOAL_EVENT", c.kind.name())
+        .env("SHOAL_PATH", c.path.as_deref().unwrap_or(""))
+        .env("SHOAL_TO_PATH", c.to_path.as_deref().unwrap_or(""))
+        .env("SHOAL_INO", c.ino.0.to_string())
+        .env("SHOAL_SERVER", c.server.0.to_string())
+        .env("SHOAL_SEQ", c.seq.to_string())
+        .status();
+    match status {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!("shoal: {cmd:?} for {} failed ({s})", c.line()),
+        Err(e) => eprintln!("shoal: cannot run {cmd:?} for {}: {e}", c.line()),
+    }
+}
+
+/// `cmd` with each `{}` replaced by a reference to the first positional parameter, written
+/// for the quoting context `{}` stands in, so that the shell expands it to exactly the
+/// path, one word, whatever the path holds:
+/// - unquoted: `"$1"`;
+/// - inside double quotes: `${1}` (already quoted there);
+/// - inside single quotes: `'"$1"'` (close the quotes, the quoted parameter, reopen).
+///
+/// Backslash escapes are followed as sh does (outside quotes it escapes any character;
+/// inside double quotes, `$`, `` ` ``, `"`, `\` and newline), so `\{}` is left alone. The
+/// path's bytes never enter the script: this function does not see them.
+pub(crate) fn substitute_path_argument(cmd: &str) -> String {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Quote {
+        None,
+        Single,
+        Double,
+    }
+    let mut out = String::with_capacity(cmd.len() + 8);
+    let mut quote = Quote::None;
+    let mut chars = cmd.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match (quote, ch) {
+            (_, '{') if chars.peek() == Some(&'}') => {
+                chars.next();
+                out.push_str(match quote {
+                    Quote::None => "\"$1\"",
+                    Quote::Double => "${1}",
+                    Quote::Single => "'\"$1\"'",
+                });
+                continue;
+            }
+            (Quote::None, '\\') => {
+                out.push(ch);
+                if let Some(next) = chars.next() {
+                    out.push(next);
+                }
+                continue;
+            }
+            (Quote::Double, '\\') => {
+                out.push(ch);
+                if let Some(&next) = chars.peek() {
+                    if matches!(next, '$' | '`' | '"' | '\\' | '\n') {
+                        out.push(next);
+                        chars.next();
+                    }
+                }
+                continue;
+            }
+            (Quote::None, '\'') => quote = Quote::Single,
+            (Quote::Single, '\'') => quote = Quote::None,
+            (Quote::None, '"') => quote = Quote::Double,
+            (Quote::Double, '"') => quote = Quote::None,
+            _ => {}
+        }
+        out.push(ch);
+    }
+    out
+}
+
 fn kind_name(k: FileKind) -> &'static str {
     match k {
         FileKind::File => "f",
@@ -162,18 +235,74 @@ fn kind_name(k: FileKind) -> &'static str {
     }
 }
 
-/// `s` quoted for `sh`.
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// What `sh -c SCRIPT sh PATH` prints when SCRIPT comes from `cmd`: each {} must come
+    /// out as exactly PATH, and nothing in PATH may run.
+    fn run(cmd: &str, path: &[u8]) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("sh")
+            .current_dir(dir.path())
+            .arg("-c")
+            .arg(substitute_path_argument(cmd))
+            .arg("sh")
+            .arg(std::ffi::OsStr::from_bytes(path))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "{cmd:?} with {path:?} made a file");
+        out.stdout
+    }
+
+    const HOSTILE: &[&[u8]] = &[
+        b"/w/$(touch PWNED)",
+        b"/w/`touch PWNED`",
+        b"/w/a'b\"c",
+        b"/w/'; touch PWNED; '",
+        b"/w/\"; touch PWNED; \"",
+        b"/w/new\nline; touch PWNED",
+        b"/w/*",
+        b"/w/two  spaces\tand tab",
+        b"/w/\xff\xfe not utf-8",
+        b"/w/-n",
+        b"/w/$1 ${HOME} \\",
+    ];
+
     #[test]
-    fn quoting_survives_quotes() {
-        assert_eq!(shell_quote("/a b"), "'/a b'");
-        assert_eq!(shell_quote("/it's"), "'/it'\\''s'");
+    fn a_path_comes_out_whole_in_every_quoting_context() {
+        for path in HOSTILE {
+            let want = |n: usize| {
+                let mut v = Vec::new();
+                for _ in 0..n {
+                    v.extend_from_slice(b"<");
+                    v.extend_from_slice(path);
+                    v.extend_from_slice(b">");
+                }
+                v.push(b'\n');
+                v
+            };
+            assert_eq!(run("printf '<%s>' {}; echo", path), want(1), "unquoted");
+            assert_eq!(run("printf \"<%s>\" \"{}\"; echo", path), want(1), "double quotes");
+            assert_eq!(run("printf '<%s>' '{}'; echo", path), want(1), "single quotes");
+            assert_eq!(run("printf '<%s>' {} \"{}\"; echo", path), want(2), "twice");
+            assert_eq!(run("printf '<%s>' \"$1\"; echo", path), want(1), "as $1");
+        }
+    }
+
+    #[test]
+    fn the_issue_s_command_runs_nothing_from_the_name() {
+        // `--exec 'echo "got {}" >> log'` with a file named `$(id>PWNED)` (issue 51).
+        assert_eq!(run("echo \"got {}\"", b"/w/$(id>PWNED)"), b"got /w/$(id>PWNED)\n");
+    }
+
+    #[test]
+    fn escaped_braces_and_quotes_are_left_to_the_shell() {
+        assert_eq!(substitute_path_argument("echo \\{}"), "echo \\{}");
+        assert_eq!(substitute_path_argument("echo \"a\\\"{}\""), "echo \"a\\\"${1}\"");
+        assert_eq!(substitute_path_argument("echo 'it''s' {}"), "echo 'it''s' \"$1\"");
+        assert_eq!(substitute_path_argument("echo {x}"), "echo {x}");
     }
 }

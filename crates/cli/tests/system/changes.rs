@@ -280,6 +280,60 @@ fn the_cli_prints_events_runs_commands_and_keeps_a_consumers_place() {
     assert!(err.contains("/nope"), "{err}");
 }
 
+/// Issue 51: `--exec` once spliced the path into the shell script inside single quotes, so
+/// a `{}` in double quotes, or a quote in a name, let a file's name run commands as the
+/// watcher. The path is now the script's argument: every hostile name below comes out in
+/// the log exactly, and nothing it names runs.
+#[test]
+fn exec_never_runs_what_a_file_name_holds() {
+    let c = Cluster::start(2);
+    let rt = rt();
+    let fs = c.client();
+    rt.block_on(fs.mkdir("/w", 0o777)).unwrap();
+    let marks = tempfile::tempdir().unwrap();
+    let log = marks.path().join("log");
+    let names = [
+        "$(touch PWNED1)",
+        "`touch PWNED2`",
+        "a'b\"c; touch PWNED3; '",
+        "\"; touch PWNED4; \"",
+        "x\n$(touch PWNED5)",
+        "*",
+    ];
+    // The issue's own command, the path in double quotes; and one unquoted, one in single
+    // quotes (each line tagged so that the three logs can be told apart).
+    let exec = format!(
+        "echo \"got {{}}\" >> {log}; printf 'plain<%s>\\n' {{}} >> {log}; echo 'single<{{}}>' >> {log}",
+        log = log.display()
+    );
+    let count = names.len().to_string();
+    let watcher = Command::new(env!("CARGO_BIN_EXE_shoal"))
+        .arg("--config")
+        .arg(&c.config)
+        .args(["watch", "/w", "--events", "close", "--exec", &exec, "--count", &count])
+        .current_dir(marks.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    rt.block_on(async {
+        for n in names {
+            write_file(&fs, &format!("/w/{n}"), b"x").await;
+        }
+    });
+    let out = watcher.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let got = std::fs::read_to_string(&log).unwrap();
+    for n in names {
+        for want in [format!("got /w/{n}\n"), format!("plain</w/{n}>\n"), format!("single</w/{n}>\n")] {
+            assert!(got.contains(&want), "{want:?} is not in the log:\n{got}");
+        }
+    }
+    let made: Vec<_> = std::fs::read_dir(marks.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(made, [std::ffi::OsString::from("log")], "a name ran a command");
+}
+
 #[test]
 fn the_watch_benchmark_measures_latency_with_restarts_and_finds_nothing_missed() {
     let c = Cluster::start(2);

@@ -157,8 +157,38 @@ fn cluster_up_and_down_manage_real_processes() {
     let (code, out, _) = shoal_cmd(Some(&config), &["ls"]);
     assert_eq!(code, 0);
     assert_eq!(out.trim(), "kept");
-    let (code, _, _) = shoal_cmd(None, &["cluster", "down", "--dir", &ds]);
+    // Issue 51: a user who may read the folder but not signal the servers once got
+    // "stopped 2 servers" and exit 0 while nothing stopped.
+    if unsafe { libc::geteuid() } == 0 {
+        use std::os::unix::fs::PermissionsExt;
+        for p in [dir.path(), d.as_path()] {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        // The map and the pid files, as a reader of the folder needs them (the keys stay 0600).
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if name == "cluster.toml" || name.ends_with(".pid") {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+        }
+        let out = shoal_testkit::shoal_as_user(dir.path(), 65534, 65534, vec![])
+            .args(["cluster", "down", "--dir", &ds, "--grace", "1"])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{stdout}{stderr}");
+        assert!(stdout.contains("stopped 0 servers"), "{stdout}");
+        for id in 0..2 {
+            assert!(stderr.contains(&format!("server {id} (pid ")), "{stderr}");
+        }
+        assert!(stderr.contains("not stopped: cannot signal it") && stderr.contains("still running"), "{stderr}");
+        let (code, out, err) = shoal_cmd(Some(&config), &["ls"]);
+        assert_eq!((code, out.trim()), (0, "kept"), "the servers must still serve: {err}");
+    }
+    let (code, out, _) = shoal_cmd(None, &["cluster", "down", "--dir", &ds]);
     assert_eq!(code, 0);
+    assert!(out.contains("stopped 2 servers"), "{out}");
     let (code, _, _) =
         shoal_cmd(None, &["cluster", "up", "--servers", "0", "--dir", &dir.path().join("zero").to_string_lossy()]);
     assert_eq!(code, 1);

@@ -10,7 +10,7 @@ use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind, HEADER_LEN, MAGIC};
 use shoal_proto::msg::{Cred, Op, Reply, Request};
 use shoal_proto::Errno;
-use shoal_testkit::pattern;
+use shoal_testkit::{pattern, RawHost};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
@@ -88,12 +88,33 @@ impl Server {
         TcpStream::connect_timeout(&self.addr, Duration::from_secs(5)).expect("connect")
     }
 
-    /// Open a connection and complete the handshake; panics unless the server says Hello.
+    /// Open a connection and complete the handshake as root's tools do (Hello, then
+    /// Authenticate with the host key); panics unless the server accepts it.
     fn established(&self) -> TcpStream {
+        let host = RawHost::new(&self.config);
         let mut c = self.silent();
-        match hello_reply(&mut c) {
-            Ok(Reply::Hello { .. }) => c,
+        let reply = match hello_reply_with(&mut c, Some(host.hello())) {
+            Ok(r @ Reply::Hello { .. }) => r,
             other => panic!("handshake: {other:?}"),
+        };
+        let req = Request { cred: Cred::root(), map_version: 0, op: host.authenticate(&reply) };
+        let mut v = Vec::new();
+        Frame::request(1, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);
+        c.write_all(&v).unwrap();
+        match read_reply(&mut c) {
+            Ok(Reply::Ok) => c,
+            other => panic!("authenticate: {other:?}"),
+        }
+    }
+
+    /// Open a connection that says `Hello` (claiming the host role when `claim`, so that an
+    /// `Authenticate` is due) and then nothing.
+    fn hello_only(&self, claim: bool) -> TcpStream {
+        let mut c = self.silent();
+        let auth = claim.then(|| RawHost::new(&self.config).hello());
+        match hello_reply_with(&mut c, auth) {
+            Ok(_) => c,
+            Err(e) => panic!("hello: {e}"),
         }
     }
 }
@@ -105,17 +126,31 @@ impl Drop for Server {
     }
 }
 
-fn hello_frame() -> Vec<u8> {
-    let req = Request { cred: Cred::root(), map_version: 0, op: shoal_proto::hello::hello_op("connections test", 0) };
+fn hello_frame(auth: Option<shoal_proto::auth::HelloAuth>) -> Vec<u8> {
+    let mut op = shoal_proto::hello::hello_op("connections test", 0);
+    if let Op::Hello { auth: a, .. } = &mut op {
+        *a = auth;
+    }
+    let req = Request { cred: Cred::root(), map_version: 0, op };
     let mut v = Vec::new();
     Frame::request(0, &req, bytes::Bytes::new()).unwrap().encode_into(&mut v);
     v
 }
 
-/// Send Hello and read the one reply frame (bounded by a read timeout).
+/// Send Hello (claiming no role) and read the one reply frame (bounded by a read timeout).
 fn hello_reply(c: &mut TcpStream) -> Result<Reply, String> {
+    hello_reply_with(c, None)
+}
+
+/// Send Hello with `auth` and read the one reply frame.
+fn hello_reply_with(c: &mut TcpStream, auth: Option<shoal_proto::auth::HelloAuth>) -> Result<Reply, String> {
     c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    c.write_all(&hello_frame()).map_err(|e| format!("send Hello: {e}"))?;
+    c.write_all(&hello_frame(auth)).map_err(|e| format!("send Hello: {e}"))?;
+    read_reply(c)
+}
+
+/// Read one reply frame.
+fn read_reply(c: &mut TcpStream) -> Result<Reply, String> {
     let mut h = [0u8; HEADER_LEN];
     c.read_exact(&mut h).map_err(|e| format!("read reply header: {e}"))?;
     let body_len = u32::from_le_bytes(h[16..20].try_into().unwrap()) as usize;
@@ -184,6 +219,39 @@ async fn silent_connections_are_closed_after_the_handshake_timeout_and_never_loc
     assert!(
         open.is_empty(),
         "{} of 2000 silent connections still open {:?} after the flood began (handshake timeout 2 s)",
+        open.len(),
+        flood_start.elapsed()
+    );
+    client_round_trip(&server, "/after").await;
+}
+
+/// Issue 51: connections that said `Hello` and never authenticated counted as established:
+/// never evicted, kept until the client left, so 9,138 of them gave new clients EAGAIN. Now
+/// they are evictable like silent ones and closed at the handshake timeout: ten times the
+/// limit of them (half claiming a role and never proving it, half claiming none) leave a
+/// real client working throughout, and are all closed soon after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_say_hello_and_never_authenticate_are_evicted_and_closed() {
+    let server = Server::start(100, 3);
+    let flood_start = Instant::now();
+    let mut idle = Vec::new();
+    for wave in 0..4 {
+        for i in 0..250 {
+            idle.push(server.hello_only(i % 2 == 0));
+        }
+        let t = Instant::now();
+        client_round_trip(&server, &format!("/during-{wave}")).await;
+        assert!(t.elapsed() < Duration::from_secs(10), "a client waited {:?} behind the flood", t.elapsed());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut open = idle;
+    while !open.is_empty() && Instant::now() < deadline {
+        open.retain_mut(|c| !closed_by_server(c));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        open.is_empty(),
+        "{} of 1000 unauthenticated connections still open {:?} after the flood began (handshake timeout 3 s)",
         open.len(),
         flood_start.elapsed()
     );

@@ -4,8 +4,6 @@
 
 use shoal_testkit::Cluster;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 
 /// Runs `shoal args` expecting exit code 1 and a one-line message; returns the line.
 fn fails(c: &Cluster, args: &[&str]) -> String {
@@ -82,22 +80,8 @@ fn a_user_in_100_groups_is_granted_access_through_its_80th_group() {
     // The user proves its uid (and groups) through the identity helper.
     let _helper = c.start_identityd();
     let (uid, gid) = (5000, 5000);
-    // The build directory may sit under a home only root can enter (~/.cache): run a copy.
-    let shoal = c.path().join("shoal");
-    std::fs::copy(env!("CARGO_BIN_EXE_shoal"), &shoal).unwrap();
-    std::fs::set_permissions(&shoal, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut cmd = Command::new(&shoal);
-    cmd.env_remove("SHOAL_CONFIG").stdin(Stdio::null()).arg("--config").arg(&c.config).args(["mkdir", "/g/mine"]);
-    // SAFETY: only async-signal-safe calls between fork and exec. The groups are set here,
-    // before dropping root, because `Command::uid` would clear them.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setgroups(groups.len(), groups.as_ptr()) != 0 || libc::setgid(gid) != 0 || libc::setuid(uid) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    let mut cmd = shoal_testkit::shoal_as_user(c.path(), uid, gid, groups);
+    cmd.arg("--config").arg(&c.config).args(["mkdir", "/g/mine"]);
     let out = cmd.output().expect("run shoal as a user in 100 groups");
     assert!(out.status.success(), "mkdir in a directory of group #80: {}", String::from_utf8_lossy(&out.stderr));
     let a = rt.block_on(client.stat("/g/mine")).unwrap();

@@ -366,3 +366,39 @@ async fn bench_http_times_native_one_stream_and_parallel_ranges() {
     let (code, _, err) = c.shoal(&["bench", "http", "--server", "9"]);
     assert!(code == 2 && err.contains("no server 9"), "{err}");
 }
+
+/// Issue 51: `[http] anonymous_uid = 0` was accepted, so anonymous HTTP readers read as
+/// root. A map naming root (or a system account, below `anonymous_min_id`) is refused by the
+/// servers and the CLI alike, in one line naming the field.
+#[test]
+fn a_map_that_makes_anonymous_readers_root_is_refused() {
+    let c = Cluster::start(1);
+    let text = std::fs::read_to_string(&c.config).unwrap();
+    for (extra, field) in [
+        ("[http]\nanonymous_uid = 0\n", "http.anonymous_uid is 0"),
+        ("[http]\nanonymous_gid = 0\n", "http.anonymous_gid is 0"),
+        ("[http]\nanonymous_uid = 33\n", "http.anonymous_uid 33 is below http.anonymous_min_id 1000"),
+    ] {
+        let bad = c.path().join("bad.toml");
+        std::fs::write(&bad, format!("{text}\n{extra}")).unwrap();
+        let (code, _, err) = shoal_testkit::shoal_cmd(Some(&bad), &["ls", "/"]);
+        assert_eq!(code, 1, "shoal accepted {extra:?}: {err}");
+        assert!(err.contains(field), "{err}");
+        let scratch = tempfile::tempdir().unwrap();
+        let out = Command::new(shoal_testkit::shoald_bin())
+            .arg("--config")
+            .arg(&bad)
+            .args(["--id", "0", "--data-dir"])
+            .arg(scratch.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(field), "shoald started with {extra:?}: {err}");
+    }
+    // A site may lower the floor knowingly, never to root.
+    let ok = c.path().join("ok.toml");
+    std::fs::write(&ok, format!("{text}\n[http]\nanonymous_uid = 33\nanonymous_gid = 33\nanonymous_min_id = 33\n"))
+        .unwrap();
+    let (code, _, err) = shoal_testkit::shoal_cmd(Some(&ok), &["ls", "/"]);
+    assert_eq!(code, 0, "{err}");
+}

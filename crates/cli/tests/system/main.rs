@@ -16,6 +16,7 @@ mod container_tools;
 mod du;
 mod errors;
 mod find;
+mod floods;
 mod format_upgrade;
 mod http;
 mod import;

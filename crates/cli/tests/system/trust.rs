@@ -267,3 +267,132 @@ fn auth_none_trusts_every_connection_as_before() {
     assert!(matches!(call(&mut s, 2, Op::GetAttr { ino }), Reply::Attr(_)));
     let _ = ServerId(0);
 }
+
+/// Issue 51: the metadata store was 0644 in 0755 directories, so any user of a server host
+/// read the names inside 0700 directories and private xattr values with `strings`. Data
+/// directories are now 0700 (an existing 0755 one is tightened, with a warning) and what a
+/// server creates is 0600/0700; another user finds nothing there.
+#[test]
+fn another_user_of_a_server_host_reads_nothing_of_the_stores() {
+    let c = Cluster::start_prepared(2, |dir| {
+        // As `shoal cluster up` and older versions left them: open to everyone. (The
+        // cluster's folder stays so: it holds the map every client reads.)
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for id in 0..2 {
+            let d = dir.join(format!("s{id}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = c.client();
+    rt.block_on(async {
+        client.mkdir("/private", 0o700).await.unwrap();
+        write_file(&client, "/private/SECRET-NAME-7f3a", b"SECRET-BYTES-7f3a").await.unwrap();
+        let a = client.stat("/private/SECRET-NAME-7f3a").await.unwrap();
+        client.setxattr(a.ino, "user.note", b"SECRET-XATTR-7f3a", false, false).await.unwrap();
+    });
+    for id in 0..2u32 {
+        let d = c.path().join(format!("s{id}"));
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "data directory {} is {mode:o}", d.display());
+        assert!(c.log(id).contains("now 0700"), "no warning about tightening:\n{}", c.log(id));
+        // Everything inside, at any depth, is for the server alone.
+        let mut stack = vec![d];
+        while let Some(p) = stack.pop() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                let e = e.unwrap();
+                let m = e.metadata().unwrap();
+                assert_eq!(m.permissions().mode() & 0o077, 0, "{} is open to others", e.path().display());
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+            }
+        }
+    }
+    if unsafe { libc::geteuid() } == 0 {
+        // The issue's reproduction, as nobody: nothing found, every read refused.
+        let out = Command::new("grep")
+            .args(["-r", "-a", "-l", "SECRET"])
+            .arg(c.path())
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let found = String::from_utf8_lossy(&out.stdout);
+        assert!(found.lines().all(|l| !l.contains("/s0/") && !l.contains("/s1/")), "nobody read: {found}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    }
+}
+
+/// Issue 51: any user could start a cluster-wide scrub (a full read of every object). Only
+/// root, or a member of `security.admin_gid`, may: others get one line and exit 1.
+#[test]
+fn only_root_or_the_admin_group_starts_a_scrub() {
+    let c = Cluster::start_with(2, |m| m.security.admin_gid = Some(6000));
+    std::fs::set_permissions(c.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&c.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let _helper = c.start_identityd();
+    let scrub_as = |uid: u32, groups: Vec<u32>| {
+        let out = shoal_testkit::shoal_as_user(c.path(), uid, uid, groups)
+            .arg("--config")
+            .arg(&c.config)
+            .args(["scrub", "--json"])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = scrub_as(5000, vec![]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("uid 5000 may not start a scrub") && err.lines().count() == 1, "{err}");
+    let (code, err) = scrub_as(5001, vec![6000]);
+    assert_eq!(code, Some(0), "a member of the admin group: {err}");
+    let (code, _, err) = c.shoal(&["scrub", "--json"]);
+    assert_eq!(code, 0, "root: {err}");
+}
+
+/// Issue 51: the native client let a user hard-link another user's 0600 file into a
+/// world-writable directory (the mount refused, by the kernel's protected_hardlinks). The
+/// servers apply the same rule for every client: the owner, or a user who may read and
+/// write a plain file. Directories on every server, so that the link is made both where the
+/// inode lives and across servers.
+#[test]
+fn a_user_may_not_hard_link_another_users_private_file() {
+    let c = Cluster::start(3);
+    std::fs::set_permissions(c.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&c.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let client = c.client();
+    rt.block_on(async {
+        write_file(&client, "/secret", b"root's").await.unwrap();
+        client.chmod("/secret", 0o600).await.unwrap();
+        write_file(&client, "/shared", b"everyone's").await.unwrap();
+        client.chmod("/shared", 0o666).await.unwrap();
+        for i in 0..6 {
+            client.mkdir(&format!("/pub{i}"), 0o777).await.unwrap();
+            client.chmod(&format!("/pub{i}"), 0o1777).await.unwrap();
+        }
+    });
+    let _helper = c.start_identityd();
+    let ln_as_user = |target: &str, link: &str| {
+        let out = shoal_testkit::shoal_as_user(c.path(), 5000, 5000, vec![])
+            .arg("--config")
+            .arg(&c.config)
+            .args(["ln", target, link])
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    for i in 0..6 {
+        let (code, err) = ln_as_user("/secret", &format!("/pub{i}/mine"));
+        assert_eq!(code, Some(1), "linked root's 0600 file into /pub{i}: {err}");
+        assert!(err.contains("protected_hardlinks") || err.contains("not permitted"), "{err}");
+        let (code, err) = ln_as_user("/shared", &format!("/pub{i}/ours"));
+        assert_eq!(code, Some(0), "a 0666 file is a safe source: {err}");
+    }
+    let fresh = c.uncached_client();
+    assert_eq!(rt.block_on(fresh.stat("/secret")).unwrap().nlink, 1, "no link was made");
+    assert_eq!(rt.block_on(fresh.stat("/shared")).unwrap().nlink, 7);
+    // Root may still link anything.
+    rt.block_on(client.link("/secret", "/pub0/roots")).unwrap();
+}

@@ -101,6 +101,58 @@ pub mod key {
     /// need no resync). Written and deleted without replication (`MetaStore::write_local`).
     pub const CLEAN_STOP: &[u8] = b"mstopped";
 
+    /// Every kind of record this store holds, one per constant above. The scrub checks a
+    /// record by its kind with an exhaustive match, so a kind added here must be taught to
+    /// it; a test reads this module's constants and checks each has a kind.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Kind {
+        Inode,
+        Entry,
+        EntryV3,
+        Partition,
+        Xattr,
+        Intent,
+        Applied,
+        Gc,
+        Orphan,
+        Tuple,
+        TupleEvent,
+        Change,
+        Consumer,
+        Usage,
+        DirIndex,
+        Format,
+        Server,
+        Replica,
+        CleanStop,
+    }
+
+    /// The kind of record key `k` is, by its whole key (the `m…` records) or its tag byte.
+    pub fn kind_of(k: &[u8]) -> Option<Kind> {
+        Some(match k {
+            _ if k == FORMAT => Kind::Format,
+            _ if k == SERVER => Kind::Server,
+            _ if k == REPLICA => Kind::Replica,
+            _ if k == CLEAN_STOP => Kind::CleanStop,
+            [INODE, ..] => Kind::Inode,
+            [ENTRY, ..] => Kind::Entry,
+            [ENTRY_V3, ..] => Kind::EntryV3,
+            [PARTITION, ..] => Kind::Partition,
+            [XATTR, ..] => Kind::Xattr,
+            [INTENT, ..] => Kind::Intent,
+            [APPLIED, ..] => Kind::Applied,
+            [GC, ..] => Kind::Gc,
+            [ORPHAN, ..] => Kind::Orphan,
+            [TUPLE, ..] => Kind::Tuple,
+            [TUPLE_EVENT, ..] => Kind::TupleEvent,
+            [CHANGE, ..] => Kind::Change,
+            [CONSUMER, ..] => Kind::Consumer,
+            [USAGE, ..] => Kind::Usage,
+            [DIR_INDEX, ..] => Kind::DirIndex,
+            _ => return None,
+        })
+    }
+
     fn tagged(tag: u8, n: u64) -> [u8; 9] {
         let mut k = [0u8; 9];
         k[0] = tag;

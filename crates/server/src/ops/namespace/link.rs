@@ -30,6 +30,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
                 if rec.kind == FileKind::Dir {
                     return fail(Errno::EPERM, format!("{ino} is a directory; directories cannot be hard-linked"));
                 }
+                may_hardlink(&cred, ino, &rec.owner())?;
                 if rec.nlink == u32::MAX {
                     return fail(Errno::EMLINK, format!("{ino} has too many links"));
                 }
@@ -64,6 +65,7 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
     if attr.kind == FileKind::Dir {
         return fail(Errno::EPERM, format!("{ino} is a directory; directories cannot be hard-linked"));
     }
+    may_hardlink(&cred, ino, &crate::perm::Owner { uid: attr.uid, gid: attr.gid, perm: attr.perm, kind: attr.kind })?;
     let kind = attr.kind;
     let op_id = st.new_op_id();
     let _active = st.activate(op_id);
@@ -85,6 +87,19 @@ pub async fn link(st: &Arc<State>, cred: Cred, ino: Ino, dir: Ino, name: String)
     }
     let intent = Intent::Link { dir, name, ino, kind };
     steps::drive(st, op_id, &intent, Ctx { attr: Some(attr), cred: Some(cred), ..Ctx::default() }).await
+}
+
+/// [`crate::perm::may_hardlink`] as the request's error, naming the inode.
+fn may_hardlink(cred: &Cred, ino: Ino, o: &crate::perm::Owner) -> R<()> {
+    crate::perm::may_hardlink(cred, o).map_err(|e| {
+        Fail::new(
+            e,
+            format!(
+                "uid {} may not hard-link {ino} (owned by uid {}, mode {:o}): only its owner, or a user who may read and write a plain file (protected_hardlinks)",
+                cred.uid, o.uid, o.perm
+            ),
+        )
+    })
 }
 
 /// Drive a `Link` intent (step `link.nlink`: `PeerLinkDelta(+1)` at the inode's home, applied

@@ -1,0 +1,103 @@
+//! Floods from one unprivileged user (issue 51): what one user opens and never uses must
+//! not take service away from the others. Each flood here is bounded in count and time,
+//! on 127.0.0.1 and the cluster's own Unix socket.
+
+use shoal_testkit::Cluster;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Keep `n` connections open to the Unix socket `path` for `secs` seconds, as user `uid`,
+/// opening a new one for each the other side closes (a client that never sends anything
+/// and comes straight back). Prints how many it opened in all.
+const UNIX_FLOOD: &str = r#"
+import socket, sys, time
+path, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+held, opened, end = [], 0, time.time() + secs
+while time.time() < end:
+    alive = []
+    for s in held:
+        try:
+            if s.recv(1, socket.MSG_DONTWAIT) == b"":
+                s.close()
+                continue
+        except BlockingIOError:
+            pass
+        except OSError:
+            s.close()
+            continue
+        alive.append(s)
+    held = alive
+    while len(held) < n and time.time() < end:
+        s = socket.socket(socket.AF_UNIX)
+        s.setblocking(False)
+        try:
+            s.connect(path)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            s.close()
+            break
+        held.append(s)
+        opened += 1
+    time.sleep(0.02)
+print(opened, flush=True)
+"#;
+
+fn flood_as(uid: u32, script: &str, args: &[&str]) -> Child {
+    Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .uid(uid)
+        .gid(uid)
+        .current_dir("/")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the flood")
+}
+
+/// 1,000 connections that never send a request, held by uid 5000 against an identity
+/// helper with 256 descriptors: uid 5001's commands are still answered, each in seconds.
+/// Before the per-uid limit, the flood took every descriptor and the others' clients
+/// failed ("no identity helper answers … Resource temporarily unavailable").
+#[test]
+fn idle_connections_of_one_user_do_not_lock_others_out_of_the_identity_helper() {
+    let c = Cluster::start(1);
+    std::fs::set_permissions(c.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&c.config, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let helper = c.start_identityd_limited(Some(256));
+    let socket = helper.socket.to_string_lossy().into_owned();
+    let (code, _, err) = c.shoal(&["mkdir", "/open"]);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = c.shoal(&["chmod", "777", "/open"]);
+    assert_eq!(code, 0, "{err}");
+    let flood = flood_as(5000, UNIX_FLOOD, &[&socket, "1000", "25"]);
+    std::thread::sleep(Duration::from_secs(3));
+    for i in 0..5 {
+        let t = Instant::now();
+        let out = shoal_testkit::shoal_as_user(c.path(), 5001, 5001, vec![])
+            .arg("--config")
+            .arg(&c.config)
+            .args(["--timeout", "10", "mkdir", &format!("/open/d{i}")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success() && t.elapsed() < Duration::from_secs(10),
+            "uid 5001 during the flood (attempt {i}, {:?}): {}\nhelper: {}",
+            t.elapsed(),
+            String::from_utf8_lossy(&out.stderr),
+            c.identityd_log()
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let out = flood.wait_with_output().unwrap();
+    let opened: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap_or(0);
+    assert!(opened >= 1000, "the flood opened only {opened}: {}", String::from_utf8_lossy(&out.stderr));
+    // The flood was noticed, in a line, not one per connection.
+    let log = c.identityd_log();
+    let lines = log.lines().filter(|l| l.contains("connections open: further ones closed")).count();
+    assert!((1..=2).contains(&lines), "{lines} lines about the flood:\n{log}");
+}
