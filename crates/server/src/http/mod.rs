@@ -72,11 +72,56 @@ async fn health(axum::extract::State(gw): axum::extract::State<Arc<Gateway>>) ->
     format!("shoald {} serving, map version {}\n", gw.st.id, gw.st.map.version())
 }
 
-/// Serve HTTP on `listener` until the task is aborted.
+/// HTTP connections one server serves at once, apart from the native protocol's
+/// (`limits::ConnLimits`): a flood of HTTP clients cannot take the descriptors that native
+/// clients and peers need (issue 51: 19,900 slowloris connections took 19,944 of 20,000).
+pub(crate) const HTTP_CONNECTIONS: usize = 1024;
+
+/// How long a client has to send a request's headers, counted from when the connection is
+/// ready for a request (so it also bounds an idle keep-alive connection): a client that
+/// trickles its headers, or says nothing, holds a connection this long at most.
+pub(crate) const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serve HTTP/1.1 on `listener` until the task is aborted: at most [`HTTP_CONNECTIONS`]
+/// connections (those beyond are closed at once, counted in a rate-limited warning), each
+/// with [`HEADER_TIMEOUT`]. hyper's own connection builder rather than `axum::serve`,
+/// which sets neither.
 pub(crate) async fn serve(gw: Arc<Gateway>, listener: TcpListener) {
     let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
-    tracing::info!("HTTP on {addr}");
-    if let Err(e) = axum::serve(listener, router(gw)).await {
-        tracing::warn!("HTTP service on {addr} stopped: {e}");
+    tracing::info!("HTTP on {addr} (at most {HTTP_CONNECTIONS} connections, {HEADER_TIMEOUT:?} for headers)");
+    let app = router(gw);
+    let places = Arc::new(tokio::sync::Semaphore::new(HTTP_CONNECTIONS));
+    let refusals = crate::net::RateLog::new();
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let Ok(place) = places.clone().try_acquire_owned() else {
+                        refusals.warn(|| {
+                            format!("HTTP connection from {peer} closed: {HTTP_CONNECTIONS} HTTP connections are open")
+                        });
+                        continue; // dropping the stream closes it
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                    conns.spawn(async move {
+                        let _place = place;
+                        let _ = stream.set_nodelay(true);
+                        let conn = hyper::server::conn::http1::Builder::new()
+                            .timer(hyper_util::rt::TokioTimer::new())
+                            .header_read_timeout(HEADER_TIMEOUT)
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+                        // A client that goes away or times out ends its connection only.
+                        let _ = conn.await;
+                    });
+                }
+                Err(e) => {
+                    // Out of descriptors and the like: wait a little rather than spin.
+                    tracing::warn!("HTTP accept on {addr}: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
     }
 }
