@@ -810,3 +810,32 @@ pub fn shoal_as_user(dir: &Path, uid: u32, gid: u32, groups: Vec<u32>) -> Comman
     }
     cmd
 }
+
+/// Whether the other side closed `c`: a read gives end of file or an error, not "would
+/// block" (replies still queued, a refusal say, are read past).
+pub fn closed_by_peer(c: &mut TcpStream) -> bool {
+    use std::io::Read;
+    c.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 512];
+    let closed = loop {
+        match c.read(&mut b) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break false,
+            Err(_) => break true,
+        }
+    };
+    c.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// Wait up to `within` for the other side to close every connection of `conns`; the ones
+/// still open then (none, if all went).
+pub fn wait_closed_by_peer(mut conns: Vec<TcpStream>, within: Duration) -> Vec<TcpStream> {
+    let deadline = Instant::now() + within;
+    while !conns.is_empty() && Instant::now() < deadline {
+        conns.retain_mut(|c| !closed_by_peer(c));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    conns
+}

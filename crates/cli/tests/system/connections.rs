@@ -10,8 +10,8 @@ use shoal_placement::ClusterMap;
 use shoal_proto::frame::{Frame, FrameKind, HEADER_LEN, MAGIC};
 use shoal_proto::msg::{Cred, Op, Reply, Request};
 use shoal_proto::Errno;
-use shoal_testkit::{pattern, RawHost};
-use std::io::{ErrorKind, Read, Write};
+use shoal_testkit::{closed_by_peer, pattern, wait_closed_by_peer, RawHost};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -164,22 +164,6 @@ fn read_reply(c: &mut TcpStream) -> Result<Reply, String> {
     f.reply_body().map_err(|e| e.to_string())
 }
 
-/// Whether the server closed its end: a read gives end of file or a reset (not "would block").
-fn closed_by_server(c: &mut TcpStream) -> bool {
-    c.set_nonblocking(true).unwrap();
-    let mut b = [0u8; 256];
-    let r = loop {
-        match c.read(&mut b) {
-            Ok(0) => break true,
-            Ok(_) => continue, // a reply still queued (a refusal): read past it
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-            Err(_) => break true,
-        }
-    };
-    c.set_nonblocking(false).unwrap();
-    r
-}
-
 /// Create, write and read back a file through the native client: the server still works.
 async fn client_round_trip(server: &Server, name: &str) {
     let fs = server.client();
@@ -210,12 +194,7 @@ async fn silent_connections_are_closed_after_the_handshake_timeout_and_never_loc
     assert_eq!(silent.len(), 2000);
 
     // All of them closed by the server within the timeout (2 s) and a generous margin.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut open: Vec<TcpStream> = silent;
-    while !open.is_empty() && Instant::now() < deadline {
-        open.retain_mut(|c| !closed_by_server(c));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let open = wait_closed_by_peer(silent, Duration::from_secs(30));
     assert!(
         open.is_empty(),
         "{} of 2000 silent connections still open {:?} after the flood began (handshake timeout 2 s)",
@@ -243,12 +222,7 @@ async fn connections_that_say_hello_and_never_authenticate_are_evicted_and_close
         client_round_trip(&server, &format!("/during-{wave}")).await;
         assert!(t.elapsed() < Duration::from_secs(10), "a client waited {:?} behind the flood", t.elapsed());
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut open = idle;
-    while !open.is_empty() && Instant::now() < deadline {
-        open.retain_mut(|c| !closed_by_server(c));
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let open = wait_closed_by_peer(idle, Duration::from_secs(30));
     assert!(
         open.is_empty(),
         "{} of 1000 unauthenticated connections still open {:?} after the flood began (handshake timeout 3 s)",
@@ -275,7 +249,7 @@ async fn connections_beyond_the_limit_get_a_clear_refusal_and_are_closed() {
         other => panic!("connection {} of a server limited to {limit}: {other:?}", limit + 1),
     }
     let start = Instant::now();
-    while !closed_by_server(&mut extra) {
+    while !closed_by_peer(&mut extra) {
         assert!(start.elapsed() < Duration::from_secs(10), "the refused connection stays open");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -314,7 +288,7 @@ async fn idle_connections_cost_a_few_kilobytes_each_and_memory_returns_when_they
         std::thread::sleep(Duration::from_millis(500));
     }
     // Both kinds are really held by the server (not refused, not closed).
-    let held = conns.iter_mut().map(closed_by_server).filter(|closed| !closed).count();
+    let held = conns.iter_mut().map(closed_by_peer).filter(|closed| !closed).count();
     assert_eq!(held as u64, n);
     let during = server.vm_kib("VmRSS:");
     let per_conn = during.saturating_sub(before) / n;
@@ -371,6 +345,6 @@ async fn a_frame_announcing_a_large_body_reserves_memory_only_as_its_bytes_arriv
     // The server still serves, and the stalled frames are not taken for complete ones.
     client_round_trip(&server, "/during").await;
     for c in held.iter_mut() {
-        assert!(!closed_by_server(c), "a slow sender is not cut off");
+        assert!(!closed_by_peer(c), "a slow sender is not cut off");
     }
 }
